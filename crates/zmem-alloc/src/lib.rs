@@ -1,1 +1,903 @@
-//! placeholder
+//! A zsmalloc-style allocator for compressed objects.
+//!
+//! Compressed pages come in every size from a few bytes to a full page, and
+//! a general-purpose allocator serves them badly: a malloc header per object,
+//! per-thread caches that hoard memory, and no way to hand back a page that
+//! has one survivor in it. Linux's zsmalloc (the allocator under zram and
+//! zswap) solves this with four ideas, all reproduced here in userspace:
+//!
+//! * **Size classes.** Object lengths are rounded up to a multiple of
+//!   [`CLASS_DELTA`] (16 bytes), with [`MIN_OBJ_SIZE`] (32) the smallest
+//!   class and [`PAGE_SIZE`] the largest: 255 classes. Internal
+//!   fragmentation is therefore below 16 bytes per object. The 4096 class is
+//!   the "huge" class: one incompressible page per 1-page span.
+//!
+//! * **Spans (zspages).** Each class packs objects back to back into spans
+//!   of `k` contiguous pages, `k` in `1..=max_span_pages` chosen per class to
+//!   minimise the fraction of the span that cannot hold a whole object (ties
+//!   go to the smallest `k`), as zsmalloc's `get_pages_per_zspage` does.
+//!   E.g. 3264-byte objects waste 20% of a single page but only 0.4% of a
+//!   16-page span. Objects may straddle page boundaries; unlike the kernel,
+//!   which must `kmap` two physical pages, our spans are virtually
+//!   contiguous, so every object is a plain slice. The price of large spans
+//!   is coarser release granularity: a single live object pins all `k` pages.
+//!
+//! * **No headers in span memory.** Everything the allocator knows lives in
+//!   heap metadata: a per-class handle table (handle index -> span + slot,
+//!   threaded into a free list when unused), span descriptors, and a per-span
+//!   back-pointer array (slot -> handle index) that doubles as the span's
+//!   free-slot list. The back-pointers are what make compaction possible:
+//!   moving an object means rewriting exactly one handle-table entry, so
+//!   [`Handle`]s held by callers stay valid forever. Metadata costs about
+//!   4 bytes per slot plus 8 per handle plus ~24 per span
+//!   ([`AllocStats::metadata_bytes`] reports it exactly, from capacities).
+//!
+//! * **Fullness groups and compaction.** Live spans of a class sit in one of
+//!   eight occupancy groups (by eighths) or the full group, as intrusive
+//!   doubly-linked lists with a bitmask of non-empty groups, so every
+//!   operation's bookkeeping is O(1). Allocation always takes from the
+//!   fullest non-full span, which concentrates objects and lets sparse spans
+//!   drain. A span that becomes empty is released at once
+//!   (`madvise(MADV_DONTNEED)`); its address range and descriptor are kept
+//!   for reuse. When frees leave a class with at least a span's worth of
+//!   holes, [`ZsPool::compact`] does what `__zs_compact` does: move objects
+//!   from the emptiest spans into the fullest non-full ones, updating the
+//!   handle table, and release each span it empties.
+//!
+//! **Memory.** Span memory comes from anonymous `mmap` in per-class chunks
+//! that grow geometrically (8 spans, then doubling, up to 4 MiB), never one
+//! mapping per span (`vm.max_map_count`). Chunks opt out of transparent huge
+//! pages, so RSS tracks live spans. [`AllocStats::pages_used`] counts the
+//! pages of live spans only, and an optional byte limit
+//! ([`AllocConfig::limit_bytes`]) caps it: an allocation that would need a
+//! new span past the limit fails with [`AllocError::LimitReached`] and
+//! changes nothing.
+//!
+//! **Concurrency.** There is no global lock. Each class has its own
+//! `RwLock`: allocation, free and each compaction step take it for writing;
+//! [`ZsPool::read`] holds it for reading while the caller's closure runs, so
+//! compaction can never move an object out from under a reader (the kernel
+//! gets the same effect with per-zspage migration locks). Compaction drops
+//! the lock between spans so readers and writers of a class interleave with
+//! it. Pool-wide counters are atomics.
+//!
+//! **Handles** are 64-bit: `generation:24 | class:8 | index:32`. Freeing
+//! bumps the slot's generation, so stale handles, double frees and garbage
+//! values are reported as [`AllocError::InvalidHandle`] (a stale handle can
+//! only alias after the same index is reused 2^24 times). A valid handle is
+//! never 0, so callers may use 0 as a sentinel.
+//!
+//! Trade-offs versus the kernel: no class merging (zsmalloc merges classes
+//! with equal `k` and objects-per-span; we keep the 16-byte granularity so a
+//! handle's class fixes the object's slice size), no per-CPU mapping areas
+//! (not needed, spans are contiguous), and an empty span is released
+//! immediately, so a class oscillating around one object pays an `madvise`
+//! and a page fault per cycle, exactly as zsmalloc frees and reallocates a
+//! zspage.
+
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
+mod mem;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::RwLock;
+
+use mem::Chunk;
+
+/// Page size the allocator is built around (spans are whole pages).
+pub const PAGE_SIZE: usize = 4096;
+/// The smallest size class.
+pub const MIN_OBJ_SIZE: usize = 32;
+/// Granularity of size classes.
+pub const CLASS_DELTA: usize = 16;
+
+/// Number of size classes: 32, 48, ..., 4096.
+const NUM_CLASSES: usize = (PAGE_SIZE - MIN_OBJ_SIZE) / CLASS_DELTA + 1;
+/// Default and hard upper bound for [`AllocConfig::max_span_pages`].
+const DEFAULT_SPAN_PAGES: usize = 16;
+const MAX_SPAN_PAGES: usize = 32;
+/// Largest chunk we map at once (unless one span is bigger).
+const MAX_CHUNK_BYTES: usize = 4 << 20;
+/// Spans in a class's first chunk; later chunks double.
+const FIRST_CHUNK_SPANS: usize = 8;
+
+/// Occupancy groups: 0..8 partial (by eighths), then full, then released.
+const PARTIAL_GROUPS: u8 = 8;
+const G_FULL: u8 = PARTIAL_GROUPS;
+const G_EMPTY: u8 = PARTIAL_GROUPS + 1;
+const NUM_GROUPS: usize = PARTIAL_GROUPS as usize + 2;
+const PARTIAL_MASK: u16 = (1 << PARTIAL_GROUPS) - 1;
+
+const NIL: u32 = u32::MAX;
+const SLOT_NIL: u16 = u16::MAX;
+/// Back-pointer word of a free slot: FREE_BIT | next free slot.
+const FREE_BIT: u32 = 1 << 31;
+
+// Handle: [gen:24 @40][class:8 @32][index:32 @0]
+const GEN_SHIFT: u32 = 40;
+const GEN_MASK: u64 = (1 << 24) - 1;
+const CLASS_SHIFT: u32 = 32;
+/// Handle indices stay below 2^31 so they fit a back-pointer word.
+const MAX_HANDLES: usize = 1 << 31;
+
+// Handle-table entry: [gen:24 @40][live:1 @39][span:27 @12][slot:12 @0];
+// a free entry has live = 0 and the next free index in the low 32 bits.
+const E_LIVE: u64 = 1 << 39;
+const E_SPAN_SHIFT: u32 = 12;
+const E_SPAN_MASK: u64 = (1 << 27) - 1;
+const E_SLOT_MASK: u64 = (1 << 12) - 1;
+const MAX_SPANS: usize = 1 << 27;
+
+/// An opaque, stable reference to an allocated object. Survives compaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Handle(u64);
+
+impl Handle {
+    /// The handle as a plain integer (never 0 for a handle this crate issued).
+    pub fn to_raw(self) -> u64 {
+        self.0
+    }
+    /// Rebuild a handle from [`Handle::to_raw`]. Any value is accepted;
+    /// invalid ones are rejected by the pool with [`AllocError::InvalidHandle`].
+    pub fn from_raw(raw: u64) -> Handle {
+        Handle(raw)
+    }
+    fn new(class: usize, idx: u32, gen: u64) -> Handle {
+        Handle((gen << GEN_SHIFT) | ((class as u64) << CLASS_SHIFT) | idx as u64)
+    }
+    fn class(self) -> usize {
+        ((self.0 >> CLASS_SHIFT) & 0xFF) as usize
+    }
+    fn index(self) -> u32 {
+        self.0 as u32
+    }
+    fn gen(self) -> u64 {
+        self.0 >> GEN_SHIFT
+    }
+}
+
+/// Errors from [`ZsPool`] operations. A failed operation changes nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    #[error("invalid object size {len}: must be 1..=4096")]
+    InvalidSize { len: usize },
+    #[error("invalid, stale or freed handle {raw:#x}")]
+    InvalidHandle { raw: u64 },
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    #[error("memory limit of {limit_bytes} bytes reached")]
+    LimitReached { limit_bytes: u64 },
+}
+
+/// Pool configuration.
+#[derive(Clone, Debug)]
+pub struct AllocConfig {
+    /// Upper bound on pages per span (default 16, clamped to 1..=32).
+    pub max_span_pages: usize,
+    /// Cap on `pages_used * 4096`; `None` = unlimited.
+    pub limit_bytes: Option<u64>,
+}
+
+impl Default for AllocConfig {
+    fn default() -> Self {
+        AllocConfig {
+            max_span_pages: DEFAULT_SPAN_PAGES,
+            limit_bytes: None,
+        }
+    }
+}
+
+/// A snapshot of pool statistics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    /// Pages of all live spans (zsmalloc's `zs_get_total_pages`).
+    pub pages_used: u64,
+    /// High-water mark of `pages_used`.
+    pub pages_used_max: u64,
+    /// Heap bytes of bookkeeping (handle tables, span descriptors,
+    /// back-pointer arrays, chunk lists, class locks), from capacities.
+    pub metadata_bytes: u64,
+    /// Object slots in live spans.
+    pub objs_allocated: u64,
+    /// Live objects.
+    pub objs_used: u64,
+    /// Sum of class sizes of live objects.
+    pub obj_bytes_used: u64,
+    /// Cumulative pages freed by [`ZsPool::compact`].
+    pub pages_compacted: u64,
+    /// Cumulative spans given back to the OS (by free or compaction).
+    pub spans_released: u64,
+}
+
+/// Pages per span for a class: minimise the wasted fraction of the span
+/// (tail that cannot hold a whole object), ties to the smallest span.
+fn pages_per_span(class_size: usize, max_pages: usize) -> usize {
+    let mut best = 1;
+    let mut best_waste = PAGE_SIZE % class_size;
+    for k in 2..=max_pages {
+        let waste = (k * PAGE_SIZE) % class_size;
+        // waste/k*P < best_waste/best*P  <=>  waste*best < best_waste*k
+        if waste * best < best_waste * k {
+            best = k;
+            best_waste = waste;
+        }
+    }
+    best
+}
+
+fn next_gen(gen: u64) -> u64 {
+    if gen >= GEN_MASK {
+        1
+    } else {
+        gen + 1
+    }
+}
+
+/// Pool-wide atomic counters.
+struct Counters {
+    pages_used: AtomicU64,
+    pages_used_max: AtomicU64,
+    pages_compacted: AtomicU64,
+    spans_released: AtomicU64,
+    /// `u64::MAX` = no limit.
+    limit_bytes: AtomicU64,
+}
+
+impl Counters {
+    /// Account `pages` more pages of live spans, unless that breaks the limit.
+    fn reserve(&self, pages: u64) -> Result<(), AllocError> {
+        let limit = self.limit_bytes.load(Relaxed);
+        let new = if limit == u64::MAX {
+            self.pages_used.fetch_add(pages, Relaxed) + pages
+        } else {
+            let mut cur = self.pages_used.load(Relaxed);
+            loop {
+                let new = cur + pages;
+                if new.saturating_mul(PAGE_SIZE as u64) > limit {
+                    return Err(AllocError::LimitReached { limit_bytes: limit });
+                }
+                match self
+                    .pages_used
+                    .compare_exchange_weak(cur, new, Relaxed, Relaxed)
+                {
+                    Ok(_) => break new,
+                    Err(actual) => cur = actual,
+                }
+            }
+        };
+        self.pages_used_max.fetch_max(new, Relaxed);
+        Ok(())
+    }
+
+    fn unreserve(&self, pages: u64) {
+        self.pages_used.fetch_sub(pages, Relaxed);
+    }
+}
+
+/// Descriptor of one span (24 bytes).
+#[derive(Clone, Copy, Debug)]
+struct SpanMeta {
+    /// Index into the class's chunk list and byte offset inside that chunk.
+    chunk: u32,
+    off: u32,
+    /// Intrusive doubly-linked list of the span's fullness group.
+    prev: u32,
+    next: u32,
+    /// Live objects in the span.
+    inuse: u16,
+    /// First free slot (SLOT_NIL if full).
+    free_head: u16,
+    group: u8,
+}
+
+/// Everything about one size class; guarded by that class's RwLock.
+struct ClassState {
+    size: usize,
+    span_pages: usize,
+    /// Object slots per span (<= 4096).
+    objs: usize,
+    chunks: Vec<Chunk>,
+    /// Spans not yet carved out of the last chunk.
+    chunk_spans_left: usize,
+    /// Byte offset of the next span to carve from the last chunk.
+    chunk_next_off: usize,
+    spans: Vec<SpanMeta>,
+    /// `spans.len() * objs` words: handle index of each slot, or
+    /// FREE_BIT | next free slot.
+    backptr: Vec<u32>,
+    /// Handle table; see the E_* layout constants.
+    handles: Vec<u64>,
+    handle_free: u32,
+    heads: [u32; NUM_GROUPS],
+    /// Bit g set iff group g is non-empty.
+    group_mask: u16,
+    live_spans: u64,
+    objs_used: u64,
+}
+
+impl ClassState {
+    fn new(size: usize, max_span_pages: usize) -> ClassState {
+        let span_pages = pages_per_span(size, max_span_pages);
+        ClassState {
+            size,
+            span_pages,
+            objs: span_pages * PAGE_SIZE / size,
+            chunks: Vec::new(),
+            chunk_spans_left: 0,
+            chunk_next_off: 0,
+            spans: Vec::new(),
+            backptr: Vec::new(),
+            handles: Vec::new(),
+            handle_free: NIL,
+            heads: [NIL; NUM_GROUPS],
+            group_mask: 0,
+            live_spans: 0,
+            objs_used: 0,
+        }
+    }
+
+    fn span_bytes(&self) -> usize {
+        self.span_pages * PAGE_SIZE
+    }
+
+    #[inline]
+    fn group_for(&self, inuse: usize) -> u8 {
+        if inuse == 0 {
+            G_EMPTY
+        } else if inuse >= self.objs {
+            G_FULL
+        } else {
+            (inuse * PARTIAL_GROUPS as usize / self.objs) as u8
+        }
+    }
+
+    #[inline]
+    fn link(&mut self, s: u32, g: u8) {
+        let head = self.heads[g as usize];
+        let m = &mut self.spans[s as usize];
+        m.prev = NIL;
+        m.next = head;
+        m.group = g;
+        if head != NIL {
+            self.spans[head as usize].prev = s;
+        }
+        self.heads[g as usize] = s;
+        self.group_mask |= 1 << g;
+    }
+
+    #[inline]
+    fn unlink(&mut self, s: u32) {
+        let SpanMeta {
+            prev, next, group, ..
+        } = self.spans[s as usize];
+        if prev != NIL {
+            self.spans[prev as usize].next = next;
+        } else {
+            self.heads[group as usize] = next;
+            if next == NIL {
+                self.group_mask &= !(1 << group);
+            }
+        }
+        if next != NIL {
+            self.spans[next as usize].prev = prev;
+        }
+    }
+
+    /// Move a linked live span to the group matching its occupancy.
+    #[inline]
+    fn regroup(&mut self, s: u32) {
+        let g = self.group_for(self.spans[s as usize].inuse as usize);
+        if g != self.spans[s as usize].group {
+            self.unlink(s);
+            self.link(s, g);
+        }
+    }
+
+    #[inline]
+    fn pop_slot(&mut self, s: u32) -> usize {
+        let m = &mut self.spans[s as usize];
+        let slot = m.free_head as usize;
+        debug_assert!(m.free_head != SLOT_NIL);
+        let next = self.backptr[s as usize * self.objs + slot];
+        debug_assert!(next & FREE_BIT != 0);
+        m.free_head = (next & !FREE_BIT) as u16;
+        m.inuse += 1;
+        slot
+    }
+
+    #[inline]
+    fn push_slot(&mut self, s: u32, slot: usize) {
+        let m = &mut self.spans[s as usize];
+        self.backptr[s as usize * self.objs + slot] = FREE_BIT | m.free_head as u32;
+        m.free_head = slot as u16;
+        m.inuse -= 1;
+    }
+
+    /// Byte offset in its chunk of `slot` of span `s`, and the chunk index.
+    #[inline]
+    fn obj_location(&self, s: usize, slot: usize) -> (usize, usize) {
+        let m = &self.spans[s];
+        (m.chunk as usize, m.off as usize + slot * self.size)
+    }
+
+    /// Validate a handle and return its (span, slot).
+    #[inline]
+    fn lookup(&self, h: Handle) -> Option<(usize, usize)> {
+        let e = *self.handles.get(h.index() as usize)?;
+        if e & E_LIVE == 0 || e >> GEN_SHIFT != h.gen() {
+            return None;
+        }
+        Some((
+            ((e >> E_SPAN_SHIFT) & E_SPAN_MASK) as usize,
+            (e & E_SLOT_MASK) as usize,
+        ))
+    }
+
+    /// Bring a span to life (reuse a released one, or carve a new one),
+    /// charging its pages. Returned span is unlinked and has inuse 0.
+    fn activate_span(&mut self, c: &Counters) -> Result<u32, AllocError> {
+        let pages = self.span_pages as u64;
+        c.reserve(pages)?;
+        let s = if self.heads[G_EMPTY as usize] != NIL {
+            let s = self.heads[G_EMPTY as usize];
+            self.unlink(s);
+            s
+        } else {
+            match self.carve_span() {
+                Ok(s) => s,
+                Err(e) => {
+                    c.unreserve(pages);
+                    return Err(e);
+                }
+            }
+        };
+        self.live_spans += 1;
+        Ok(s)
+    }
+
+    /// Create a brand-new span descriptor, mapping a new chunk if needed.
+    fn carve_span(&mut self) -> Result<u32, AllocError> {
+        if self.spans.len() >= MAX_SPANS {
+            return Err(AllocError::OutOfMemory("span table full".into()));
+        }
+        if self.chunk_spans_left == 0 {
+            let span_bytes = self.span_bytes();
+            let cap = (MAX_CHUNK_BYTES / span_bytes).max(1);
+            let n = (FIRST_CHUNK_SPANS << self.chunks.len().min(20)).min(cap);
+            let chunk =
+                Chunk::map(n * span_bytes).map_err(|e| AllocError::OutOfMemory(e.to_string()))?;
+            self.chunks.push(chunk);
+            self.chunk_spans_left = n;
+            self.chunk_next_off = 0;
+        }
+        let s = self.spans.len() as u32;
+        self.spans.push(SpanMeta {
+            chunk: (self.chunks.len() - 1) as u32,
+            off: self.chunk_next_off as u32,
+            prev: NIL,
+            next: NIL,
+            inuse: 0,
+            free_head: 0,
+            group: G_EMPTY,
+        });
+        self.chunk_spans_left -= 1;
+        self.chunk_next_off += self.span_bytes();
+        let objs = self.objs as u32;
+        self.backptr
+            .extend((1..=objs).map(|i| FREE_BIT | if i == objs { SLOT_NIL as u32 } else { i }));
+        Ok(s)
+    }
+
+    /// Return an empty, unlinked span to the OS and park it for reuse.
+    fn release_span(&mut self, s: u32, c: &Counters) {
+        debug_assert_eq!(self.spans[s as usize].inuse, 0);
+        let (chunk, off) = self.obj_location(s as usize, 0);
+        let len = self.span_bytes();
+        self.chunks[chunk].discard(off, len);
+        self.link(s, G_EMPTY);
+        self.live_spans -= 1;
+        c.unreserve(self.span_pages as u64);
+        c.spans_released.fetch_add(1, Relaxed);
+    }
+
+    fn alloc_write(
+        &mut self,
+        class: usize,
+        data: &[u8],
+        c: &Counters,
+    ) -> Result<Handle, AllocError> {
+        // Check everything fallible before mutating anything.
+        if self.handle_free == NIL && self.handles.len() >= MAX_HANDLES {
+            return Err(AllocError::OutOfMemory("handle table full".into()));
+        }
+        let partial = self.group_mask & PARTIAL_MASK;
+        let s = if partial != 0 {
+            // Fullest non-full span first.
+            self.heads[(15 - partial.leading_zeros()) as usize]
+        } else {
+            self.activate_span(c)?
+        };
+        let fresh = partial == 0;
+        let slot = self.pop_slot(s);
+        if fresh {
+            let g = self.group_for(self.spans[s as usize].inuse as usize);
+            self.link(s, g);
+        } else {
+            self.regroup(s);
+        }
+
+        let idx = if self.handle_free != NIL {
+            let idx = self.handle_free;
+            self.handle_free = self.handles[idx as usize] as u32;
+            idx
+        } else {
+            self.handles.push(1 << GEN_SHIFT);
+            (self.handles.len() - 1) as u32
+        };
+        let gen = self.handles[idx as usize] >> GEN_SHIFT;
+        self.handles[idx as usize] =
+            (gen << GEN_SHIFT) | E_LIVE | ((s as u64) << E_SPAN_SHIFT) | slot as u64;
+        self.backptr[s as usize * self.objs + slot] = idx;
+        self.objs_used += 1;
+
+        let (chunk, off) = self.obj_location(s as usize, slot);
+        let obj = self.chunks[chunk].bytes_mut(off, self.size);
+        let (head, tail) = obj.split_at_mut(data.len());
+        head.copy_from_slice(data);
+        tail.fill(0);
+        Ok(Handle::new(class, idx, gen))
+    }
+
+    fn free(&mut self, h: Handle, c: &Counters) -> Result<(), AllocError> {
+        let (s, slot) = self
+            .lookup(h)
+            .ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
+        let s = s as u32;
+        self.push_slot(s, slot);
+        let idx = h.index();
+        self.handles[idx as usize] = (next_gen(h.gen()) << GEN_SHIFT) | self.handle_free as u64;
+        self.handle_free = idx;
+        self.objs_used -= 1;
+        if self.spans[s as usize].inuse == 0 {
+            self.unlink(s);
+            self.release_span(s, c);
+        } else {
+            self.regroup(s);
+        }
+        Ok(())
+    }
+
+    /// Can compaction free at least one span? (zsmalloc's zs_can_compact)
+    fn can_compact(&self) -> bool {
+        let objs = self.objs as u64;
+        self.live_spans * objs - self.objs_used >= objs
+    }
+
+    /// One step of `__zs_compact`: move objects from the emptiest partial
+    /// span into the fullest one until the source is empty or the
+    /// destination full. Returns pages freed, or None when done.
+    fn compact_step(&mut self, c: &Counters) -> Option<u64> {
+        if !self.can_compact() {
+            return None;
+        }
+        let partial = self.group_mask & PARTIAL_MASK;
+        if partial == 0 {
+            return None;
+        }
+        let mut dst = self.heads[(15 - partial.leading_zeros()) as usize];
+        let mut src = self.heads[partial.trailing_zeros() as usize];
+        if src == dst {
+            src = self.spans[src as usize].next;
+            if src == NIL {
+                return None;
+            }
+        }
+        if self.spans[src as usize].inuse > self.spans[dst as usize].inuse {
+            std::mem::swap(&mut src, &mut dst);
+        }
+        self.unlink(src);
+        self.unlink(dst);
+
+        let mut tmp = [0u8; PAGE_SIZE];
+        let size = self.size;
+        let base = src as usize * self.objs;
+        for slot in 0..self.objs {
+            if self.spans[src as usize].inuse == 0 || self.spans[dst as usize].free_head == SLOT_NIL
+            {
+                break;
+            }
+            let idx = self.backptr[base + slot];
+            if idx & FREE_BIT != 0 {
+                continue;
+            }
+            let dslot = self.pop_slot(dst);
+            let (sc, so) = self.obj_location(src as usize, slot);
+            let (dc, dof) = self.obj_location(dst as usize, dslot);
+            tmp[..size].copy_from_slice(self.chunks[sc].bytes(so, size));
+            self.chunks[dc]
+                .bytes_mut(dof, size)
+                .copy_from_slice(&tmp[..size]);
+            self.backptr[dst as usize * self.objs + dslot] = idx;
+            self.push_slot(src, slot);
+            let e = &mut self.handles[idx as usize];
+            *e = (*e & !((E_SPAN_MASK << E_SPAN_SHIFT) | E_SLOT_MASK))
+                | ((dst as u64) << E_SPAN_SHIFT)
+                | dslot as u64;
+        }
+
+        let g = self.group_for(self.spans[dst as usize].inuse as usize);
+        self.link(dst, g);
+        if self.spans[src as usize].inuse == 0 {
+            self.release_span(src, c);
+            Some(self.span_pages as u64)
+        } else {
+            let g = self.group_for(self.spans[src as usize].inuse as usize);
+            self.link(src, g);
+            Some(0)
+        }
+    }
+
+    fn metadata_bytes(&self) -> u64 {
+        use std::mem::size_of;
+        (self.chunks.capacity() * size_of::<Chunk>()
+            + self.spans.capacity() * size_of::<SpanMeta>()
+            + self.backptr.capacity() * size_of::<u32>()
+            + self.handles.capacity() * size_of::<u64>()) as u64
+    }
+
+    /// (resident pages of live spans, resident pages of released spans)
+    fn resident_pages(&self) -> (usize, usize) {
+        let (mut live, mut released) = (0, 0);
+        for (s, m) in self.spans.iter().enumerate() {
+            let (chunk, off) = self.obj_location(s, 0);
+            let r = self.chunks[chunk].resident_pages(off, self.span_bytes());
+            if m.group == G_EMPTY {
+                released += r;
+            } else {
+                live += r;
+            }
+        }
+        (live, released)
+    }
+}
+
+/// Keeps each class lock on its own cache lines (no false sharing).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// The allocator. `Send + Sync`; share it by reference or `Arc`.
+pub struct ZsPool {
+    classes: Box<[Padded<RwLock<ClassState>>]>,
+    counters: Counters,
+}
+
+impl ZsPool {
+    pub fn new(cfg: AllocConfig) -> ZsPool {
+        let max_pages = cfg.max_span_pages.clamp(1, MAX_SPAN_PAGES);
+        let classes = (0..NUM_CLASSES)
+            .map(|c| {
+                Padded(RwLock::new(ClassState::new(
+                    MIN_OBJ_SIZE + c * CLASS_DELTA,
+                    max_pages,
+                )))
+            })
+            .collect();
+        ZsPool {
+            classes,
+            counters: Counters {
+                pages_used: AtomicU64::new(0),
+                pages_used_max: AtomicU64::new(0),
+                pages_compacted: AtomicU64::new(0),
+                spans_released: AtomicU64::new(0),
+                limit_bytes: AtomicU64::new(cfg.limit_bytes.unwrap_or(u64::MAX)),
+            },
+        }
+    }
+
+    /// Size class for an object of `len` bytes (1..=4096), else `None`.
+    pub fn class_size(len: usize) -> Option<usize> {
+        if len == 0 || len > PAGE_SIZE {
+            return None;
+        }
+        Some(len.next_multiple_of(CLASS_DELTA).max(MIN_OBJ_SIZE))
+    }
+
+    #[inline]
+    fn class_of_len(len: usize) -> Result<usize, AllocError> {
+        let size = Self::class_size(len).ok_or(AllocError::InvalidSize { len })?;
+        Ok((size - MIN_OBJ_SIZE) / CLASS_DELTA)
+    }
+
+    #[inline]
+    fn class_of_handle(&self, h: Handle) -> Result<&RwLock<ClassState>, AllocError> {
+        self.classes
+            .get(h.class())
+            .map(|p| &p.0)
+            .ok_or(AllocError::InvalidHandle { raw: h.to_raw() })
+    }
+
+    /// Allocate an object of `data.len()` (1..=4096) bytes and copy `data` in.
+    /// Bytes of the class slot past `data.len()` are zeroed.
+    pub fn alloc_write(&self, data: &[u8]) -> Result<Handle, AllocError> {
+        let class = Self::class_of_len(data.len())?;
+        self.classes[class]
+            .0
+            .write()
+            .alloc_write(class, data, &self.counters)
+    }
+
+    /// Run `f` on the object's bytes: a slice of the object's *class* size
+    /// (the caller knows the exact length). The class is read-locked while
+    /// `f` runs, so keep `f` short and do not call back into this class's
+    /// write operations from it.
+    #[inline]
+    pub fn read<R>(&self, h: Handle, f: impl FnOnce(&[u8]) -> R) -> Result<R, AllocError> {
+        let st = self.class_of_handle(h)?.read();
+        let (s, slot) = st
+            .lookup(h)
+            .ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
+        let (chunk, off) = st.obj_location(s, slot);
+        Ok(f(st.chunks[chunk].bytes(off, st.size)))
+    }
+
+    /// Free an object. Stale handles and double frees give `InvalidHandle`.
+    pub fn free(&self, h: Handle) -> Result<(), AllocError> {
+        self.class_of_handle(h)?.write().free(h, &self.counters)
+    }
+
+    /// Move objects out of sparse spans and release the emptied spans, class
+    /// by class. Returns the number of pages freed. Handles stay valid.
+    pub fn compact(&self) -> u64 {
+        let mut freed = 0;
+        for class in self.classes.iter() {
+            loop {
+                // Re-take the lock per step so other users of the class interleave.
+                let step = class.0.write().compact_step(&self.counters);
+                match step {
+                    Some(pages) => freed += pages,
+                    None => break,
+                }
+            }
+        }
+        self.counters.pages_compacted.fetch_add(freed, Relaxed);
+        freed
+    }
+
+    /// Change the memory limit. Lowering it below current use frees nothing;
+    /// it only makes allocations that need a new span fail.
+    pub fn set_limit(&self, limit_bytes: Option<u64>) {
+        self.counters
+            .limit_bytes
+            .store(limit_bytes.unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// A statistics snapshot (takes each class's read lock in turn).
+    pub fn stats(&self) -> AllocStats {
+        let c = &self.counters;
+        let mut st = AllocStats {
+            pages_used: c.pages_used.load(Relaxed),
+            pages_used_max: c.pages_used_max.load(Relaxed),
+            pages_compacted: c.pages_compacted.load(Relaxed),
+            spans_released: c.spans_released.load(Relaxed),
+            metadata_bytes: (self.classes.len() * std::mem::size_of::<Padded<RwLock<ClassState>>>())
+                as u64,
+            ..AllocStats::default()
+        };
+        for class in self.classes.iter() {
+            let cs = class.0.read();
+            st.metadata_bytes += cs.metadata_bytes();
+            st.objs_allocated += cs.live_spans * cs.objs as u64;
+            st.objs_used += cs.objs_used;
+            st.obj_bytes_used += cs.objs_used * cs.size as u64;
+        }
+        st
+    }
+
+    /// Pages currently held by live spans (one atomic load).
+    pub fn pages_used(&self) -> u64 {
+        self.counters.pages_used.load(Relaxed)
+    }
+
+    /// Test hook: pages of released spans that are still resident (mincore).
+    /// Should always be 0.
+    #[doc(hidden)]
+    pub fn resident_pages_of_released_spans(&self) -> usize {
+        self.classes
+            .iter()
+            .map(|c| c.0.read().resident_pages().1)
+            .sum()
+    }
+
+    /// Test hook: pages of live spans that are resident (mincore).
+    #[doc(hidden)]
+    pub fn resident_pages_of_live_spans(&self) -> usize {
+        self.classes
+            .iter()
+            .map(|c| c.0.read().resident_pages().0)
+            .sum()
+    }
+
+    /// Test hook: pages per span chosen for a class size.
+    #[doc(hidden)]
+    pub fn span_pages_of_class(&self, class_size: usize) -> Option<usize> {
+        let i = class_size.checked_sub(MIN_OBJ_SIZE)?;
+        if i % CLASS_DELTA != 0 {
+            return None;
+        }
+        self.classes
+            .get(i / CLASS_DELTA)
+            .map(|c| c.0.read().span_pages)
+    }
+}
+
+impl Default for ZsPool {
+    fn default() -> Self {
+        ZsPool::new(AllocConfig::default())
+    }
+}
+
+impl std::fmt::Debug for ZsPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZsPool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waste_frac(size: usize, k: usize) -> (usize, usize) {
+        ((k * PAGE_SIZE) % size, k * PAGE_SIZE)
+    }
+
+    #[test]
+    fn span_choice_beats_zsmalloc_range() {
+        for c in 0..NUM_CLASSES {
+            let size = MIN_OBJ_SIZE + c * CLASS_DELTA;
+            let k = pages_per_span(size, DEFAULT_SPAN_PAGES);
+            assert!((1..=DEFAULT_SPAN_PAGES).contains(&k));
+            let (w, t) = waste_frac(size, k);
+            for k4 in 1..=4 {
+                let (w4, t4) = waste_frac(size, k4);
+                assert!(
+                    w * t4 <= w4 * t,
+                    "class {size}: k={k} wastes more than k={k4}"
+                );
+            }
+            // Tie -> smallest: no smaller k has the same fraction.
+            for ks in 1..k {
+                let (ws, ts) = waste_frac(size, ks);
+                assert!(
+                    w * ts < ws * t,
+                    "class {size}: k={k} not minimal, {ks} ties"
+                );
+            }
+        }
+        assert_eq!(pages_per_span(32, 16), 1);
+        assert_eq!(pages_per_span(4096, 16), 1);
+        assert_eq!(pages_per_span(3264, 4), 4);
+        assert_eq!(pages_per_span(3264, 1), 1);
+    }
+
+    #[test]
+    fn handle_layout() {
+        let h = Handle::new(254, 0x7fff_ffff, GEN_MASK);
+        assert_eq!(
+            (h.class(), h.index(), h.gen()),
+            (254, 0x7fff_ffff, GEN_MASK)
+        );
+        assert_eq!(next_gen(GEN_MASK), 1);
+        assert_eq!(NUM_CLASSES, 255);
+        assert!(std::mem::size_of::<SpanMeta>() <= 24);
+    }
+
+    #[test]
+    fn pool_is_send_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<ZsPool>();
+    }
+}

@@ -1,1 +1,53 @@
-//! placeholder
+//! The zmem engine: a compressed page store shared by every zmem frontend.
+//!
+//! # Why
+//! Linux trades CPU cycles for I/O with three systems built on one idea:
+//! zswap (a compressed cache in front of swap), zram (a compressed RAM block
+//! device) and zcache (a compressed second-chance page cache). All three need
+//! the same engine: take a 4 KiB page, drop it if it is one repeated word,
+//! compress it, pack the result tightly into memory, find it again by key.
+//! This crate is that engine, in userspace, so a block device (NBD), a process
+//! pager (userfaultfd) and a cache API can all sit on it.
+//!
+//! # The contract (frontswap/cleancache)
+//! [`Pool::store`] puts a 4096-byte page under a 64-bit key (replacing what was
+//! there), [`Pool::load`] copies it back, [`Pool::invalidate`] and
+//! [`Pool::invalidate_range`] drop keys, [`Pool::stats`] reports counters with
+//! the kernel's names (zram `mm_stat`, zswap debugfs, the zram dedup patch's
+//! `dup_data_size`/`meta_data_size`). Every failure is a typed [`ZmemError`];
+//! a failed store leaves the key's old page in place.
+//!
+//! # How a page flows
+//! 1. **Same-filled check** — if every 8-byte word is equal, the pattern goes
+//!    in the index entry and no memory is allocated (zram, not zswap's
+//!    zero-only: any repeated word).
+//! 2. **Dedup** (optional) — xxh3-64 of the page finds a candidate; the
+//!    candidate is decompressed and compared byte for byte; only then is it
+//!    shared, with a reference count. A hash match alone never shares.
+//! 3. **Compress** into a per-thread scratch buffer with the pool's current
+//!    compressor. Output at or over the huge threshold is stored raw.
+//! 4. **Allocate** with `zmem-alloc`, a zsmalloc-style size-class allocator,
+//!    and copy the object in. The handle is stable across compaction.
+//! 5. **Index** — the two-word entry goes in the key's shard.
+//!
+//! # Trade-offs
+//! * Sharded index (64 mutex-protected hash maps by default) rather than one
+//!   tree per device: stores and loads from many threads do not meet on one
+//!   lock; `invalidate_range` over a range larger than the pool scans shards.
+//! * Loads decompress under the key's shard lock: it is what keeps the object
+//!   alive without per-object reference counts on the hot path.
+//! * `mem_used_total` is honest: allocator pages, allocator metadata, the
+//!   index and the dedup table are all counted, from real capacities.
+
+mod entry;
+mod error;
+mod pool;
+mod stats;
+
+pub use error::{Result, ZmemError};
+pub use pool::{Pool, PoolConfig, DEFAULT_HUGE_THRESHOLD};
+pub use stats::Stats;
+pub use zmem_compress::{Algorithm, Compressor};
+
+/// Size of every page the pool stores.
+pub const PAGE_SIZE: usize = 4096;

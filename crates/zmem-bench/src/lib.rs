@@ -1,0 +1,12 @@
+//! Benchmark support for zmem.
+//!
+//! * [`pages`] — where benchmark pages come from: files and directories,
+//!   the anonymous memory of a live process, or a built-in default process.
+//! * [`kernel_zram`] — the kernel yardstick: push the same pages through a
+//!   real `/dev/zramN` device and report what the kernel achieved.
+
+pub mod kernel_zram;
+pub mod pages;
+
+pub use kernel_zram::{Unavailable, ZramResult};
+pub use pages::{PageSet, PAGE_SIZE};

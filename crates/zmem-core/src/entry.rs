@@ -1,0 +1,135 @@
+//! The index entry: two words per stored key, nothing else.
+//!
+//! zram keeps `handle` + `flags` (size, same-filled bit, huge bit) per slot;
+//! we keep the same information in 16 bytes:
+//!
+//! * `meta` packs the kind (object / same-filled / deduplicated), the
+//!   algorithm tag (or RAW for huge pages) and the compressed length.
+//! * `data` is the allocator handle, the fill pattern of a same-filled page,
+//!   or the content hash of a deduplicated object (the dedup table maps it to
+//!   the shared handle and its reference count).
+
+use zmem_alloc::Handle;
+use zmem_compress::Algorithm;
+
+pub(crate) const PAGE_SIZE: usize = 4096;
+/// Algorithm tag meaning "stored uncompressed as a whole page" (zram's huge).
+pub(crate) const TAG_RAW: u8 = 0xF;
+
+const KIND_MASK: u64 = 0b11;
+const KIND_OBJ: u64 = 0;
+const KIND_SAME: u64 = 1;
+const KIND_DEDUP: u64 = 2;
+const TAG_SHIFT: u32 = 2;
+const LEN_SHIFT: u32 = 6;
+const LEN_MASK: u64 = 0x1FFF;
+
+/// How an object is encoded: algorithm tag (or raw) and its exact length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ObjInfo {
+    pub tag: u8,
+    pub len: u16,
+}
+
+impl ObjInfo {
+    pub fn raw() -> ObjInfo {
+        ObjInfo { tag: TAG_RAW, len: PAGE_SIZE as u16 }
+    }
+    pub fn compressed(alg: Algorithm, len: usize) -> ObjInfo {
+        ObjInfo { tag: alg.tag(), len: len as u16 }
+    }
+    pub fn is_huge(self) -> bool {
+        self.tag == TAG_RAW
+    }
+    fn pack(self) -> u64 {
+        ((self.tag as u64) << TAG_SHIFT) | ((self.len as u64 & LEN_MASK) << LEN_SHIFT)
+    }
+    fn unpack(meta: u64) -> ObjInfo {
+        ObjInfo {
+            tag: ((meta >> TAG_SHIFT) & 0xF) as u8,
+            len: ((meta >> LEN_SHIFT) & LEN_MASK) as u16,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    meta: u64,
+    data: u64,
+}
+
+/// The decoded view of an [`Entry`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    Obj(Handle, ObjInfo),
+    Same(u64),
+    Dedup(u64, ObjInfo),
+}
+
+impl Entry {
+    pub fn obj(h: Handle, info: ObjInfo) -> Entry {
+        Entry { meta: KIND_OBJ | info.pack(), data: h.to_raw() }
+    }
+    pub fn same(pattern: u64) -> Entry {
+        Entry { meta: KIND_SAME, data: pattern }
+    }
+    pub fn dedup(hash: u64, info: ObjInfo) -> Entry {
+        Entry { meta: KIND_DEDUP | info.pack(), data: hash }
+    }
+    pub fn slot(self) -> Slot {
+        match self.meta & KIND_MASK {
+            KIND_SAME => Slot::Same(self.data),
+            KIND_DEDUP => Slot::Dedup(self.data, ObjInfo::unpack(self.meta)),
+            _ => Slot::Obj(Handle::from_raw(self.data), ObjInfo::unpack(self.meta)),
+        }
+    }
+}
+
+/// If every 8-byte word of `page` is equal, that word (zram's same-filled page).
+pub(crate) fn same_filled(page: &[u8]) -> Option<u64> {
+    let mut words = page.chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])));
+    let first = words.next()?;
+    // Check the last word first: most pages that differ at all differ there too.
+    let last = u64::from_ne_bytes(page[page.len() - 8..].try_into().ok()?);
+    if last != first {
+        return None;
+    }
+    words.all(|w| w == first).then_some(first)
+}
+
+/// Fill `buf` with the repeated 8-byte `pattern`.
+pub(crate) fn fill_pattern(buf: &mut [u8], pattern: u64) {
+    let bytes = pattern.to_ne_bytes();
+    for chunk in buf.chunks_exact_mut(8) {
+        chunk.copy_from_slice(&bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_roundtrip() {
+        let h = Handle::from_raw(0xAB_1234_5678);
+        let info = ObjInfo::compressed(Algorithm::Zstd, 4095);
+        assert_eq!(Entry::obj(h, info).slot(), Slot::Obj(h, info));
+        assert_eq!(Entry::same(u64::MAX).slot(), Slot::Same(u64::MAX));
+        assert_eq!(Entry::dedup(7, ObjInfo::raw()).slot(), Slot::Dedup(7, ObjInfo::raw()));
+        assert!(ObjInfo::raw().is_huge());
+        assert_eq!(ObjInfo::unpack(ObjInfo::raw().pack()).len, 4096);
+    }
+
+    #[test]
+    fn same_filled_detection() {
+        let mut p = vec![0u8; 4096];
+        assert_eq!(same_filled(&p), Some(0));
+        fill_pattern(&mut p, 0x0102030405060708);
+        assert_eq!(same_filled(&p), Some(0x0102030405060708));
+        p[2049] ^= 1;
+        assert_eq!(same_filled(&p), None);
+        let mut q = vec![0u8; 4096];
+        q[4095] = 1;
+        assert_eq!(same_filled(&q), None);
+    }
+}

@@ -1,0 +1,36 @@
+use zmem_alloc::AllocError;
+use zmem_compress::CompressError;
+
+/// Everything a pool operation can fail with. None of these leave the pool
+/// inconsistent: a failed store keeps the key's previous contents (if any),
+/// and every other entry is untouched.
+#[derive(Debug, thiserror::Error)]
+pub enum ZmemError {
+    #[error("a page must be exactly 4096 bytes, got {len}")]
+    BadPageSize { len: usize },
+    #[error("key {key:#x} is not in the pool")]
+    NotFound { key: u64 },
+    #[error("pool is full: its pages reached mem_limit of {limit_bytes} bytes (raise --mem-limit, compact, or add a backing store)")]
+    PoolFull { limit_bytes: u64 },
+    #[error("page does not compress below the huge threshold and this pool rejects incompressible pages")]
+    CompressPoor,
+    #[error("allocator failed: {0}")]
+    Alloc(AllocError),
+    #[error("stored object for key {key:#x} could not be decompressed: {source}")]
+    Corrupt { key: u64, source: CompressError },
+    #[error("compressor error: {0}")]
+    Compress(#[from] CompressError),
+    #[error("bad configuration: {0}")]
+    Config(String),
+}
+
+impl From<AllocError> for ZmemError {
+    fn from(e: AllocError) -> Self {
+        match e {
+            AllocError::LimitReached { limit_bytes } => ZmemError::PoolFull { limit_bytes },
+            e => ZmemError::Alloc(e),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ZmemError>;

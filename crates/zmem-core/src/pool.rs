@@ -1,0 +1,547 @@
+//! The pool: sharded index, same-filled pages, dedup, compression, allocation.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+use zmem_alloc::{AllocConfig, Handle, ZsPool};
+use zmem_compress::{Algorithm, CompressError, Compressor};
+
+use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW};
+use crate::error::{Result, ZmemError};
+use crate::stats::{Counters, Stats};
+
+/// How a pool is set up. `PoolConfig::default()` is zram's behaviour with lz4.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Compressor for new objects; may be changed later with [`Pool::set_compressor`].
+    pub compressor: Compressor,
+    /// Share identical pages (hash to find candidates, full compare to confirm).
+    pub dedup: bool,
+    /// Pages that compress to this many bytes or more are stored raw as whole
+    /// pages (zram's huge pages), which also makes them the fastest to load.
+    pub huge_threshold: usize,
+    /// Store pages that do not compress below `huge_threshold` raw (zram) or
+    /// reject them with [`ZmemError::CompressPoor`] (zswap).
+    pub store_incompressible: bool,
+    /// Cap on the pool's allocator pages, in bytes (zram's `mem_limit`).
+    pub mem_limit: Option<u64>,
+    /// Number of index shards (rounded up to a power of two).
+    pub shards: usize,
+    /// Largest span the allocator may use for a size class, in pages.
+    pub max_span_pages: usize,
+}
+
+/// Default huge threshold: objects of at least 7/8 of a page are stored raw.
+///
+/// zram uses zsmalloc's `huge_class_size` (about 3264 bytes with 4-page
+/// zspages). Our allocator packs large classes into spans of up to 16 pages
+/// with little waste, so storing a 3.3 KiB object compressed still saves
+/// memory; past 3584 bytes the saving no longer pays for the decompression.
+pub const DEFAULT_HUGE_THRESHOLD: usize = 3584;
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            compressor: Compressor::default(),
+            dedup: false,
+            huge_threshold: DEFAULT_HUGE_THRESHOLD,
+            store_incompressible: true,
+            mem_limit: None,
+            shards: 64,
+            max_span_pages: 16,
+        }
+    }
+}
+
+/// A fast, well-mixed hasher for the u64 keys of the index (a folded
+/// 128-bit multiply: every key bit reaches the low bits hashbrown uses).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        let m = ((self.0 ^ n) as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_u128);
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Map<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+
+/// Heap bytes held by a hashbrown map of `cap` capacity with `slot` bytes per (K, V).
+fn map_bytes(cap: usize, slot: usize) -> u64 {
+    if cap == 0 {
+        return 0;
+    }
+    let buckets = (cap * 8 / 7).next_power_of_two().max(4);
+    (buckets * (slot + 1) + 16) as u64
+}
+
+/// One shard of the index, with the counters for the entries it holds.
+#[derive(Default)]
+struct Shard {
+    map: Map<Entry>,
+    /// Bytes of non-deduplicated objects referenced from this shard.
+    compr_bytes: u64,
+    same_pages: u64,
+    huge_pages: u64,
+}
+
+impl Shard {
+    fn account(&mut self, e: Entry, add: bool) {
+        let (compr, same, huge) = match e.slot() {
+            Slot::Obj(_, info) => (info.len as u64, 0, info.is_huge() as u64),
+            Slot::Same(_) => (0, 1, 0),
+            Slot::Dedup(..) => (0, 0, 0),
+        };
+        if add {
+            self.compr_bytes += compr;
+            self.same_pages += same;
+            self.huge_pages += huge;
+        } else {
+            self.compr_bytes -= compr;
+            self.same_pages -= same;
+            self.huge_pages -= huge;
+        }
+    }
+}
+
+/// A shared object: one allocation referenced by `refs` index entries.
+#[derive(Clone, Copy)]
+struct DedupRec {
+    handle: Handle,
+    info: ObjInfo,
+    refs: u32,
+}
+
+#[derive(Default)]
+struct DedupShard {
+    /// Content hash (xxh3-64 of the original page) -> shared object.
+    map: Map<DedupRec>,
+    compr_bytes: u64,
+    huge_pages: u64,
+    /// Sum of (refs - 1): pages that cost no allocation thanks to sharing.
+    dup_pages: u64,
+    /// Compressed bytes those pages would otherwise have taken (zram's dup_data_size).
+    dup_bytes: u64,
+}
+
+const DEDUP_SHARDS: usize = 64;
+const SCRATCH_LEN: usize = 2 * PAGE_SIZE;
+
+thread_local! {
+    /// Per-thread compression buffer (zswap's per-CPU `dstmem`).
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; SCRATCH_LEN]);
+}
+
+/// A thread-safe compressed page store with the frontswap/cleancache contract.
+///
+/// Locks: one mutex per index shard (chosen by key), one per dedup shard
+/// (chosen by content hash), and the allocator's per-class locks. Order:
+/// index shard -> dedup shard -> allocator class. Compression runs with no
+/// lock held; decompression runs under the key's shard lock, which is what
+/// keeps an object alive while it is read.
+pub struct Pool {
+    cfg: PoolConfig,
+    compressor: AtomicU64,
+    alloc: ZsPool,
+    shards: Box<[Mutex<Shard>]>,
+    shard_bits: u32,
+    dedup: Option<Box<[Mutex<DedupShard>]>>,
+    counters: Counters,
+}
+
+fn encode_compressor(c: Compressor) -> u64 {
+    (c.algorithm.tag() as u64) | ((c.level as u32 as u64) << 8)
+}
+
+fn decode_compressor(v: u64) -> Compressor {
+    let algorithm = Algorithm::from_tag(v as u8).unwrap_or_default();
+    Compressor { algorithm, level: (v >> 8) as u32 as i32 }
+}
+
+impl Pool {
+    pub fn new(cfg: PoolConfig) -> Result<Pool> {
+        if cfg.huge_threshold < 64 || cfg.huge_threshold > PAGE_SIZE {
+            return Err(ZmemError::Config(format!(
+                "huge_threshold {} must be between 64 and 4096 bytes",
+                cfg.huge_threshold
+            )));
+        }
+        if !(1..=64).contains(&cfg.max_span_pages) {
+            return Err(ZmemError::Config(format!(
+                "max_span_pages {} must be between 1 and 64",
+                cfg.max_span_pages
+            )));
+        }
+        let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
+        let shards = (0..nshards).map(|_| Mutex::new(Shard::default())).collect();
+        let dedup = cfg
+            .dedup
+            .then(|| (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect());
+        let alloc = ZsPool::new(AllocConfig {
+            max_span_pages: cfg.max_span_pages,
+            limit_bytes: cfg.mem_limit,
+        });
+        Ok(Pool {
+            compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
+            shard_bits: nshards.trailing_zeros(),
+            cfg,
+            alloc,
+            shards,
+            dedup,
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.cfg
+    }
+
+    /// The compressor used for new stores.
+    pub fn compressor(&self) -> Compressor {
+        decode_compressor(self.compressor.load(Relaxed))
+    }
+
+    /// Switch the compressor for new stores; existing objects keep theirs.
+    pub fn set_compressor(&self, c: Compressor) {
+        self.compressor.store(encode_compressor(c), Relaxed);
+    }
+
+    /// Change zram's `mem_limit` (None: unlimited).
+    pub fn set_mem_limit(&self, limit: Option<u64>) {
+        self.alloc.set_limit(limit);
+        self.counters.mem_limit.store(limit.unwrap_or(0), Relaxed);
+    }
+
+    fn shard(&self, key: u64) -> &Mutex<Shard> {
+        let i = if self.shard_bits == 0 {
+            0
+        } else {
+            (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.shard_bits)) as usize
+        };
+        &self.shards[i]
+    }
+
+    fn dedup_shard<'a>(d: &'a [Mutex<DedupShard>], hash: u64) -> &'a Mutex<DedupShard> {
+        &d[(hash as usize) % d.len()]
+    }
+
+    /// Store `page` (4096 bytes) under `key`, replacing any previous page.
+    ///
+    /// On error the key keeps its previous contents, if it had any.
+    pub fn store(&self, key: u64, page: &[u8]) -> Result<()> {
+        if page.len() != PAGE_SIZE {
+            return Err(ZmemError::BadPageSize { len: page.len() });
+        }
+        let new = if let Some(pattern) = same_filled(page) {
+            Entry::same(pattern)
+        } else if let Some(d) = &self.dedup {
+            self.store_dedup(d, page)?
+        } else {
+            let (h, info) = self.encode(page, |bytes, info| {
+                self.alloc.alloc_write(bytes).map(|h| (h, info))
+            })??;
+            Entry::obj(h, info)
+        };
+        let old = {
+            let mut s = self.shard(key).lock();
+            s.account(new, true);
+            let old = s.map.insert(key, new);
+            if let Some(o) = old {
+                s.account(o, false);
+            }
+            old
+        };
+        self.counters.stores.fetch_add(1, Relaxed);
+        if let Some(o) = old {
+            self.release(o);
+        }
+        Ok(())
+    }
+
+    /// Compress `page` and hand the bytes to be stored to `f`, with their encoding.
+    fn encode<R>(
+        &self,
+        page: &[u8],
+        f: impl FnOnce(&[u8], ObjInfo) -> std::result::Result<R, zmem_alloc::AllocError>,
+    ) -> Result<std::result::Result<R, ZmemError>> {
+        let c = self.compressor();
+        let res = SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            match c.compress(page, &mut s[..]) {
+                Ok(n) if n < self.cfg.huge_threshold => {
+                    Ok(f(&s[..n], ObjInfo::compressed(c.algorithm, n)))
+                }
+                Ok(_) | Err(CompressError::DoesNotFit { .. }) => {
+                    if !self.cfg.store_incompressible {
+                        self.counters.reject_compress_poor.fetch_add(1, Relaxed);
+                        return Err(ZmemError::CompressPoor);
+                    }
+                    Ok(f(page, ObjInfo::raw()))
+                }
+                Err(e) => {
+                    self.counters.reject_compress_fail.fetch_add(1, Relaxed);
+                    Err(ZmemError::Compress(e))
+                }
+            }
+        })?;
+        Ok(res.map_err(|e| self.alloc_failed(e)))
+    }
+
+    fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
+        match e {
+            zmem_alloc::AllocError::LimitReached { .. } => {
+                self.counters.pool_limit_hit.fetch_add(1, Relaxed)
+            }
+            _ => self.counters.reject_alloc_fail.fetch_add(1, Relaxed),
+        };
+        ZmemError::from(e)
+    }
+
+    fn store_dedup(&self, d: &[Mutex<DedupShard>], page: &[u8]) -> Result<Entry> {
+        let hash = xxhash_rust::xxh3::xxh3_64(page);
+        let mut ds = Self::dedup_shard(d, hash).lock();
+        if let Some(rec) = ds.map.get(&hash).copied() {
+            // A hash match only names a candidate: confirm byte for byte.
+            let equal = SCRATCH.with(|s| {
+                let mut s = s.borrow_mut();
+                let out = &mut s[..PAGE_SIZE];
+                self.read_object(rec.handle, rec.info, out).map(|()| out == page)
+            });
+            match equal {
+                Ok(true) => {
+                    let r = ds.map.get_mut(&hash).expect("present under the same lock");
+                    r.refs += 1;
+                    ds.dup_pages += 1;
+                    ds.dup_bytes += rec.info.len as u64;
+                    self.counters.dedup_hits.fetch_add(1, Relaxed);
+                    return Ok(Entry::dedup(hash, rec.info));
+                }
+                Ok(false) | Err(_) => {
+                    // A true 64-bit collision (or an unreadable candidate):
+                    // store this page unshared.
+                    drop(ds);
+                    self.counters.dedup_collisions.fetch_add(1, Relaxed);
+                    let (h, info) = self.encode(page, |bytes, info| {
+                        self.alloc.alloc_write(bytes).map(|h| (h, info))
+                    })??;
+                    return Ok(Entry::obj(h, info));
+                }
+            }
+        }
+        let (handle, info) =
+            self.encode(page, |bytes, info| self.alloc.alloc_write(bytes).map(|h| (h, info)))??;
+        ds.map.insert(hash, DedupRec { handle, info, refs: 1 });
+        ds.compr_bytes += info.len as u64;
+        ds.huge_pages += info.is_huge() as u64;
+        Ok(Entry::dedup(hash, info))
+    }
+
+    /// Drop one reference to what `e` points at, freeing the object with its last user.
+    fn release(&self, e: Entry) {
+        match e.slot() {
+            Slot::Same(_) => {}
+            Slot::Obj(h, _) => {
+                // The handle came from our own allocator and is unreachable now.
+                let _ = self.alloc.free(h);
+            }
+            Slot::Dedup(hash, _) => {
+                let Some(d) = &self.dedup else { return };
+                let mut ds = Self::dedup_shard(d, hash).lock();
+                let Some(rec) = ds.map.get_mut(&hash) else { return };
+                if rec.refs > 1 {
+                    rec.refs -= 1;
+                    let len = rec.info.len as u64;
+                    ds.dup_pages -= 1;
+                    ds.dup_bytes -= len;
+                } else {
+                    let rec = *rec;
+                    ds.map.remove(&hash);
+                    ds.compr_bytes -= rec.info.len as u64;
+                    ds.huge_pages -= rec.info.is_huge() as u64;
+                    let _ = self.alloc.free(rec.handle);
+                }
+            }
+        }
+    }
+
+    fn read_object(&self, h: Handle, info: ObjInfo, out: &mut [u8]) -> std::result::Result<(), CompressError> {
+        let r = self.alloc.read(h, |obj| {
+            if info.tag == TAG_RAW {
+                out.copy_from_slice(&obj[..PAGE_SIZE]);
+                Ok(())
+            } else {
+                let alg = Algorithm::from_tag(info.tag)?;
+                zmem_compress::decompress(alg, &obj[..info.len as usize], out)
+            }
+        });
+        match r {
+            Ok(r) => r,
+            Err(e) => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: format!("allocator: {e}") }),
+        }
+    }
+
+    /// Load the page stored under `key` into `buf` (4096 bytes).
+    pub fn load(&self, key: u64, buf: &mut [u8]) -> Result<()> {
+        if buf.len() != PAGE_SIZE {
+            return Err(ZmemError::BadPageSize { len: buf.len() });
+        }
+        let s = self.shard(key).lock();
+        let Some(e) = s.map.get(&key).copied() else {
+            return Err(ZmemError::NotFound { key });
+        };
+        let res = match e.slot() {
+            Slot::Same(p) => {
+                fill_pattern(buf, p);
+                Ok(())
+            }
+            Slot::Obj(h, info) => self.read_object(h, info, buf),
+            Slot::Dedup(hash, info) => {
+                let d = self.dedup.as_deref().unwrap_or(&[]);
+                if d.is_empty() {
+                    Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: "dedup entry in a pool without dedup".into() })
+                } else {
+                    let ds = Self::dedup_shard(d, hash).lock();
+                    match ds.map.get(&hash) {
+                        Some(rec) => self.read_object(rec.handle, info, buf),
+                        None => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: "shared object missing".into() }),
+                    }
+                }
+            }
+        };
+        drop(s);
+        self.counters.loads.fetch_add(1, Relaxed);
+        res.map_err(|source| {
+            self.counters.decompress_fail.fetch_add(1, Relaxed);
+            ZmemError::Corrupt { key, source }
+        })
+    }
+
+    /// Whether `key` holds a page.
+    pub fn contains(&self, key: u64) -> bool {
+        self.shard(key).lock().map.contains_key(&key)
+    }
+
+    /// Drop the page stored under `key`. Returns whether there was one.
+    pub fn invalidate(&self, key: u64) -> bool {
+        let old = {
+            let mut s = self.shard(key).lock();
+            let old = s.map.remove(&key);
+            if let Some(o) = old {
+                s.account(o, false);
+            }
+            old
+        };
+        match old {
+            Some(o) => {
+                self.release(o);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drop every page whose key lies in `range` (frontswap's invalidate_area,
+    /// a block device's discard). Returns how many pages were dropped.
+    pub fn invalidate_range(&self, range: Range<u64>) -> u64 {
+        let span = range.end.saturating_sub(range.start);
+        if span <= self.len() as u64 {
+            return range.filter(|&k| self.invalidate(k)).count() as u64;
+        }
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut victims = Vec::new();
+            {
+                let mut s = shard.lock();
+                let keys: Vec<u64> = s.map.keys().copied().filter(|k| range.contains(k)).collect();
+                for k in keys {
+                    if let Some(o) = s.map.remove(&k) {
+                        s.account(o, false);
+                        victims.push(o);
+                    }
+                }
+            }
+            dropped += victims.len() as u64;
+            for o in victims {
+                self.release(o);
+            }
+        }
+        dropped
+    }
+
+    /// Number of stored pages.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Move objects out of sparse spans and give emptied spans back to the
+    /// OS (zram's `compact`). Returns pages freed.
+    pub fn compact(&self) -> u64 {
+        self.alloc.compact()
+    }
+
+    /// A consistent-enough snapshot of every counter (each shard is read under its lock).
+    pub fn stats(&self) -> Stats {
+        let mut st = Stats::default();
+        let mut index_bytes = 0;
+        for s in self.shards.iter() {
+            let s = s.lock();
+            st.stored_pages += s.map.len() as u64;
+            st.compr_data_size += s.compr_bytes;
+            st.same_pages += s.same_pages;
+            st.huge_pages += s.huge_pages;
+            index_bytes += map_bytes(s.map.capacity(), std::mem::size_of::<(u64, Entry)>());
+        }
+        index_bytes += (self.shards.len() * std::mem::size_of::<Mutex<Shard>>()) as u64;
+        let mut dedup_bytes = 0;
+        if let Some(d) = &self.dedup {
+            for ds in d.iter() {
+                let ds = ds.lock();
+                st.compr_data_size += ds.compr_bytes;
+                st.huge_pages += ds.huge_pages;
+                st.dup_pages += ds.dup_pages;
+                st.dup_data_size += ds.dup_bytes;
+                dedup_bytes += map_bytes(ds.map.capacity(), std::mem::size_of::<(u64, DedupRec)>());
+            }
+            dedup_bytes += (d.len() * std::mem::size_of::<Mutex<DedupShard>>()) as u64;
+        }
+        let a = self.alloc.stats();
+        st.orig_data_size = st.stored_pages * PAGE_SIZE as u64;
+        st.pool_pages = a.pages_used;
+        st.alloc_metadata_bytes = a.metadata_bytes;
+        st.index_bytes = index_bytes;
+        st.meta_data_size = dedup_bytes;
+        st.mem_used_total = a.pages_used * PAGE_SIZE as u64 + a.metadata_bytes + index_bytes + dedup_bytes;
+        let max_candidate = a.pages_used_max * PAGE_SIZE as u64 + a.metadata_bytes + index_bytes + dedup_bytes;
+        st.mem_used_max = self
+            .counters
+            .mem_used_max
+            .fetch_max(max_candidate.max(st.mem_used_total), Relaxed)
+            .max(max_candidate)
+            .max(st.mem_used_total);
+        st.mem_limit = self.counters.mem_limit.load(Relaxed).max(self.cfg.mem_limit.unwrap_or(0));
+        st.pages_compacted = a.pages_compacted;
+        st.same_filled_pages = st.same_pages;
+        st.pool_total_size = a.pages_used * PAGE_SIZE as u64;
+        st.objs_used = a.objs_used;
+        st.objs_allocated = a.objs_allocated;
+        self.counters.fill(&mut st);
+        st
+    }
+}

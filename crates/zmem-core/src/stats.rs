@@ -1,0 +1,117 @@
+//! Counters, named as the kernel names them.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+/// Event counters that are not derived from the index (zswap's debugfs names).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub stores: AtomicU64,
+    pub loads: AtomicU64,
+    pub reject_compress_poor: AtomicU64,
+    pub reject_compress_fail: AtomicU64,
+    pub reject_alloc_fail: AtomicU64,
+    pub pool_limit_hit: AtomicU64,
+    pub decompress_fail: AtomicU64,
+    pub dedup_hits: AtomicU64,
+    pub dedup_collisions: AtomicU64,
+    pub mem_used_max: AtomicU64,
+    pub mem_limit: AtomicU64,
+}
+
+impl Counters {
+    pub fn fill(&self, st: &mut Stats) {
+        st.stores = self.stores.load(Relaxed);
+        st.loads = self.loads.load(Relaxed);
+        st.reject_compress_poor = self.reject_compress_poor.load(Relaxed);
+        st.reject_compress_fail = self.reject_compress_fail.load(Relaxed);
+        st.reject_alloc_fail = self.reject_alloc_fail.load(Relaxed);
+        st.pool_limit_hit = self.pool_limit_hit.load(Relaxed);
+        st.decompress_fail = self.decompress_fail.load(Relaxed);
+        st.dedup_hits = self.dedup_hits.load(Relaxed);
+        st.dedup_collisions = self.dedup_collisions.load(Relaxed);
+    }
+}
+
+/// A snapshot of a pool's counters.
+///
+/// The first eight fields are zram's `mm_stat`, in its order; the zswap block
+/// uses zswap's debugfs names; `dup_data_size`/`meta_data_size` are the zram
+/// dedup patch's. All sizes are bytes, all `*_pages` are 4 KiB pages.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Stats {
+    // zram mm_stat
+    /// Uncompressed size of everything stored.
+    pub orig_data_size: u64,
+    /// Compressed bytes of every stored object (huge pages count 4096; shared objects once).
+    pub compr_data_size: u64,
+    /// The real footprint: allocator pages + allocator metadata + index + dedup table.
+    pub mem_used_total: u64,
+    /// zram's mem_limit (0: none); caps allocator pages.
+    pub mem_limit: u64,
+    /// High-water mark of mem_used_total.
+    pub mem_used_max: u64,
+    /// Same-filled pages (no allocation).
+    pub same_pages: u64,
+    /// Pages freed by compaction, cumulative.
+    pub pages_compacted: u64,
+    /// Pages stored raw because they did not compress below the huge threshold.
+    pub huge_pages: u64,
+
+    // zswap debugfs
+    pub stored_pages: u64,
+    pub same_filled_pages: u64,
+    /// Bytes of allocator pages (zswap's pool_total_size).
+    pub pool_total_size: u64,
+    pub pool_limit_hit: u64,
+    pub reject_compress_poor: u64,
+    pub reject_compress_fail: u64,
+    pub reject_alloc_fail: u64,
+    pub decompress_fail: u64,
+
+    // zram dedup patch
+    /// Compressed bytes saved by sharing objects.
+    pub dup_data_size: u64,
+    /// Bytes of dedup metadata (the hash table of shared objects).
+    pub meta_data_size: u64,
+    /// Pages that share another page's object.
+    pub dup_pages: u64,
+    pub dedup_hits: u64,
+    pub dedup_collisions: u64,
+
+    // breakdown of mem_used_total
+    pub pool_pages: u64,
+    pub alloc_metadata_bytes: u64,
+    pub index_bytes: u64,
+    pub objs_allocated: u64,
+    pub objs_used: u64,
+    pub stores: u64,
+    pub loads: u64,
+}
+
+impl Stats {
+    /// zram's `/sys/block/zramX/mm_stat` line, same fields, same order.
+    pub fn mm_stat(&self) -> String {
+        format!(
+            "{:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            self.orig_data_size,
+            self.compr_data_size,
+            self.mem_used_total,
+            self.mem_limit,
+            self.mem_used_max,
+            self.same_pages,
+            self.pages_compacted,
+            self.huge_pages
+        )
+    }
+
+    /// Compression ratio as zramctl shows it: orig / mem_used_total.
+    pub fn ratio(&self) -> f64 {
+        if self.mem_used_total == 0 {
+            0.0
+        } else {
+            self.orig_data_size as f64 / self.mem_used_total as f64
+        }
+    }
+}

@@ -1,0 +1,50 @@
+#![allow(dead_code)]
+//! Page generators shared by the integration tests.
+
+pub const PAGE: usize = 4096;
+
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    // splitmix64 of the seed, so every seed gives its own stream
+    let mut x = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x = (x ^ (x >> 31)) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// Text-like page: compresses well but not to nothing.
+pub fn compressible(seed: u64) -> Vec<u8> {
+    let mut r = xorshift(seed);
+    let words = [&b"alpha "[..], b"beta ", b"gamma ", b"delta ", b"0x1f ", b"\n", b"zmem ", b"page "];
+    let mut p = Vec::with_capacity(PAGE);
+    while p.len() < PAGE {
+        let w = words[(r() % words.len() as u64) as usize];
+        p.extend_from_slice(w);
+        if r() % 5 == 0 {
+            p.push((r() % 256) as u8);
+        }
+    }
+    p.truncate(PAGE);
+    p
+}
+
+pub fn incompressible(seed: u64) -> Vec<u8> {
+    let mut r = xorshift(seed ^ 0xdead_beef);
+    (0..PAGE / 8).flat_map(|_| r().to_le_bytes()).collect()
+}
+
+pub fn same_filled(pattern: u64) -> Vec<u8> {
+    (0..PAGE / 8).flat_map(|_| pattern.to_ne_bytes()).collect()
+}
+
+/// Half compressible, half random: lands in a large size class.
+pub fn half(seed: u64) -> Vec<u8> {
+    let mut p = compressible(seed);
+    p[..PAGE / 2].copy_from_slice(&incompressible(seed)[..PAGE / 2]);
+    p
+}

@@ -1,0 +1,427 @@
+//! `zmem bench store`: the engine measured against its own ceiling and the kernel.
+//!
+//! One run, same pages, side by side:
+//! * **raw**: the compressor alone, page by page into a scratch buffer, then
+//!   decompression of those outputs — the ceiling no store can beat;
+//! * **store/load**: the same pages through a [`Pool`] (same-filled check,
+//!   dedup, compression, allocation, index), loaded back into a separate
+//!   buffer and verified byte for byte after the timed pass;
+//! * **kernel_zram**: as root, the same pages written to and read from
+//!   `/dev/zramN` with the same algorithm (see `zmem_bench::kernel_zram`).
+//!
+//! Every timed pass runs `--repeat` times, interleaved (raw, store, load,
+//! raw, ...), and the best time of each is reported: this 2-core machine is
+//! noisy, and ratios of bests within one run are what we compare.
+//! MB/s is 10^6 bytes of uncompressed data per second.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use zmem_bench::pages::{self, PageSet, PAGE_SIZE};
+use zmem_compress::Compressor;
+use zmem_core::{Pool, PoolConfig, Stats};
+
+use crate::util::{mbps, parse_on_off, parse_size};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Files or directories to read (each file cut into 4 KiB pages, tail
+    /// zero-padded). With neither paths nor --pid: /usr/lib/x86_64-linux-gnu
+    /// plus the anonymous memory of a freshly started python3 process.
+    pub paths: Vec<PathBuf>,
+    /// Also read the anonymous memory of this live process.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Compressor: lz4, zstd[:LEVEL] or lzo.
+    #[arg(long, default_value = "lz4")]
+    pub compressor: String,
+    /// Deduplicate identical pages: on or off.
+    #[arg(long, default_value = "off", value_parser = parse_on_off)]
+    pub dedup: bool,
+    /// Threads for the store, load and raw passes.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Timed passes; the best of each is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Stop reading input after this much data (e.g. 512M).
+    #[arg(long, value_parser = parse_size)]
+    pub max_bytes: Option<u64>,
+    /// Objects compressed to this many bytes or more are stored raw.
+    #[arg(long, default_value_t = zmem_core::DEFAULT_HUGE_THRESHOLD)]
+    pub huge_threshold: usize,
+    /// Skip the kernel zram comparison.
+    #[arg(long)]
+    pub no_kernel: bool,
+    /// Print one JSON object instead of a table (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    pages: u64,
+    orig_bytes: u64,
+    compr_bytes: u64,
+    mem_used_bytes: u64,
+    same_pages: u64,
+    dup_pages: u64,
+    dup_data_size: u64,
+    meta_data_size: u64,
+    huge_pages: u64,
+    store_mbps: f64,
+    load_mbps: f64,
+    raw_compress_mbps: f64,
+    raw_decompress_mbps: f64,
+    raw_compr_bytes: u64,
+    store_vs_raw_compress: f64,
+    load_vs_raw_decompress: f64,
+    compressor: String,
+    dedup: bool,
+    threads: usize,
+    repeat: usize,
+    verified_pages: u64,
+    mm_stat: String,
+    sources: usize,
+    stats: Stats,
+    kernel_zram: Option<zmem_bench::kernel_zram::ZramResult>,
+    kernel_zram_skipped: Option<String>,
+    mem_used_vs_kernel_zram: Option<f64>,
+}
+
+fn load_pages(a: &Args, quiet: bool) -> anyhow::Result<PageSet> {
+    let mut set = PageSet::default();
+    let default = a.paths.is_empty() && a.pid.is_none();
+    let paths = if default {
+        vec![PathBuf::from("/usr/lib/x86_64-linux-gnu")]
+    } else {
+        a.paths.clone()
+    };
+    if !paths.is_empty() {
+        set = pages::read_paths(&paths, a.max_bytes)
+            .with_context(|| format!("reading {}", paths[0].display()))?;
+    }
+    let mut extra = |p: PageSet| {
+        set.data.extend_from_slice(&p.data);
+        set.sources.extend(p.sources);
+    };
+    if let Some(pid) = a.pid {
+        extra(pages::read_process(pid, a.max_bytes)?);
+    } else if default {
+        // The built-in live process: a python3 heap of dicts, strings, numbers.
+        match pages::spawn_default_process(64 << 20) {
+            Ok(mut child) => {
+                let r = pages::read_process(child.id(), Some(256 << 20));
+                let _ = child.kill();
+                let _ = child.wait();
+                extra(r?);
+            }
+            Err(e) if !quiet => eprintln!("zmem: no live-process data: {e:#}"),
+            Err(_) => {}
+        }
+    }
+    if set.is_empty() {
+        bail!("no pages to benchmark: the inputs were empty");
+    }
+    Ok(set)
+}
+
+/// Split `n` pages into `threads` contiguous ranges and run `f` on each in parallel.
+fn par<F>(n: usize, threads: usize, f: F) -> anyhow::Result<()>
+where
+    F: Fn(std::ops::Range<usize>) -> anyhow::Result<()> + Sync,
+{
+    let per = n.div_ceil(threads.max(1));
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                let r = (t * per).min(n)..((t + 1) * per).min(n);
+                let f = &f;
+                s.spawn(move || f(r))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("benchmark thread panicked"))?)
+            .collect::<anyhow::Result<Vec<()>>>()
+    })?;
+    Ok(())
+}
+
+fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.threads == 0 || a.threads > 256 {
+        bail!("--threads must be between 1 and 256");
+    }
+    if a.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let comp: Compressor = a.compressor.parse()?;
+    let show = !a.json && std::io::stderr().is_terminal();
+    let set = load_pages(&a, a.json)?;
+    let n = set.pages();
+    let orig = (n * PAGE_SIZE) as u64;
+    let data = &set.data;
+
+    let bar = if show {
+        let b = ProgressBar::new((a.repeat * 4 * n) as u64);
+        b.set_style(
+            ProgressStyle::with_template("{msg:>12} [{bar:40}] {percent:>3}% {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+
+    // Raw compressor outputs, one slot per page, sized for the worst case.
+    let bound = comp.algorithm.compress_bound(PAGE_SIZE);
+    let mut raw_out = vec![0u8; n * bound];
+    let mut raw_len = vec![0u32; n];
+    let mut out = vec![0u8; data.len()];
+    let cfg = PoolConfig {
+        compressor: comp,
+        dedup: a.dedup,
+        huge_threshold: a.huge_threshold,
+        ..PoolConfig::default()
+    };
+    let (mut best_rc, mut best_rd, mut best_st, mut best_ld) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    let mut pool = None;
+    for _ in 0..a.repeat {
+        // raw compress
+        bar.set_message("raw compress");
+        let raw_chunks: Vec<(&mut [u8], &mut [u32])> = {
+            let per = n.div_ceil(a.threads);
+            raw_out.chunks_mut(per.max(1) * bound).zip(raw_len.chunks_mut(per.max(1))).collect()
+        };
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            let mut base = 0;
+            for (o, l) in raw_chunks {
+                let start = base;
+                base += l.len();
+                s.spawn(move || {
+                    for (i, len) in l.iter_mut().enumerate() {
+                        let p = &data[(start + i) * PAGE_SIZE..][..PAGE_SIZE];
+                        *len = comp.compress(p, &mut o[i * bound..][..bound]).unwrap_or(0) as u32;
+                    }
+                });
+            }
+        });
+        best_rc = best_rc.min(t.elapsed().as_secs_f64());
+        bar.inc(n as u64);
+
+        // store into a fresh pool
+        bar.set_message("store");
+        let p = Pool::new(cfg.clone())?;
+        let secs = timed(|| {
+            par(n, a.threads, |r| {
+                for i in r {
+                    p.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE])
+                        .with_context(|| format!("storing page {i}"))?;
+                }
+                Ok(())
+            })
+        })?;
+        best_st = best_st.min(secs);
+        bar.inc(n as u64);
+
+        // load into a separate buffer
+        bar.set_message("load");
+        let chunks: Vec<&mut [u8]> = out.chunks_mut(n.div_ceil(a.threads).max(1) * PAGE_SIZE).collect();
+        let per = n.div_ceil(a.threads).max(1);
+        let t = Instant::now();
+        let errs: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = chunks
+                .into_iter()
+                .enumerate()
+                .map(|(ci, c)| {
+                    let p = &p;
+                    s.spawn(move || -> anyhow::Result<()> {
+                        for (j, page) in c.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                            let i = ci * per + j;
+                            p.load(i as u64, page).with_context(|| format!("loading page {i}"))?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| bail!("load thread panicked"))).collect()
+        });
+        best_ld = best_ld.min(t.elapsed().as_secs_f64());
+        errs.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        bar.inc(n as u64);
+
+        // raw decompress
+        bar.set_message("raw decomp");
+        let raw_chunks: Vec<(&mut [u8], &[u32])> = {
+            let per = n.div_ceil(a.threads).max(1);
+            out.chunks_mut(per * PAGE_SIZE).zip(raw_len.chunks(per)).collect()
+        };
+        let raw_ref = &raw_out;
+        let per = n.div_ceil(a.threads).max(1);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for (ci, (o, l)) in raw_chunks.into_iter().enumerate() {
+                s.spawn(move || {
+                    for (j, (dst, len)) in o.chunks_exact_mut(PAGE_SIZE).zip(l).enumerate() {
+                        let i = ci * per + j;
+                        let src = &raw_ref[i * bound..][..*len as usize];
+                        let _ = zmem_compress::decompress(comp.algorithm, src, dst);
+                    }
+                });
+            }
+        });
+        best_rd = best_rd.min(t.elapsed().as_secs_f64());
+        bar.inc(n as u64);
+        pool = Some(p);
+    }
+    bar.finish_and_clear();
+    let pool = pool.context("no pass ran")?;
+
+    // Verify every byte, outside the timed passes: load again into `out`.
+    let mut bad = 0u64;
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for (i, want) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        pool.load(i as u64, &mut buf)?;
+        if buf != want {
+            bad += 1;
+        }
+    }
+    if bad > 0 {
+        bail!("{bad} of {n} pages read back wrong: this is a bug, please report it");
+    }
+    let raw_compr: u64 = raw_len.iter().map(|&l| l as u64).sum();
+    let st = pool.stats();
+    drop(pool);
+
+    let (kernel_zram, kernel_zram_skipped) = if a.no_kernel {
+        (None, Some("skipped: --no-kernel".to_string()))
+    } else {
+        if show {
+            eprintln!("writing the same pages to kernel zram...");
+        }
+        match zmem_bench::kernel_zram::run(data, comp.algorithm.name()) {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(e.reason)),
+        }
+    };
+    let store_mbps = mbps(orig, best_st);
+    let load_mbps = mbps(orig, best_ld);
+    let raw_compress_mbps = mbps(orig, best_rc);
+    let raw_decompress_mbps = mbps(orig, best_rd);
+    let report = Report {
+        pages: n as u64,
+        orig_bytes: orig,
+        compr_bytes: st.compr_data_size,
+        mem_used_bytes: st.mem_used_total,
+        same_pages: st.same_pages,
+        dup_pages: st.dup_pages,
+        dup_data_size: st.dup_data_size,
+        meta_data_size: st.meta_data_size,
+        huge_pages: st.huge_pages,
+        store_mbps,
+        load_mbps,
+        raw_compress_mbps,
+        raw_decompress_mbps,
+        raw_compr_bytes: raw_compr,
+        store_vs_raw_compress: store_mbps / raw_compress_mbps,
+        load_vs_raw_decompress: load_mbps / raw_decompress_mbps,
+        compressor: comp.to_string(),
+        dedup: a.dedup,
+        threads: a.threads,
+        repeat: a.repeat,
+        verified_pages: n as u64,
+        mm_stat: st.mm_stat(),
+        sources: set.sources.len(),
+        mem_used_vs_kernel_zram: kernel_zram
+            .as_ref()
+            .map(|k| st.mem_used_total as f64 / k.mem_used_bytes.max(1) as f64),
+        stats: st,
+        kernel_zram,
+        kernel_zram_skipped,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "zmem bench store: {} pages ({:.1} MiB) from {} sources, {}, dedup {}, {} thread(s), best of {}",
+        r.pages,
+        mib(r.orig_bytes),
+        r.sources,
+        r.compressor,
+        if r.dedup { "on" } else { "off" },
+        r.threads,
+        r.repeat
+    );
+    println!("  all {} pages verified byte for byte", r.verified_pages);
+    println!();
+    println!("  {:<22} {:>14} {:>14}", "", "zmem", "kernel zram");
+    let kz = r.kernel_zram.as_ref();
+    let col = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    println!(
+        "  {:<22} {:>14.1} {:>14}",
+        "compressed MiB",
+        mib(r.compr_bytes),
+        col(kz.map(|k| format!("{:.1}", mib(k.compr_bytes))))
+    );
+    println!(
+        "  {:<22} {:>14.1} {:>14}",
+        "memory used MiB",
+        mib(r.mem_used_bytes),
+        col(kz.map(|k| format!("{:.1}", mib(k.mem_used_bytes))))
+    );
+    println!(
+        "  {:<22} {:>14} {:>14}",
+        "same / huge pages",
+        format!("{} / {}", r.same_pages, r.huge_pages),
+        col(kz.map(|k| format!("{} / {}", k.same_pages, k.huge_pages)))
+    );
+    println!(
+        "  {:<22} {:>14.0} {:>14}",
+        "store / write MB/s",
+        r.store_mbps,
+        col(kz.map(|k| format!("{:.0}", k.write_mbps)))
+    );
+    println!(
+        "  {:<22} {:>14.0} {:>14}",
+        "load / read MB/s",
+        r.load_mbps,
+        col(kz.map(|k| format!("{:.0}", k.read_mbps)))
+    );
+    println!();
+    println!(
+        "  raw {}: compress {:.0} MB/s, decompress {:.0} MB/s; store at {:.2}x, load at {:.2}x of raw",
+        r.compressor, r.raw_compress_mbps, r.raw_decompress_mbps, r.store_vs_raw_compress, r.load_vs_raw_decompress
+    );
+    if r.dedup {
+        println!(
+            "  dedup: {} pages shared, {:.1} MiB saved, {:.1} MiB metadata",
+            r.dup_pages,
+            mib(r.dup_data_size),
+            mib(r.meta_data_size)
+        );
+    }
+    if let Some(x) = r.mem_used_vs_kernel_zram {
+        println!("  memory used vs kernel zram: {x:.3}x");
+    }
+    if let Some(why) = &r.kernel_zram_skipped {
+        println!("  kernel zram: not compared ({why})");
+    }
+    println!("  mm_stat: {}", r.mm_stat);
+}

@@ -1,0 +1,66 @@
+//! Small parsing and formatting helpers shared by subcommands.
+
+use anyhow::{bail, Context};
+
+/// Parse a size such as `4096`, `64K`, `512MiB`, `2G` (binary units).
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        bail!("bad size `{s}`: expected a number with an optional unit (K, M, G, T), e.g. 512M");
+    }
+    let n: u64 = num.parse().with_context(|| format!("bad size `{s}`"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => bail!("bad size unit `{u}` in `{s}`: use K, M, G or T"),
+    };
+    n.checked_mul(mult).with_context(|| format!("size `{s}` is too large"))
+}
+
+/// Parse `on`/`off` (also true/false, yes/no, 1/0).
+pub fn parse_on_off(s: &str) -> anyhow::Result<bool> {
+    match s.to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => bail!("expected on or off, got `{s}`"),
+    }
+}
+
+/// Megabytes (10^6 bytes) per second.
+pub fn mbps(bytes: u64, secs: f64) -> f64 {
+    if secs <= 0.0 {
+        0.0
+    } else {
+        bytes as f64 / 1e6 / secs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert!(parse_size("").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn on_off() {
+        assert!(parse_on_off("on").unwrap());
+        assert!(!parse_on_off("OFF").unwrap());
+        assert!(parse_on_off("maybe").is_err());
+    }
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install what zmem's build, benchmarks and tests need, only where missing.
+# Safe to run again; needs root (or sudo) for Debian packages.
+set -euo pipefail
+
+need_pkgs=()
+want() { # want COMMAND PACKAGE
+    command -v "$1" >/dev/null 2>&1 || need_pkgs+=("$2")
+}
+want cc build-essential
+want python3 python3
+want mkfs.ext4 e2fsprogs
+want losetup mount
+want fio fio
+want qemu-io qemu-utils
+want nbdinfo libnbd-bin
+want nbdfuse libnbd-bin
+want nbdkit nbdkit
+
+if ((${#need_pkgs[@]})); then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    echo "setup: installing Debian packages: ${need_pkgs[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq >/dev/null
+    $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo is missing: install Rust (rustup) first" >&2
+    exit 1
+fi
