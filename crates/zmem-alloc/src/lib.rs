@@ -96,7 +96,7 @@ pub const CLASS_DELTA: usize = 16;
 /// Number of size classes: 32, 48, ..., 4096.
 const NUM_CLASSES: usize = (PAGE_SIZE - MIN_OBJ_SIZE) / CLASS_DELTA + 1;
 /// Default and hard upper bound for [`AllocConfig::max_span_pages`].
-const DEFAULT_SPAN_PAGES: usize = 16;
+const DEFAULT_SPAN_PAGES: usize = 32;
 const MAX_SPAN_PAGES: usize = 32;
 /// Largest chunk we map at once (unless one span is bigger).
 const MAX_CHUNK_BYTES: usize = 4 << 20;
@@ -227,6 +227,16 @@ fn pages_per_span(class_size: usize, max_pages: usize) -> usize {
     best
 }
 
+/// Make room for `more` elements, growing by an eighth rather than doubling:
+/// metadata is charged to the pool from capacities, so slack is memory we
+/// report (and really hold). Amortised cost stays O(1) per element.
+fn grow_gently<T>(v: &mut Vec<T>, more: usize) {
+    if v.capacity() - v.len() < more {
+        let extra = (v.len() / 8).max(more).max(4);
+        v.reserve_exact(extra);
+    }
+}
+
 fn next_gen(gen: u64) -> u64 {
     if gen >= GEN_MASK {
         1
@@ -271,6 +281,12 @@ impl Counters {
         Ok(())
     }
 
+    /// Account pages regardless of the limit (compaction's destination pages).
+    fn force_reserve(&self, pages: u64) {
+        let new = self.pages_used.fetch_add(pages, Relaxed) + pages;
+        self.pages_used_max.fetch_max(new, Relaxed);
+    }
+
     fn unreserve(&self, pages: u64) {
         self.pages_used.fetch_sub(pages, Relaxed);
     }
@@ -290,6 +306,11 @@ struct SpanMeta {
     /// First free slot (SLOT_NIL if full).
     free_head: u16,
     group: u8,
+    /// Pages of the span that objects have ever been written into since it
+    /// was last released. Untouched pages of a mapping are not resident, so
+    /// only these are charged: a class's last, partly filled span costs
+    /// what it holds, not its full size.
+    touched: u8,
 }
 
 /// Everything about one size class; guarded by that class's RwLock.
@@ -435,26 +456,25 @@ impl ClassState {
         ))
     }
 
-    /// Bring a span to life (reuse a released one, or carve a new one),
-    /// charging its pages. Returned span is unlinked and has inuse 0.
-    fn activate_span(&mut self, c: &Counters) -> Result<u32, AllocError> {
-        let pages = self.span_pages as u64;
-        c.reserve(pages)?;
+    /// Bring a span to life (reuse a released one, or carve a new one).
+    /// Returned span is unlinked, has inuse 0 and no touched pages; its
+    /// pages are charged as objects are written into them.
+    fn activate_span(&mut self) -> Result<u32, AllocError> {
         let s = if self.heads[G_EMPTY as usize] != NIL {
             let s = self.heads[G_EMPTY as usize];
             self.unlink(s);
             s
         } else {
-            match self.carve_span() {
-                Ok(s) => s,
-                Err(e) => {
-                    c.unreserve(pages);
-                    return Err(e);
-                }
-            }
+            self.carve_span()?
         };
         self.live_spans += 1;
         Ok(s)
+    }
+
+    /// How many leading pages of a span hold some byte of `slot`.
+    #[inline]
+    fn pages_through(&self, slot: usize) -> u8 {
+        ((slot + 1) * self.size).div_ceil(PAGE_SIZE) as u8
     }
 
     /// Create a brand-new span descriptor, mapping a new chunk if needed.
@@ -473,6 +493,8 @@ impl ClassState {
             self.chunk_next_off = 0;
         }
         let s = self.spans.len() as u32;
+        grow_gently(&mut self.spans, 1);
+        grow_gently(&mut self.backptr, self.objs);
         self.spans.push(SpanMeta {
             chunk: (self.chunks.len() - 1) as u32,
             off: self.chunk_next_off as u32,
@@ -481,6 +503,7 @@ impl ClassState {
             inuse: 0,
             free_head: 0,
             group: G_EMPTY,
+            touched: 0,
         });
         self.chunk_spans_left -= 1;
         self.chunk_next_off += self.span_bytes();
@@ -494,11 +517,12 @@ impl ClassState {
     fn release_span(&mut self, s: u32, c: &Counters) {
         debug_assert_eq!(self.spans[s as usize].inuse, 0);
         let (chunk, off) = self.obj_location(s as usize, 0);
-        let len = self.span_bytes();
-        self.chunks[chunk].discard(off, len);
+        let touched = self.spans[s as usize].touched;
+        self.chunks[chunk].discard(off, touched as usize * PAGE_SIZE);
+        self.spans[s as usize].touched = 0;
         self.link(s, G_EMPTY);
         self.live_spans -= 1;
-        c.unreserve(self.span_pages as u64);
+        c.unreserve(touched as u64);
         c.spans_released.fetch_add(1, Relaxed);
     }
 
@@ -517,9 +541,22 @@ impl ClassState {
             // Fullest non-full span first.
             self.heads[(15 - partial.leading_zeros()) as usize]
         } else {
-            self.activate_span(c)?
+            self.activate_span()?
         };
         let fresh = partial == 0;
+        // Charge the pages this object reaches into that were never touched.
+        let need = self.pages_through(self.spans[s as usize].free_head as usize);
+        let touched = self.spans[s as usize].touched;
+        if need > touched {
+            if let Err(e) = c.reserve((need - touched) as u64) {
+                if fresh {
+                    self.link(s, G_EMPTY);
+                    self.live_spans -= 1;
+                }
+                return Err(e);
+            }
+            self.spans[s as usize].touched = need;
+        }
         let slot = self.pop_slot(s);
         if fresh {
             let g = self.group_for(self.spans[s as usize].inuse as usize);
@@ -533,6 +570,7 @@ impl ClassState {
             self.handle_free = self.handles[idx as usize] as u32;
             idx
         } else {
+            grow_gently(&mut self.handles, 1);
             self.handles.push(1 << GEN_SHIFT);
             (self.handles.len() - 1) as u32
         };
@@ -577,8 +615,9 @@ impl ClassState {
 
     /// One step of `__zs_compact`: move objects from the emptiest partial
     /// span into the fullest one until the source is empty or the
-    /// destination full. Returns pages freed, or None when done.
-    fn compact_step(&mut self, c: &Counters) -> Option<u64> {
+    /// destination full. Returns (pages released, pages newly charged in
+    /// the destination), or None when done.
+    fn compact_step(&mut self, c: &Counters) -> Option<(u64, u64)> {
         if !self.can_compact() {
             return None;
         }
@@ -601,6 +640,7 @@ impl ClassState {
         self.unlink(dst);
 
         let mut tmp = [0u8; PAGE_SIZE];
+        let mut charged = 0u64;
         let size = self.size;
         let base = src as usize * self.objs;
         for slot in 0..self.objs {
@@ -613,6 +653,14 @@ impl ClassState {
                 continue;
             }
             let dslot = self.pop_slot(dst);
+            let need = self.pages_through(dslot);
+            if need > self.spans[dst as usize].touched {
+                // Compaction frees more than it takes: charge past the limit.
+                let more = (need - self.spans[dst as usize].touched) as u64;
+                c.force_reserve(more);
+                charged += more;
+                self.spans[dst as usize].touched = need;
+            }
             let (sc, so) = self.obj_location(src as usize, slot);
             let (dc, dof) = self.obj_location(dst as usize, dslot);
             tmp[..size].copy_from_slice(self.chunks[sc].bytes(so, size));
@@ -630,12 +678,13 @@ impl ClassState {
         let g = self.group_for(self.spans[dst as usize].inuse as usize);
         self.link(dst, g);
         if self.spans[src as usize].inuse == 0 {
+            let released = self.spans[src as usize].touched as u64;
             self.release_span(src, c);
-            Some(self.span_pages as u64)
+            Some((released, charged))
         } else {
             let g = self.group_for(self.spans[src as usize].inuse as usize);
             self.link(src, g);
-            Some(0)
+            Some((0, charged))
         }
     }
 
@@ -750,17 +799,21 @@ impl ZsPool {
     /// Move objects out of sparse spans and release the emptied spans, class
     /// by class. Returns the number of pages freed. Handles stay valid.
     pub fn compact(&self) -> u64 {
-        let mut freed = 0;
+        let (mut released, mut charged) = (0u64, 0u64);
         for class in self.classes.iter() {
             loop {
                 // Re-take the lock per step so other users of the class interleave.
                 let step = class.0.write().compact_step(&self.counters);
                 match step {
-                    Some(pages) => freed += pages,
+                    Some((r, ch)) => {
+                        released += r;
+                        charged += ch;
+                    }
                     None => break,
                 }
             }
         }
+        let freed = released.saturating_sub(charged);
         self.counters.pages_compacted.fetch_add(freed, Relaxed);
         freed
     }

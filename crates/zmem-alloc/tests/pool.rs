@@ -519,3 +519,29 @@ fn microbench() {
         per(t.elapsed(), n)
     );
 }
+
+/// Only pages that objects were written into are charged, and exactly those
+/// are resident: a class's last, partly filled span costs what it holds.
+#[test]
+fn charged_pages_are_the_resident_pages() {
+    let pool = ZsPool::new(AllocConfig::default());
+    let size = 3008; // a class whose span is many pages long
+    let span_pages = pool.span_pages_of_class(size).unwrap();
+    assert!(span_pages > 4, "class {size} uses {span_pages}-page spans");
+    let a = pool.alloc_write(&vec![1u8; size]).unwrap();
+    assert_eq!(pool.pages_used(), 1, "one object in a fresh span touches one page");
+    assert_eq!(pool.resident_pages_of_live_spans(), 1);
+    let mut hs = vec![a];
+    for i in 0..5u8 {
+        hs.push(pool.alloc_write(&vec![i; size]).unwrap());
+        assert_eq!(pool.resident_pages_of_live_spans() as u64, pool.pages_used());
+    }
+    // six 3008-byte objects reach into ceil(6*3008/4096) = 5 pages
+    assert_eq!(pool.pages_used(), 5);
+    for h in hs {
+        pool.free(h).unwrap();
+    }
+    assert_eq!(pool.pages_used(), 0);
+    assert_eq!(pool.resident_pages_of_live_spans(), 0);
+    assert_eq!(pool.resident_pages_of_released_spans(), 0);
+}

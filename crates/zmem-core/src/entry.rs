@@ -1,7 +1,8 @@
-//! The index entry: two words per stored key, nothing else.
+//! The index entry: 12 bytes per stored key, nothing else.
 //!
 //! zram keeps `handle` + `flags` (size, same-filled bit, huge bit) per slot;
-//! we keep the same information in 16 bytes:
+//! we keep the same information in 12 bytes (three u32 words, so a block of
+//! entries packs without padding):
 //!
 //! * `meta` packs the kind (object / same-filled / deduplicated), the
 //!   algorithm tag (or RAW for huge pages) and the compressed length.
@@ -16,13 +17,13 @@ pub(crate) const PAGE_SIZE: usize = 4096;
 /// Algorithm tag meaning "stored uncompressed as a whole page" (zram's huge).
 pub(crate) const TAG_RAW: u8 = 0xF;
 
-const KIND_MASK: u64 = 0b11;
-const KIND_OBJ: u64 = 0;
-const KIND_SAME: u64 = 1;
-const KIND_DEDUP: u64 = 2;
+const KIND_MASK: u32 = 0b11;
+const KIND_OBJ: u32 = 0;
+const KIND_SAME: u32 = 1;
+const KIND_DEDUP: u32 = 2;
 const TAG_SHIFT: u32 = 2;
 const LEN_SHIFT: u32 = 6;
-const LEN_MASK: u64 = 0x1FFF;
+const LEN_MASK: u32 = 0x1FFF;
 
 /// How an object is encoded: algorithm tag (or raw) and its exact length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,10 +42,10 @@ impl ObjInfo {
     pub fn is_huge(self) -> bool {
         self.tag == TAG_RAW
     }
-    fn pack(self) -> u64 {
-        ((self.tag as u64) << TAG_SHIFT) | ((self.len as u64 & LEN_MASK) << LEN_SHIFT)
+    fn pack(self) -> u32 {
+        ((self.tag as u32) << TAG_SHIFT) | ((self.len as u32 & LEN_MASK) << LEN_SHIFT)
     }
-    fn unpack(meta: u64) -> ObjInfo {
+    fn unpack(meta: u32) -> ObjInfo {
         ObjInfo {
             tag: ((meta >> TAG_SHIFT) & 0xF) as u8,
             len: ((meta >> LEN_SHIFT) & LEN_MASK) as u16,
@@ -54,8 +55,13 @@ impl ObjInfo {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
-    meta: u64,
-    data: u64,
+    meta: u32,
+    /// The 64-bit payload as two words: 4-byte alignment keeps the entry at 12 bytes.
+    data: [u32; 2],
+}
+
+fn split(v: u64) -> [u32; 2] {
+    [v as u32, (v >> 32) as u32]
 }
 
 /// The decoded view of an [`Entry`].
@@ -67,20 +73,31 @@ pub(crate) enum Slot {
 }
 
 impl Entry {
+    /// A free index slot (kind bits 3 are never used by a real entry).
+    pub const EMPTY: Entry = Entry { meta: u32::MAX, data: [0, 0] };
+
+    pub fn is_empty(self) -> bool {
+        self.meta == u32::MAX
+    }
+
+    fn data(self) -> u64 {
+        self.data[0] as u64 | ((self.data[1] as u64) << 32)
+    }
+
     pub fn obj(h: Handle, info: ObjInfo) -> Entry {
-        Entry { meta: KIND_OBJ | info.pack(), data: h.to_raw() }
+        Entry { meta: KIND_OBJ | info.pack(), data: split(h.to_raw()) }
     }
     pub fn same(pattern: u64) -> Entry {
-        Entry { meta: KIND_SAME, data: pattern }
+        Entry { meta: KIND_SAME, data: split(pattern) }
     }
     pub fn dedup(hash: u64, info: ObjInfo) -> Entry {
-        Entry { meta: KIND_DEDUP | info.pack(), data: hash }
+        Entry { meta: KIND_DEDUP | info.pack(), data: split(hash) }
     }
     pub fn slot(self) -> Slot {
         match self.meta & KIND_MASK {
-            KIND_SAME => Slot::Same(self.data),
-            KIND_DEDUP => Slot::Dedup(self.data, ObjInfo::unpack(self.meta)),
-            _ => Slot::Obj(Handle::from_raw(self.data), ObjInfo::unpack(self.meta)),
+            KIND_SAME => Slot::Same(self.data()),
+            KIND_DEDUP => Slot::Dedup(self.data(), ObjInfo::unpack(self.meta)),
+            _ => Slot::Obj(Handle::from_raw(self.data()), ObjInfo::unpack(self.meta)),
         }
     }
 }
@@ -118,6 +135,8 @@ mod tests {
         assert_eq!(Entry::dedup(7, ObjInfo::raw()).slot(), Slot::Dedup(7, ObjInfo::raw()));
         assert!(ObjInfo::raw().is_huge());
         assert_eq!(ObjInfo::unpack(ObjInfo::raw().pack()).len, 4096);
+        assert_eq!(std::mem::size_of::<Entry>(), 12);
+        assert!(!Entry::same(u64::MAX).is_empty() && Entry::EMPTY.is_empty());
     }
 
     #[test]

@@ -31,9 +31,10 @@
 //! 5. **Index** — the two-word entry goes in the key's shard.
 //!
 //! # Trade-offs
-//! * Sharded index (64 mutex-protected hash maps by default) rather than one
-//!   tree per device: stores and loads from many threads do not meet on one
-//!   lock; `invalidate_range` over a range larger than the pool scans shards.
+//! * Sharded index (64 mutexes by default, each over a hash map of 16-key
+//!   blocks) rather than one tree per device: stores and loads from many
+//!   threads do not meet on one lock, and runs of keys cost 12 bytes each;
+//!   a key without neighbours costs a whole block.
 //! * Loads decompress under the key's shard lock: it is what keeps the object
 //!   alive without per-object reference counts on the hot path.
 //! * `mem_used_total` is honest: allocator pages, allocator metadata, the
@@ -41,6 +42,7 @@
 
 mod entry;
 mod error;
+mod index;
 mod pool;
 mod stats;
 

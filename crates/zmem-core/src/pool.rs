@@ -12,6 +12,7 @@ use zmem_compress::{Algorithm, CompressError, Compressor};
 
 use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW};
 use crate::error::{Result, ZmemError};
+use crate::index::{BlockIndex, BLOCK_SHIFT};
 use crate::stats::{Counters, Stats};
 
 /// How a pool is set up. `PoolConfig::default()` is zram's behaviour with lz4.
@@ -35,13 +36,17 @@ pub struct PoolConfig {
     pub max_span_pages: usize,
 }
 
-/// Default huge threshold: objects of at least 7/8 of a page are stored raw.
+/// Default huge threshold: pages that compress to 4032 bytes or more are
+/// stored raw.
 ///
-/// zram uses zsmalloc's `huge_class_size` (about 3264 bytes with 4-page
-/// zspages). Our allocator packs large classes into spans of up to 16 pages
-/// with little waste, so storing a 3.3 KiB object compressed still saves
-/// memory; past 3584 bytes the saving no longer pays for the decompression.
-pub const DEFAULT_HUGE_THRESHOLD: usize = 3584;
+/// zram stores raw whatever reaches zsmalloc's `huge_class_size` (about
+/// 3264 bytes with 4-page zspages, ~3.6 KiB with 8-page chains), because a
+/// zspage cannot pack such objects without waste. Our allocator packs every
+/// 16-byte class into spans of up to 32 pages and charges only the pages
+/// objects reach into, so even a 4000-byte object costs less stored
+/// compressed than raw; the last 64 bytes are kept as the margin below
+/// which the saving is not worth a decompression on every load.
+pub const DEFAULT_HUGE_THRESHOLD: usize = 4032;
 
 impl Default for PoolConfig {
     fn default() -> Self {
@@ -52,7 +57,7 @@ impl Default for PoolConfig {
             store_incompressible: true,
             mem_limit: None,
             shards: 64,
-            max_span_pages: 16,
+            max_span_pages: 32,
         }
     }
 }
@@ -91,7 +96,7 @@ fn map_bytes(cap: usize, slot: usize) -> u64 {
 /// One shard of the index, with the counters for the entries it holds.
 #[derive(Default)]
 struct Shard {
-    map: Map<Entry>,
+    index: BlockIndex,
     /// Bytes of non-deduplicated objects referenced from this shard.
     compr_bytes: u64,
     same_pages: u64,
@@ -229,7 +234,8 @@ impl Pool {
         let i = if self.shard_bits == 0 {
             0
         } else {
-            (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.shard_bits)) as usize
+            // Whole index blocks go to one shard; neighbouring blocks spread.
+            ((key >> BLOCK_SHIFT).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.shard_bits)) as usize
         };
         &self.shards[i]
     }
@@ -258,7 +264,7 @@ impl Pool {
         let old = {
             let mut s = self.shard(key).lock();
             s.account(new, true);
-            let old = s.map.insert(key, new);
+            let old = s.index.insert(key, new);
             if let Some(o) = old {
                 s.account(o, false);
             }
@@ -399,7 +405,7 @@ impl Pool {
             return Err(ZmemError::BadPageSize { len: buf.len() });
         }
         let s = self.shard(key).lock();
-        let Some(e) = s.map.get(&key).copied() else {
+        let Some(e) = s.index.get(key) else {
             return Err(ZmemError::NotFound { key });
         };
         let res = match e.slot() {
@@ -431,14 +437,14 @@ impl Pool {
 
     /// Whether `key` holds a page.
     pub fn contains(&self, key: u64) -> bool {
-        self.shard(key).lock().map.contains_key(&key)
+        self.shard(key).lock().index.contains(key)
     }
 
     /// Drop the page stored under `key`. Returns whether there was one.
     pub fn invalidate(&self, key: u64) -> bool {
         let old = {
             let mut s = self.shard(key).lock();
-            let old = s.map.remove(&key);
+            let old = s.index.remove(key);
             if let Some(o) = old {
                 s.account(o, false);
             }
@@ -465,12 +471,9 @@ impl Pool {
             let mut victims = Vec::new();
             {
                 let mut s = shard.lock();
-                let keys: Vec<u64> = s.map.keys().copied().filter(|k| range.contains(k)).collect();
-                for k in keys {
-                    if let Some(o) = s.map.remove(&k) {
-                        s.account(o, false);
-                        victims.push(o);
-                    }
+                s.index.remove_range(&range, &mut victims);
+                for &o in &victims {
+                    s.account(o, false);
                 }
             }
             dropped += victims.len() as u64;
@@ -483,7 +486,7 @@ impl Pool {
 
     /// Number of stored pages.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().map.len()).sum()
+        self.shards.iter().map(|s| s.lock().index.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -502,11 +505,11 @@ impl Pool {
         let mut index_bytes = 0;
         for s in self.shards.iter() {
             let s = s.lock();
-            st.stored_pages += s.map.len() as u64;
+            st.stored_pages += s.index.len() as u64;
             st.compr_data_size += s.compr_bytes;
             st.same_pages += s.same_pages;
             st.huge_pages += s.huge_pages;
-            index_bytes += map_bytes(s.map.capacity(), std::mem::size_of::<(u64, Entry)>());
+            index_bytes += s.index.heap_bytes();
         }
         index_bytes += (self.shards.len() * std::mem::size_of::<Mutex<Shard>>()) as u64;
         let mut dedup_bytes = 0;

@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long, default_value = "lz4")]
     pub compressor: String,
     /// Deduplicate identical pages: on or off.
-    #[arg(long, default_value = "off", value_parser = parse_on_off)]
+    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub dedup: bool,
     /// Threads for the store, load and raw passes.
     #[arg(long, default_value_t = 1)]
@@ -73,7 +73,12 @@ struct Report {
     dup_data_size: u64,
     meta_data_size: u64,
     huge_pages: u64,
+    /// Best warm pass (pool already holds the data; keys overwritten).
     store_mbps: f64,
+    /// First pass, into a fresh pool: includes the kernel's page faults.
+    store_cold_mbps: f64,
+    /// mem_used_total after the warm passes overwrote every key (no compaction).
+    mem_used_bytes_after_overwrites: u64,
     load_mbps: f64,
     raw_compress_mbps: f64,
     raw_decompress_mbps: f64,
@@ -187,6 +192,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut raw_out = vec![0u8; n * bound];
     let mut raw_len = vec![0u32; n];
     let mut out = vec![0u8; data.len()];
+    // Touch the output buffers now, so no timed pass pays their page faults.
+    raw_out.fill(1);
+    out.fill(1);
     let cfg = PoolConfig {
         compressor: comp,
         dedup: a.dedup,
@@ -194,7 +202,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..PoolConfig::default()
     };
     let (mut best_rc, mut best_rd, mut best_st, mut best_ld) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
-    let mut pool = None;
+    let mut pool: Option<Pool> = None;
+    let mut cold_st = 0.0;
+    let mut cold_stats: Option<Stats> = None;
     for _ in 0..a.repeat {
         // raw compress
         bar.set_message("raw compress");
@@ -219,9 +229,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         best_rc = best_rc.min(t.elapsed().as_secs_f64());
         bar.inc(n as u64);
 
-        // store into a fresh pool
+        // The first pass stores into a fresh pool, paying the kernel's page
+        // faults (fault + zeroing of every new page: the price of fresh
+        // anonymous memory, which in-kernel zram does not pay). Later passes
+        // overwrite the same keys in the now warm pool, as a long-running
+        // zram or zswap pool does; with dedup on, the pool is emptied first
+        // so the passes measure new pages, not duplicate hits.
         bar.set_message("store");
-        let p = Pool::new(cfg.clone())?;
+        let cold = pool.is_none();
+        if a.dedup {
+            if let Some(p) = &pool {
+                p.invalidate_range(0..n as u64);
+            }
+        }
+        let p = match pool.take() {
+            Some(p) => p,
+            None => Pool::new(cfg.clone())?,
+        };
         let secs = timed(|| {
             par(n, a.threads, |r| {
                 for i in r {
@@ -231,7 +255,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 Ok(())
             })
         })?;
-        best_st = best_st.min(secs);
+        if cold {
+            cold_st = secs;
+            cold_stats = Some(p.stats());
+        }
+        if cold || a.repeat == 1 || !cold && secs < best_st {
+            best_st = if cold && a.repeat > 1 { f64::MAX } else { secs };
+        }
         bar.inc(n as u64);
 
         // load into a separate buffer
@@ -315,6 +345,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     };
     let store_mbps = mbps(orig, best_st);
+    let store_cold_mbps = mbps(orig, cold_st);
+    // Memory is reported for the data stored once into a fresh pool — the
+    // same operation kernel zram is measured on — and, separately, after
+    // the warm overwrite passes (before any compaction).
+    let after_overwrites = st.mem_used_total;
+    let st = cold_stats.unwrap_or(st);
     let load_mbps = mbps(orig, best_ld);
     let raw_compress_mbps = mbps(orig, best_rc);
     let raw_decompress_mbps = mbps(orig, best_rd);
@@ -329,6 +365,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         meta_data_size: st.meta_data_size,
         huge_pages: st.huge_pages,
         store_mbps,
+        store_cold_mbps,
+        mem_used_bytes_after_overwrites: after_overwrites,
         load_mbps,
         raw_compress_mbps,
         raw_decompress_mbps,
@@ -405,6 +443,10 @@ fn print_table(r: &Report) {
         col(kz.map(|k| format!("{:.0}", k.read_mbps)))
     );
     println!();
+    println!(
+        "  first store into a fresh pool (page faults included): {:.0} MB/s",
+        r.store_cold_mbps
+    );
     println!(
         "  raw {}: compress {:.0} MB/s, decompress {:.0} MB/s; store at {:.2}x, load at {:.2}x of raw",
         r.compressor, r.raw_compress_mbps, r.raw_decompress_mbps, r.store_vs_raw_compress, r.load_vs_raw_decompress
