@@ -240,7 +240,7 @@ impl Pool {
         &self.shards[i]
     }
 
-    fn dedup_shard<'a>(d: &'a [Mutex<DedupShard>], hash: u64) -> &'a Mutex<DedupShard> {
+    fn dedup_shard(d: &[Mutex<DedupShard>], hash: u64) -> &Mutex<DedupShard> {
         &d[(hash as usize) % d.len()]
     }
 

@@ -198,7 +198,7 @@ fn many_threads_store_load_invalidate() {
                         let k = base + r() % 300;
                         match r() % 10 {
                             0..=4 => {
-                                let seed = if r() % 3 == 0 { r() % 8 } else { i };
+                                let seed = if r().is_multiple_of(3) { r() % 8 } else { i };
                                 let page = if seed % 5 == 0 { half(seed) } else { compressible(seed) };
                                 p.store(k, &page).unwrap();
                                 live.insert(k, page);

@@ -25,7 +25,7 @@ pub fn compressible(seed: u64) -> Vec<u8> {
     while p.len() < PAGE {
         let w = words[(r() % words.len() as u64) as usize];
         p.extend_from_slice(w);
-        if r() % 5 == 0 {
+        if r().is_multiple_of(5) {
             p.push((r() % 256) as u8);
         }
     }
