@@ -14,13 +14,22 @@ use zmem_alloc::Handle;
 use zmem_compress::Algorithm;
 
 pub(crate) const PAGE_SIZE: usize = 4096;
-/// Algorithm tag meaning "stored uncompressed as a whole page" (zram's huge).
+/// Algorithm tag meaning "stored uncompressed as a whole page" (zram's huge)
+/// because it compressed to at least the huge threshold.
 pub(crate) const TAG_RAW: u8 = 0xF;
+/// Stored raw because the compressor could not make it smaller than a page
+/// at all (zram's "incompressible" writeback class).
+pub(crate) const TAG_RAW_INCOMP: u8 = 0xE;
 
 const KIND_MASK: u32 = 0b11;
 const KIND_OBJ: u32 = 0;
 const KIND_SAME: u32 = 1;
 const KIND_DEDUP: u32 = 2;
+const KIND_BACKED: u32 = 3;
+/// Set by a load: the LRU gives the entry a second chance (zswap's referenced bit).
+const REF_BIT: u32 = 1 << 19;
+const GEN_SHIFT: u32 = 20;
+const GEN_MASK: u32 = 0xFF;
 const TAG_SHIFT: u32 = 2;
 const LEN_SHIFT: u32 = 6;
 const LEN_MASK: u32 = 0x1FFF;
@@ -36,11 +45,17 @@ impl ObjInfo {
     pub fn raw() -> ObjInfo {
         ObjInfo { tag: TAG_RAW, len: PAGE_SIZE as u16 }
     }
+    pub fn raw_incompressible() -> ObjInfo {
+        ObjInfo { tag: TAG_RAW_INCOMP, len: PAGE_SIZE as u16 }
+    }
+    pub fn is_incompressible(self) -> bool {
+        self.tag == TAG_RAW_INCOMP
+    }
     pub fn compressed(alg: Algorithm, len: usize) -> ObjInfo {
         ObjInfo { tag: alg.tag(), len: len as u16 }
     }
     pub fn is_huge(self) -> bool {
-        self.tag == TAG_RAW
+        self.tag == TAG_RAW || self.tag == TAG_RAW_INCOMP
     }
     fn pack(self) -> u32 {
         ((self.tag as u32) << TAG_SHIFT) | ((self.len as u32 & LEN_MASK) << LEN_SHIFT)
@@ -70,6 +85,8 @@ pub(crate) enum Slot {
     Obj(Handle, ObjInfo),
     Same(u64),
     Dedup(u64, ObjInfo),
+    /// Written back: a record id in the backing store.
+    Backed(u64, ObjInfo),
 }
 
 impl Entry {
@@ -93,10 +110,28 @@ impl Entry {
     pub fn dedup(hash: u64, info: ObjInfo) -> Entry {
         Entry { meta: KIND_DEDUP | info.pack(), data: split(hash) }
     }
+    pub fn backed(id: u64, info: ObjInfo) -> Entry {
+        Entry { meta: KIND_BACKED | info.pack(), data: split(id) }
+    }
+    /// The LRU generation stamped on this entry (matches its LRU item).
+    pub fn gen(self) -> u8 {
+        ((self.meta >> GEN_SHIFT) & GEN_MASK) as u8
+    }
+    pub fn with_gen(self, gen: u8) -> Entry {
+        Entry { meta: (self.meta & !(GEN_MASK << GEN_SHIFT)) | ((gen as u32) << GEN_SHIFT), ..self }
+    }
+    pub fn referenced(self) -> bool {
+        self.meta & REF_BIT != 0
+    }
+    pub fn with_referenced(self, on: bool) -> Entry {
+        let meta = if on { self.meta | REF_BIT } else { self.meta & !REF_BIT };
+        Entry { meta, ..self }
+    }
     pub fn slot(self) -> Slot {
         match self.meta & KIND_MASK {
             KIND_SAME => Slot::Same(self.data()),
             KIND_DEDUP => Slot::Dedup(self.data(), ObjInfo::unpack(self.meta)),
+            KIND_BACKED => Slot::Backed(self.data(), ObjInfo::unpack(self.meta)),
             _ => Slot::Obj(Handle::from_raw(self.data()), ObjInfo::unpack(self.meta)),
         }
     }
@@ -137,6 +172,12 @@ mod tests {
         assert_eq!(ObjInfo::unpack(ObjInfo::raw().pack()).len, 4096);
         assert_eq!(std::mem::size_of::<Entry>(), 12);
         assert!(!Entry::same(u64::MAX).is_empty() && Entry::EMPTY.is_empty());
+        let b = Entry::backed(u64::MAX, ObjInfo::raw_incompressible()).with_gen(255).with_referenced(true);
+        assert!(!b.is_empty());
+        assert_eq!(b.slot(), Slot::Backed(u64::MAX, ObjInfo::raw_incompressible()));
+        assert_eq!((b.gen(), b.referenced()), (255, true));
+        assert!(!b.with_referenced(false).referenced());
+        assert_eq!(b.with_gen(3).gen(), 3);
     }
 
     #[test]

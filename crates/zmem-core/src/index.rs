@@ -21,7 +21,21 @@ pub(crate) const BLOCK_SHIFT: u32 = 4;
 const BLOCK: usize = 1 << BLOCK_SHIFT;
 const MASK: u64 = BLOCK as u64 - 1;
 
-type Block = [Entry; BLOCK];
+/// Sixteen entries, and their last-access times (zram's `ac_time`, seconds
+/// since the pool was created) once a writeback tier asks for them.
+struct Block {
+    e: [Entry; BLOCK],
+    ac: Option<Box<[u32; BLOCK]>>,
+}
+
+impl Block {
+    fn new() -> Box<Block> {
+        Box::new(Block { e: [Entry::EMPTY; BLOCK], ac: None })
+    }
+    fn is_empty(&self) -> bool {
+        self.e.iter().all(|e| e.is_empty())
+    }
+}
 
 #[derive(Default)]
 pub(crate) struct BlockIndex {
@@ -35,7 +49,7 @@ impl BlockIndex {
     }
 
     pub fn get(&self, key: u64) -> Option<Entry> {
-        let e = self.blocks.get(&(key >> BLOCK_SHIFT))?[(key & MASK) as usize];
+        let e = self.blocks.get(&(key >> BLOCK_SHIFT))?.e[(key & MASK) as usize];
         (!e.is_empty()).then_some(e)
     }
 
@@ -43,13 +57,45 @@ impl BlockIndex {
         self.get(key).is_some()
     }
 
+    /// Last access time of `key` (0 if never recorded).
+    #[cfg(test)]
+    pub fn ac_time(&self, key: u64) -> u32 {
+        self.blocks
+            .get(&(key >> BLOCK_SHIFT))
+            .and_then(|b| b.ac.as_ref())
+            .map_or(0, |ac| ac[(key & MASK) as usize])
+    }
+
+    /// Record an access to an existing key.
+    pub fn touch(&mut self, key: u64, now: u32) {
+        if let Some(b) = self.blocks.get_mut(&(key >> BLOCK_SHIFT)) {
+            b.ac.get_or_insert_with(|| Box::new([0; BLOCK]))[(key & MASK) as usize] = now;
+        }
+    }
+
+    /// Replace an existing entry without touching counts (flag updates).
+    pub fn set(&mut self, key: u64, e: Entry) {
+        if let Some(b) = self.blocks.get_mut(&(key >> BLOCK_SHIFT)) {
+            let slot = &mut b.e[(key & MASK) as usize];
+            if !slot.is_empty() {
+                *slot = e;
+            }
+        }
+    }
+
+    /// Every entry with its key and last access time.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
+        self.blocks.iter().flat_map(|(&id, b)| {
+            b.e.iter().enumerate().filter(|(_, e)| !e.is_empty()).map(move |(i, &e)| {
+                (id << BLOCK_SHIFT | i as u64, e, b.ac.as_ref().map_or(0, |ac| ac[i]))
+            })
+        })
+    }
+
     /// Insert or replace; returns the previous entry.
     pub fn insert(&mut self, key: u64, e: Entry) -> Option<Entry> {
-        let b = self
-            .blocks
-            .entry(key >> BLOCK_SHIFT)
-            .or_insert_with(|| Box::new([Entry::EMPTY; BLOCK]));
-        let old = std::mem::replace(&mut b[(key & MASK) as usize], e);
+        let b = self.blocks.entry(key >> BLOCK_SHIFT).or_insert_with(Block::new);
+        let old = std::mem::replace(&mut b.e[(key & MASK) as usize], e);
         if old.is_empty() {
             self.len += 1;
             None
@@ -61,12 +107,12 @@ impl BlockIndex {
     pub fn remove(&mut self, key: u64) -> Option<Entry> {
         let id = key >> BLOCK_SHIFT;
         let b = self.blocks.get_mut(&id)?;
-        let old = std::mem::replace(&mut b[(key & MASK) as usize], Entry::EMPTY);
+        let old = std::mem::replace(&mut b.e[(key & MASK) as usize], Entry::EMPTY);
         if old.is_empty() {
             return None;
         }
         self.len -= 1;
-        if b.iter().all(|e| e.is_empty()) {
+        if b.is_empty() {
             self.blocks.remove(&id);
         }
         Some(old)
@@ -80,12 +126,12 @@ impl BlockIndex {
             if base > range.end.saturating_sub(1) || base.saturating_add(MASK) < range.start {
                 return true;
             }
-            for (i, e) in b.iter_mut().enumerate() {
+            for (i, e) in b.e.iter_mut().enumerate() {
                 if !e.is_empty() && range.contains(&(base + i as u64)) {
                     out.push(std::mem::replace(e, Entry::EMPTY));
                 }
             }
-            b.iter().any(|e| !e.is_empty())
+            !b.is_empty()
         });
         self.len -= out.len() - before;
     }
@@ -99,7 +145,10 @@ impl BlockIndex {
             let buckets = (cap * 8 / 7).next_power_of_two().max(4);
             buckets * (std::mem::size_of::<(u64, Box<Block>)>() + 1) + 16
         };
-        (table + self.blocks.len() * (std::mem::size_of::<Block>() + 16)) as u64
+        let ac = self.blocks.values().filter(|b| b.ac.is_some()).count();
+        (table
+            + self.blocks.len() * (std::mem::size_of::<Block>() + 16)
+            + ac * (std::mem::size_of::<[u32; BLOCK]>() + 16)) as u64
     }
 }
 
@@ -117,6 +166,12 @@ mod tests {
         assert_eq!(ix.get(5), Some(Entry::same(2)));
         assert_eq!(ix.get(6), None);
         assert!(ix.heap_bytes() > 2 * 192);
+        let before = ix.heap_bytes();
+        ix.touch(5, 77);
+        assert_eq!(ix.ac_time(5), 77);
+        assert_eq!(ix.ac_time(6), 0);
+        assert!(ix.heap_bytes() > before, "access times are counted");
+        assert_eq!(ix.iter().map(|(k, _, ac)| (k, ac)).collect::<Vec<_>>().len(), 2);
         assert_eq!(ix.remove(5), Some(Entry::same(2)));
         assert_eq!(ix.remove(5), None);
         assert_eq!(ix.blocks.len(), 1, "the emptied block is freed");

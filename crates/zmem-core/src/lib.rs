@@ -45,10 +45,13 @@ mod error;
 mod index;
 mod pool;
 mod stats;
+mod tier;
 
 pub use error::{Result, ZmemError};
-pub use pool::{Pool, PoolConfig, DEFAULT_HUGE_THRESHOLD};
+pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
 pub use stats::Stats;
+pub use tier::WritebackMode;
+pub use zmem_backing::{BackingError, BackingStore};
 pub use zmem_compress::{Algorithm, Compressor};
 
 /// Size of every page the pool stores.

@@ -1,7 +1,9 @@
 //! The pool: sharded index, same-filled pages, dedup, compression, allocation.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -10,10 +12,25 @@ use parking_lot::Mutex;
 use zmem_alloc::{AllocConfig, Handle, ZsPool};
 use zmem_compress::{Algorithm, CompressError, Compressor};
 
-use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW};
+use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW, TAG_RAW_INCOMP};
 use crate::error::{Result, ZmemError};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
 use crate::stats::{Counters, Stats};
+use crate::tier::Tier;
+use zmem_backing::BackingStore;
+
+/// Where a stored page lives (see [`Pool::residency`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// A compressed (or huge, raw) object in RAM.
+    Ram,
+    /// One repeated word, kept in the index entry.
+    SameFilled,
+    /// An object in RAM shared with other keys by deduplication.
+    Shared,
+    /// Written back to the backing store.
+    Backed,
+}
 
 /// How a pool is set up. `PoolConfig::default()` is zram's behaviour with lz4.
 #[derive(Clone, Debug)]
@@ -34,6 +51,13 @@ pub struct PoolConfig {
     pub shards: usize,
     /// Largest span the allocator may use for a size class, in pages.
     pub max_span_pages: usize,
+    /// zswap's `max_pool_percent`, as bytes of allocator pages: past it, a
+    /// pool with a backing store writes its coldest pages back; one without
+    /// rejects stores (`pool_limit_hit`) until it is below the accept threshold.
+    pub max_pool: Option<u64>,
+    /// zswap's `accept_threshold_percent`: after hitting `max_pool`, accept
+    /// again (or stop writing back) below this share of it.
+    pub accept_threshold_percent: u8,
 }
 
 /// Default huge threshold: pages that compress to 4032 bytes or more are
@@ -58,6 +82,8 @@ impl Default for PoolConfig {
             mem_limit: None,
             shards: 64,
             max_span_pages: 32,
+            max_pool: None,
+            accept_threshold_percent: 90,
         }
     }
 }
@@ -95,31 +121,50 @@ fn map_bytes(cap: usize, slot: usize) -> u64 {
 
 /// One shard of the index, with the counters for the entries it holds.
 #[derive(Default)]
-struct Shard {
-    index: BlockIndex,
+pub(crate) struct Shard {
+    pub(crate) index: BlockIndex,
+    /// Writeback tier only: store order of the shard's in-RAM objects.
+    pub(crate) lru: VecDeque<LruItem>,
+    /// Generation for the next entry stored (matches entry to LRU item).
+    pub(crate) next_gen: u8,
     /// Bytes of non-deduplicated objects referenced from this shard.
-    compr_bytes: u64,
-    same_pages: u64,
-    huge_pages: u64,
+    pub(crate) compr_bytes: u64,
+    pub(crate) same_pages: u64,
+    pub(crate) huge_pages: u64,
+    /// Entries written back to the backing store (zram's bd_count).
+    pub(crate) backed_pages: u64,
 }
 
 impl Shard {
-    fn account(&mut self, e: Entry, add: bool) {
-        let (compr, same, huge) = match e.slot() {
-            Slot::Obj(_, info) => (info.len as u64, 0, info.is_huge() as u64),
-            Slot::Same(_) => (0, 1, 0),
-            Slot::Dedup(..) => (0, 0, 0),
+    pub(crate) fn account(&mut self, e: Entry, add: bool) {
+        let (compr, same, huge, backed) = match e.slot() {
+            Slot::Obj(_, info) => (info.len as u64, 0, info.is_huge() as u64, 0),
+            Slot::Same(_) => (0, 1, 0, 0),
+            Slot::Dedup(..) => (0, 0, 0, 0),
+            Slot::Backed(..) => (0, 0, 0, 1),
         };
         if add {
             self.compr_bytes += compr;
             self.same_pages += same;
             self.huge_pages += huge;
+            self.backed_pages += backed;
         } else {
             self.compr_bytes -= compr;
             self.same_pages -= same;
             self.huge_pages -= huge;
+            self.backed_pages -= backed;
         }
     }
+}
+
+/// A place in a shard's LRU: the key, when it was queued (a pool-wide
+/// sequence number, so shards can be compared), and the generation of the
+/// entry it was queued for (an overwritten key leaves a stale item behind).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LruItem {
+    pub key: u64,
+    pub seq: u32,
+    pub gen: u8,
 }
 
 /// A shared object: one allocation referenced by `refs` index entries.
@@ -158,13 +203,21 @@ thread_local! {
 /// lock held; decompression runs under the key's shard lock, which is what
 /// keeps an object alive while it is read.
 pub struct Pool {
-    cfg: PoolConfig,
+    pub(crate) cfg: PoolConfig,
     compressor: AtomicU64,
-    alloc: ZsPool,
-    shards: Box<[Mutex<Shard>]>,
+    pub(crate) alloc: ZsPool,
+    pub(crate) shards: Box<[Mutex<Shard>]>,
     shard_bits: u32,
     dedup: Option<Box<[Mutex<DedupShard>]>>,
-    counters: Counters,
+    pub(crate) counters: Counters,
+    /// Allocator pages allowed (u64::MAX: no max_pool).
+    pub(crate) max_pool_pages: AtomicU64,
+    /// zswap's `zswap_pool_reached_full`: set at max_pool, cleared below the accept threshold.
+    pub(crate) pool_full: AtomicBool,
+    /// The writeback tier, if the pool has a backing store.
+    pub(crate) tier: Option<Tier>,
+    /// Time zero for access times.
+    pub(crate) epoch: Instant,
 }
 
 fn encode_compressor(c: Compressor) -> u64 {
@@ -177,7 +230,28 @@ fn decode_compressor(v: u64) -> Compressor {
 }
 
 impl Pool {
+    /// A pool in RAM only (zram, or zswap without writeback).
     pub fn new(cfg: PoolConfig) -> Result<Pool> {
+        Self::build(cfg, None)
+    }
+
+    /// A pool that writes its coldest pages back to `backing` when it
+    /// reaches `cfg.max_pool` (zswap with a swap device, zram with a
+    /// `backing_dev`), and on request ([`Pool::writeback`]).
+    pub fn with_backing(cfg: PoolConfig, backing: BackingStore) -> Result<Pool> {
+        Self::build(cfg, Some(Tier::new(backing)))
+    }
+
+    fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Pool> {
+        if !(1..=100).contains(&cfg.accept_threshold_percent) {
+            return Err(ZmemError::Config(format!(
+                "accept_threshold_percent {} must be between 1 and 100",
+                cfg.accept_threshold_percent
+            )));
+        }
+        if cfg.max_pool == Some(0) {
+            return Err(ZmemError::Config("max_pool must be more than 0 bytes".into()));
+        }
         if cfg.huge_threshold < 64 || cfg.huge_threshold > PAGE_SIZE {
             return Err(ZmemError::Config(format!(
                 "huge_threshold {} must be between 64 and 4096 bytes",
@@ -201,6 +275,12 @@ impl Pool {
         });
         Ok(Pool {
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
+            max_pool_pages: AtomicU64::new(
+                cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64)),
+            ),
+            pool_full: AtomicBool::new(false),
+            tier,
+            epoch: Instant::now(),
             shard_bits: nshards.trailing_zeros(),
             cfg,
             alloc,
@@ -230,7 +310,19 @@ impl Pool {
         self.counters.mem_limit.store(limit.unwrap_or(0), Relaxed);
     }
 
-    fn shard(&self, key: u64) -> &Mutex<Shard> {
+    /// Change zswap's `max_pool` (None: no limit).
+    pub fn set_max_pool(&self, bytes: Option<u64>) {
+        self.max_pool_pages
+            .store(bytes.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64).max(1)), Relaxed);
+        self.pool_full.store(false, Relaxed);
+    }
+
+    /// Seconds since the pool was created (the unit of access times).
+    pub(crate) fn now(&self) -> u32 {
+        self.epoch.elapsed().as_secs().min(u32::MAX as u64) as u32
+    }
+
+    pub(crate) fn shard(&self, key: u64) -> &Mutex<Shard> {
         let i = if self.shard_bits == 0 {
             0
         } else {
@@ -251,6 +343,7 @@ impl Pool {
         if page.len() != PAGE_SIZE {
             return Err(ZmemError::BadPageSize { len: page.len() });
         }
+        self.admit()?;
         let new = if let Some(pattern) = same_filled(page) {
             Entry::same(pattern)
         } else if let Some(d) = &self.dedup {
@@ -263,10 +356,18 @@ impl Pool {
         };
         let old = {
             let mut s = self.shard(key).lock();
+            let new = match &self.tier {
+                Some(t) => t.enqueue(&mut s, key, new),
+                None => new,
+            };
             s.account(new, true);
             let old = s.index.insert(key, new);
             if let Some(o) = old {
                 s.account(o, false);
+            }
+            if let Some(t) = &self.tier {
+                s.index.touch(key, self.now());
+                t.trim_lru(&mut s);
             }
             old
         };
@@ -274,7 +375,57 @@ impl Pool {
         if let Some(o) = old {
             self.release(o);
         }
+        self.after_store();
         Ok(())
+    }
+
+    /// zswap's admission check. Without a backing store: refuse stores at
+    /// `max_pool`, and keep refusing until the pool is back under the accept
+    /// threshold (hysteresis, so it does not flap at the limit). With one:
+    /// make room by writeback, and refuse only if that cannot.
+    fn admit(&self) -> Result<()> {
+        let max = self.max_pool_pages.load(Relaxed);
+        if max == u64::MAX {
+            return Ok(());
+        }
+        let used = self.alloc.pages_used();
+        if self.tier.is_some() {
+            if used < max || self.shrink().is_ok() && self.alloc.pages_used() < max {
+                return Ok(());
+            }
+            return Err(self.reject_full(max));
+        }
+        if self.pool_full.load(Relaxed) {
+            if used * 100 < max * self.cfg.accept_threshold_percent as u64 {
+                self.pool_full.store(false, Relaxed);
+            } else {
+                return Err(self.reject_full(max));
+            }
+        }
+        if used >= max {
+            self.pool_full.store(true, Relaxed);
+            return Err(self.reject_full(max));
+        }
+        Ok(())
+    }
+
+    fn reject_full(&self, max_pages: u64) -> ZmemError {
+        self.counters.pool_limit_hit.fetch_add(1, Relaxed);
+        self.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
+        ZmemError::PoolFull { limit_bytes: max_pages * PAGE_SIZE as u64 }
+    }
+
+    /// After a store: a pool with a backing store over `max_pool` writes back
+    /// its coldest pages down to the accept threshold, so the page just stored
+    /// stays in RAM (no LRU inversion).
+    fn after_store(&self) {
+        if self.tier.is_some() && self.alloc.pages_used() > self.max_pool_pages.load(Relaxed) {
+            self.counters.pool_limit_hit.fetch_add(1, Relaxed);
+            if let Err(e) = self.shrink() {
+                self.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
+                tracing::warn!("writeback failed, pool stays over max_pool: {e}");
+            }
+        }
     }
 
     /// Compress `page` and hand the bytes to be stored to `f`, with their encoding.
@@ -290,12 +441,20 @@ impl Pool {
                 Ok(n) if n < self.cfg.huge_threshold => {
                     Ok(f(&s[..n], ObjInfo::compressed(c.algorithm, n)))
                 }
-                Ok(_) | Err(CompressError::DoesNotFit { .. }) => {
+                Ok(n) => {
                     if !self.cfg.store_incompressible {
                         self.counters.reject_compress_poor.fetch_add(1, Relaxed);
                         return Err(ZmemError::CompressPoor);
                     }
-                    Ok(f(page, ObjInfo::raw()))
+                    let info = if n >= PAGE_SIZE { ObjInfo::raw_incompressible() } else { ObjInfo::raw() };
+                    Ok(f(page, info))
+                }
+                Err(CompressError::DoesNotFit { .. }) => {
+                    if !self.cfg.store_incompressible {
+                        self.counters.reject_compress_poor.fetch_add(1, Relaxed);
+                        return Err(ZmemError::CompressPoor);
+                    }
+                    Ok(f(page, ObjInfo::raw_incompressible()))
                 }
                 Err(e) => {
                     self.counters.reject_compress_fail.fetch_add(1, Relaxed);
@@ -356,9 +515,14 @@ impl Pool {
     }
 
     /// Drop one reference to what `e` points at, freeing the object with its last user.
-    fn release(&self, e: Entry) {
+    pub(crate) fn release(&self, e: Entry) {
         match e.slot() {
             Slot::Same(_) => {}
+            Slot::Backed(id, _) => {
+                if let Some(t) = &self.tier {
+                    t.free_record(id);
+                }
+            }
             Slot::Obj(h, _) => {
                 // The handle came from our own allocator and is unreachable now.
                 let _ = self.alloc.free(h);
@@ -383,16 +547,8 @@ impl Pool {
         }
     }
 
-    fn read_object(&self, h: Handle, info: ObjInfo, out: &mut [u8]) -> std::result::Result<(), CompressError> {
-        let r = self.alloc.read(h, |obj| {
-            if info.tag == TAG_RAW {
-                out.copy_from_slice(&obj[..PAGE_SIZE]);
-                Ok(())
-            } else {
-                let alg = Algorithm::from_tag(info.tag)?;
-                zmem_compress::decompress(alg, &obj[..info.len as usize], out)
-            }
-        });
+    pub(crate) fn read_object(&self, h: Handle, info: ObjInfo, out: &mut [u8]) -> std::result::Result<(), CompressError> {
+        let r = self.alloc.read(h, |obj| decode(info, &obj[..info.len as usize], out));
         match r {
             Ok(r) => r,
             Err(e) => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: format!("allocator: {e}") }),
@@ -404,10 +560,24 @@ impl Pool {
         if buf.len() != PAGE_SIZE {
             return Err(ZmemError::BadPageSize { len: buf.len() });
         }
-        let s = self.shard(key).lock();
+        let mut s = self.shard(key).lock();
         let Some(e) = s.index.get(key) else {
             return Err(ZmemError::NotFound { key });
         };
+        if let Some(t) = &self.tier {
+            // zswap's referenced bit and zram's ac_time, only where a
+            // writeback tier will read them.
+            if matches!(e.slot(), Slot::Obj(..)) && !e.referenced() {
+                s.index.set(key, e.with_referenced(true));
+            }
+            s.index.touch(key, self.now());
+            if let Slot::Backed(id, info) = e.slot() {
+                let r = self.load_backed(t, &mut s, key, e, id, info, buf);
+                drop(s);
+                self.counters.loads.fetch_add(1, Relaxed);
+                return r;
+            }
+        }
         let res = match e.slot() {
             Slot::Same(p) => {
                 fill_pattern(buf, p);
@@ -426,12 +596,27 @@ impl Pool {
                     }
                 }
             }
+            Slot::Backed(..) => Err(CompressError::Corrupt {
+                alg: Algorithm::Lz4,
+                msg: "written-back entry in a pool without a backing store".into(),
+            }),
         };
         drop(s);
         self.counters.loads.fetch_add(1, Relaxed);
         res.map_err(|source| {
             self.counters.decompress_fail.fetch_add(1, Relaxed);
             ZmemError::Corrupt { key, source }
+        })
+    }
+
+    /// Where the page under `key` lives, if there is one.
+    pub fn residency(&self, key: u64) -> Option<Residency> {
+        let e = self.shard(key).lock().index.get(key)?;
+        Some(match e.slot() {
+            Slot::Obj(..) => Residency::Ram,
+            Slot::Same(_) => Residency::SameFilled,
+            Slot::Dedup(..) => Residency::Shared,
+            Slot::Backed(..) => Residency::Backed,
         })
     }
 
@@ -509,8 +694,11 @@ impl Pool {
             st.compr_data_size += s.compr_bytes;
             st.same_pages += s.same_pages;
             st.huge_pages += s.huge_pages;
+            st.bd_count += s.backed_pages;
             index_bytes += s.index.heap_bytes();
+            st.lru_bytes += (s.lru.capacity() * std::mem::size_of::<LruItem>()) as u64;
         }
+        st.stored_pages -= st.bd_count;
         index_bytes += (self.shards.len() * std::mem::size_of::<Mutex<Shard>>()) as u64;
         let mut dedup_bytes = 0;
         if let Some(d) = &self.dedup {
@@ -530,8 +718,14 @@ impl Pool {
         st.alloc_metadata_bytes = a.metadata_bytes;
         st.index_bytes = index_bytes;
         st.meta_data_size = dedup_bytes;
-        st.mem_used_total = a.pages_used * PAGE_SIZE as u64 + a.metadata_bytes + index_bytes + dedup_bytes;
-        let max_candidate = a.pages_used_max * PAGE_SIZE as u64 + a.metadata_bytes + index_bytes + dedup_bytes;
+        let mut tier_bytes = st.lru_bytes;
+        if let Some(t) = &self.tier {
+            t.fill_stats(&mut st);
+            tier_bytes += st.backing_metadata_bytes;
+        }
+        let meta = a.metadata_bytes + index_bytes + dedup_bytes + tier_bytes;
+        st.mem_used_total = a.pages_used * PAGE_SIZE as u64 + meta;
+        let max_candidate = a.pages_used_max * PAGE_SIZE as u64 + meta;
         st.mem_used_max = self
             .counters
             .mem_used_max
@@ -544,7 +738,23 @@ impl Pool {
         st.pool_total_size = a.pages_used * PAGE_SIZE as u64;
         st.objs_used = a.objs_used;
         st.objs_allocated = a.objs_allocated;
+        let max = self.max_pool_pages.load(Relaxed);
+        st.max_pool_bytes = if max == u64::MAX { 0 } else { max * PAGE_SIZE as u64 };
+        st.accept_threshold_percent = self.cfg.accept_threshold_percent as u64;
         self.counters.fill(&mut st);
         st
+    }
+}
+
+/// Turn a stored object (`obj`, its exact bytes) back into a page.
+pub(crate) fn decode(info: ObjInfo, obj: &[u8], out: &mut [u8]) -> std::result::Result<(), CompressError> {
+    if info.tag == TAG_RAW || info.tag == TAG_RAW_INCOMP {
+        if obj.len() != PAGE_SIZE {
+            return Err(CompressError::WrongLength { alg: Algorithm::Lz4, got: obj.len(), expected: PAGE_SIZE });
+        }
+        out.copy_from_slice(obj);
+        Ok(())
+    } else {
+        zmem_compress::decompress(Algorithm::from_tag(info.tag)?, obj, out)
     }
 }

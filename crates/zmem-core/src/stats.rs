@@ -14,6 +14,7 @@ pub(crate) struct Counters {
     pub reject_alloc_fail: AtomicU64,
     pub pool_limit_hit: AtomicU64,
     pub decompress_fail: AtomicU64,
+    pub reject_reclaim_fail: AtomicU64,
     pub dedup_hits: AtomicU64,
     pub dedup_collisions: AtomicU64,
     pub mem_used_max: AtomicU64,
@@ -29,6 +30,7 @@ impl Counters {
         st.reject_alloc_fail = self.reject_alloc_fail.load(Relaxed);
         st.pool_limit_hit = self.pool_limit_hit.load(Relaxed);
         st.decompress_fail = self.decompress_fail.load(Relaxed);
+        st.reject_reclaim_fail = self.reject_reclaim_fail.load(Relaxed);
         st.dedup_hits = self.dedup_hits.load(Relaxed);
         st.dedup_collisions = self.dedup_collisions.load(Relaxed);
     }
@@ -69,6 +71,33 @@ pub struct Stats {
     pub reject_compress_fail: u64,
     pub reject_alloc_fail: u64,
     pub decompress_fail: u64,
+    /// Stores refused at max_pool, or shrinks that failed to make room.
+    pub reject_reclaim_fail: u64,
+    /// Pages written back to the backing store, cumulative.
+    pub written_back_pages: u64,
+
+    // zram bd_stat (pages), and the backing file in bytes
+    /// Pages currently on the backing store.
+    pub bd_count: u64,
+    /// Pages read from the backing store, cumulative.
+    pub bd_reads: u64,
+    /// Pages written to the backing store, cumulative.
+    pub bd_writes: u64,
+    /// Bytes actually written to / read from the backing file.
+    pub backing_bytes_written: u64,
+    pub backing_bytes_read: u64,
+    /// Length of the backing file, and bytes of live records in it.
+    pub backing_file_bytes: u64,
+    pub backing_live_bytes: u64,
+    /// RAM used by the backing store's tables (counted in mem_used_total).
+    pub backing_metadata_bytes: u64,
+    /// Written-back pages a load brought back into RAM.
+    pub promoted_pages: u64,
+    /// Writeback batches that failed (the pages stayed in RAM).
+    pub writeback_fail: u64,
+    /// zswap's max_pool as bytes (0: none), and accept_threshold_percent.
+    pub max_pool_bytes: u64,
+    pub accept_threshold_percent: u64,
 
     // zram dedup patch
     /// Compressed bytes saved by sharing objects.
@@ -84,6 +113,8 @@ pub struct Stats {
     pub pool_pages: u64,
     pub alloc_metadata_bytes: u64,
     pub index_bytes: u64,
+    /// LRU queues (writeback tier only).
+    pub lru_bytes: u64,
     pub objs_allocated: u64,
     pub objs_used: u64,
     pub stores: u64,
@@ -104,6 +135,11 @@ impl Stats {
             self.pages_compacted,
             self.huge_pages
         )
+    }
+
+    /// zram's `/sys/block/zramX/bd_stat` line: bd_count bd_reads bd_writes (pages).
+    pub fn bd_stat(&self) -> String {
+        format!("{:>8} {:>8} {:>8}", self.bd_count, self.bd_reads, self.bd_writes)
     }
 
     /// Compression ratio as zramctl shows it: orig / mem_used_total.

@@ -54,6 +54,15 @@ pub struct Args {
     /// Objects compressed to this many bytes or more are stored raw.
     #[arg(long, default_value_t = zmem_core::DEFAULT_HUGE_THRESHOLD)]
     pub huge_threshold: usize,
+    /// zswap's max_pool: a size (64M), a share of RAM (20%), or a share of
+    /// the data set (1/8). Past it, the coldest pages are written back,
+    /// compressed, to --backing.
+    #[arg(long)]
+    pub max_pool: Option<String>,
+    /// Backing file for writeback (default with --max-pool: a temporary
+    /// file in $TMPDIR, removed afterwards).
+    #[arg(long)]
+    pub backing: Option<PathBuf>,
     /// Skip the kernel zram comparison.
     #[arg(long)]
     pub no_kernel: bool,
@@ -96,6 +105,46 @@ struct Report {
     kernel_zram: Option<zmem_bench::kernel_zram::ZramResult>,
     kernel_zram_skipped: Option<String>,
     mem_used_vs_kernel_zram: Option<f64>,
+    writeback: Option<WritebackReport>,
+}
+
+/// The writeback tier's figures, over the whole run.
+#[derive(Serialize)]
+struct WritebackReport {
+    backing_file: String,
+    /// Why O_DIRECT is not used, if it is not.
+    buffered_io: Option<String>,
+    max_pool_bytes: u64,
+    written_back_pages: u64,
+    /// Bytes really written to the backing file.
+    backing_bytes_written: u64,
+    /// What writing those pages back uncompressed would have cost (pages × 4096).
+    uncompressed_baseline_bytes: u64,
+    written_vs_baseline: f64,
+    bd_stat: String,
+    bd_count: u64,
+    bd_reads: u64,
+    bd_writes: u64,
+    backing_bytes_read: u64,
+    backing_file_bytes: u64,
+    backing_live_bytes: u64,
+    promoted_pages: u64,
+    pool_limit_hit: u64,
+}
+
+/// Resolve --max-pool against the data set size.
+fn resolve_max_pool(arg: &str, data_bytes: u64) -> anyhow::Result<u64> {
+    if let Some((n, d)) = arg.split_once('/') {
+        let (n, d): (u64, u64) = (
+            n.trim().parse().with_context(|| format!("bad fraction `{arg}`: expected e.g. 1/8"))?,
+            d.trim().parse().with_context(|| format!("bad fraction `{arg}`: expected e.g. 1/8"))?,
+        );
+        if n == 0 || d == 0 || n > d {
+            bail!("bad fraction `{arg}`: expected a share of the data between 0 and 1, e.g. 1/8");
+        }
+        return Ok((data_bytes * n / d).max(PAGE_SIZE as u64));
+    }
+    crate::util::parse_pool_limit(arg)
 }
 
 fn load_pages(a: &Args, quiet: bool) -> anyhow::Result<PageSet> {
@@ -195,11 +244,42 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // Touch the output buffers now, so no timed pass pays their page faults.
     raw_out.fill(1);
     out.fill(1);
+    let max_pool = a.max_pool.as_deref().map(|m| resolve_max_pool(m, orig)).transpose()?;
     let cfg = PoolConfig {
         compressor: comp,
         dedup: a.dedup,
         huge_threshold: a.huge_threshold,
+        max_pool,
         ..PoolConfig::default()
+    };
+    // The backing file, when the run has a writeback tier.
+    let mut _tmp_backing = None;
+    let backing_path = match (&a.backing, max_pool) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(_)) => {
+            let f = tempfile::Builder::new().prefix("zmem-backing-").tempfile()?;
+            let p = f.path().to_path_buf();
+            _tmp_backing = Some(f);
+            Some(p)
+        }
+        (None, None) => None,
+    };
+    let mut buffered_io = None;
+    let mut new_pool = || -> anyhow::Result<Pool> {
+        Ok(match &backing_path {
+            Some(p) => {
+                let (store, why) = zmem_core::BackingStore::open(p, None)
+                    .with_context(|| format!("opening backing file {}", p.display()))?;
+                if let Some(why) = why {
+                    if !a.json {
+                        eprintln!("zmem: {why}");
+                    }
+                    buffered_io = Some(why);
+                }
+                Pool::with_backing(cfg.clone(), store)?
+            }
+            None => Pool::new(cfg.clone())?,
+        })
     };
     let (mut best_rc, mut best_rd, mut best_st, mut best_ld) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
     let mut pool: Option<Pool> = None;
@@ -244,7 +324,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         let p = match pool.take() {
             Some(p) => p,
-            None => Pool::new(cfg.clone())?,
+            None => new_pool()?,
         };
         let secs = timed(|| {
             par(n, a.threads, |r| {
@@ -350,6 +430,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // same operation kernel zram is measured on — and, separately, after
     // the warm overwrite passes (before any compaction).
     let after_overwrites = st.mem_used_total;
+    let writeback = backing_path.as_ref().map(|p| WritebackReport {
+        backing_file: p.display().to_string(),
+        buffered_io: buffered_io.clone(),
+        max_pool_bytes: st.max_pool_bytes,
+        written_back_pages: st.written_back_pages,
+        backing_bytes_written: st.backing_bytes_written,
+        uncompressed_baseline_bytes: st.written_back_pages * PAGE_SIZE as u64,
+        written_vs_baseline: st.backing_bytes_written as f64 / (st.written_back_pages * PAGE_SIZE as u64).max(1) as f64,
+        bd_stat: st.bd_stat(),
+        bd_count: st.bd_count,
+        bd_reads: st.bd_reads,
+        bd_writes: st.bd_writes,
+        backing_bytes_read: st.backing_bytes_read,
+        backing_file_bytes: st.backing_file_bytes,
+        backing_live_bytes: st.backing_live_bytes,
+        promoted_pages: st.promoted_pages,
+        pool_limit_hit: st.pool_limit_hit,
+    });
     let st = cold_stats.unwrap_or(st);
     let load_mbps = mbps(orig, best_ld);
     let raw_compress_mbps = mbps(orig, best_rc);
@@ -384,6 +482,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .as_ref()
             .map(|k| st.mem_used_total as f64 / k.mem_used_bytes.max(1) as f64),
         stats: st,
+        writeback,
         kernel_zram,
         kernel_zram_skipped,
     };
@@ -458,6 +557,18 @@ fn print_table(r: &Report) {
             mib(r.dup_data_size),
             mib(r.meta_data_size)
         );
+    }
+    if let Some(w) = &r.writeback {
+        println!(
+            "  writeback: max_pool {:.1} MiB, {} pages written back, {:.1} MiB written to {} ({:.3}x of {:.1} MiB uncompressed)",
+            mib(w.max_pool_bytes),
+            w.written_back_pages,
+            mib(w.backing_bytes_written),
+            w.backing_file,
+            w.written_vs_baseline,
+            mib(w.uncompressed_baseline_bytes)
+        );
+        println!("  bd_stat: {}  (file {:.1} MiB, live {:.1} MiB)", w.bd_stat, mib(w.backing_file_bytes), mib(w.backing_live_bytes));
     }
     if let Some(x) = r.mem_used_vs_kernel_zram {
         println!("  memory used vs kernel zram: {x:.3}x");

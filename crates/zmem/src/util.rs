@@ -64,3 +64,56 @@ mod tests {
         assert!(parse_on_off("maybe").is_err());
     }
 }
+
+/// Total RAM in bytes, from /proc/meminfo.
+pub fn mem_total() -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .context("/proc/meminfo has no MemTotal line")?;
+    let kb: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .context("malformed MemTotal line")?
+        .parse()
+        .context("malformed MemTotal line")?;
+    Ok(kb * 1024)
+}
+
+/// Parse a pool limit: a size (`512M`) or a percentage of RAM (`20%`, zswap's
+/// `max_pool_percent`).
+pub fn parse_pool_limit(s: &str) -> anyhow::Result<u64> {
+    if let Some(p) = s.trim().strip_suffix('%') {
+        let pct: f64 = p
+            .trim()
+            .parse()
+            .with_context(|| format!("bad percentage `{s}`: expected e.g. 20%"))?;
+        if !(pct > 0.0 && pct <= 100.0) {
+            bail!("bad percentage `{s}`: must be more than 0% and at most 100%");
+        }
+        return Ok((mem_total()? as f64 * pct / 100.0) as u64);
+    }
+    let b = parse_size(s)?;
+    if b == 0 {
+        bail!("a pool limit of 0 bytes holds nothing: give a size such as 64M or a share such as 20%");
+    }
+    Ok(b)
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn pool_limits() {
+        assert_eq!(parse_pool_limit("64M").unwrap(), 64 << 20);
+        let total = mem_total().unwrap();
+        let p = parse_pool_limit("20%").unwrap();
+        assert!(p > total / 6 && p < total / 4);
+        assert!(parse_pool_limit("0%").is_err());
+        assert!(parse_pool_limit("150%").is_err());
+        assert!(parse_pool_limit("x%").is_err());
+        assert!(parse_pool_limit("0").is_err());
+    }
+}

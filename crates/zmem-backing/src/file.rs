@@ -1,0 +1,368 @@
+//! The I/O seam: [`BlockFile`] and its implementations — the real file
+//! ([`OsFile`]) and two test doubles ([`MemFile`], [`FaultyFile`]).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::MmapMut;
+use parking_lot::Mutex;
+
+use crate::{BackingError, PAGE_SIZE};
+
+/// Positioned I/O on the file behind a [`BackingStore`](crate::BackingStore).
+///
+/// This is a seam so that tests can inject faults ([`FaultyFile`]) or run
+/// without a filesystem ([`MemFile`]). Implementations must be safe to call
+/// from many threads at once (like `pread`/`pwrite`).
+pub trait BlockFile: Send + Sync {
+    /// Read up to `buf.len()` bytes at `off`; returns how many were read
+    /// (0 at end of file).
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize>;
+    /// Write up to `buf.len()` bytes at `off`; returns how many were written.
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize>;
+    /// Make written data durable (`fdatasync`).
+    fn sync(&self) -> io::Result<()>;
+    /// Truncate or extend the file.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// `true` if offsets, lengths and buffer addresses passed to
+    /// [`read_at`](Self::read_at)/[`write_at`](Self::write_at) must be
+    /// multiples of 4096 (`O_DIRECT`).
+    fn direct(&self) -> bool;
+}
+
+impl<T: BlockFile + ?Sized> BlockFile for Box<T> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        (**self).read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
+        (**self).write_at(buf, off)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        (**self).set_len(len)
+    }
+    fn direct(&self) -> bool {
+        (**self).direct()
+    }
+}
+
+impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        (**self).read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
+        (**self).write_at(buf, off)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        (**self).set_len(len)
+    }
+    fn direct(&self) -> bool {
+        (**self).direct()
+    }
+}
+
+/// A real file, opened with `O_DIRECT` when the filesystem allows it.
+///
+/// Written-back pages were evicted from RAM to save memory; reading them
+/// through the page cache would put them straight back in RAM (and write
+/// them twice). `O_DIRECT` avoids that. Filesystems that refuse it (tmpfs,
+/// some FUSE and network filesystems) get buffered I/O instead, and
+/// [`OsFile::open`] says why.
+///
+/// The file is created with mode `0600`: it holds (compressed) process
+/// memory. Every I/O error it returns names the file.
+#[derive(Debug)]
+pub struct OsFile {
+    file: File,
+    path: PathBuf,
+    direct: bool,
+}
+
+impl OsFile {
+    /// Create (or truncate) the file at `path`. Tries `O_DIRECT` first and
+    /// checks that an aligned write and read really work; if not, reopens it
+    /// for buffered I/O and returns the reason as the second element.
+    pub fn open(path: &Path) -> Result<(OsFile, Option<String>), BackingError> {
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(path)
+        };
+        let why = match open(true) {
+            Ok(file) => {
+                let f = OsFile {
+                    file,
+                    path: path.to_owned(),
+                    direct: true,
+                };
+                match f.probe_direct() {
+                    Ok(()) => return Ok((f, None)),
+                    Err(e) => format!("an O_DIRECT write/read test on it failed: {e}"),
+                }
+            }
+            Err(e) => format!("opening it with O_DIRECT failed: {e}"),
+        };
+        let file = open(false).map_err(|e| BackingError::Io {
+            op: "open",
+            source: io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        })?;
+        let msg = format!(
+            "O_DIRECT is not available for {} ({why}); using buffered I/O, so written-back pages \
+             will also occupy the page cache. Put the backing file on a filesystem that supports \
+             O_DIRECT (ext4, xfs, btrfs) to avoid double caching.",
+            path.display()
+        );
+        tracing::warn!("{msg}");
+        Ok((
+            OsFile {
+                file,
+                path: path.to_owned(),
+                direct: false,
+            },
+            Some(msg),
+        ))
+    }
+
+    /// The path the file was opened at.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn probe_direct(&self) -> io::Result<()> {
+        let mut buf = MmapMut::map_anon(PAGE_SIZE)?;
+        buf[..8].copy_from_slice(b"zmemtest");
+        let n = self.file.write_at(&buf, 0)?;
+        if n != PAGE_SIZE {
+            return Err(io::Error::other("short O_DIRECT write"));
+        }
+        buf.fill(0);
+        let n = self.file.read_at(&mut buf, 0)?;
+        if n != PAGE_SIZE || &buf[..8] != b"zmemtest" {
+            return Err(io::Error::other(
+                "O_DIRECT read did not return what was written",
+            ));
+        }
+        self.file.set_len(0)
+    }
+
+    fn ctx(&self, e: io::Error) -> io::Error {
+        io::Error::new(e.kind(), format!("{}: {e}", self.path.display()))
+    }
+}
+
+impl BlockFile for OsFile {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        self.file.read_at(buf, off).map_err(|e| self.ctx(e))
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
+        self.file.write_at(buf, off).map_err(|e| self.ctx(e))
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data().map_err(|e| self.ctx(e))
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len).map_err(|e| self.ctx(e))
+    }
+    fn direct(&self) -> bool {
+        self.direct
+    }
+}
+
+/// An in-memory [`BlockFile`] — a **test double**, not for production.
+///
+/// With `direct = true` it enforces `O_DIRECT`'s rules (4096-aligned
+/// offsets, lengths and buffer addresses, else `EINVAL`), so the aligned
+/// I/O paths can be tested on any filesystem.
+#[derive(Debug, Default)]
+pub struct MemFile {
+    data: Mutex<Vec<u8>>,
+    direct: bool,
+}
+
+impl MemFile {
+    /// An empty file; `direct` selects `O_DIRECT` alignment checking.
+    pub fn new(direct: bool) -> MemFile {
+        MemFile {
+            data: Mutex::new(Vec::new()),
+            direct,
+        }
+    }
+
+    fn check_aligned(&self, ptr: *const u8, len: usize, off: u64) -> io::Result<()> {
+        let a = PAGE_SIZE as u64;
+        if self.direct
+            && !(off.is_multiple_of(a)
+                && (len as u64).is_multiple_of(a)
+                && (ptr as usize as u64).is_multiple_of(a))
+        {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok(())
+    }
+}
+
+impl BlockFile for MemFile {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        self.check_aligned(buf.as_ptr(), buf.len(), off)?;
+        let data = self.data.lock();
+        let off = off as usize;
+        if off >= data.len() {
+            return Ok(0);
+        }
+        let n = buf.len().min(data.len() - off);
+        buf[..n].copy_from_slice(&data[off..off + n]);
+        Ok(n)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
+        self.check_aligned(buf.as_ptr(), buf.len(), off)?;
+        let mut data = self.data.lock();
+        let end = off as usize + buf.len();
+        if data.len() < end {
+            data.resize(end, 0);
+        }
+        data[off as usize..end].copy_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.data.lock().resize(len as usize, 0);
+        Ok(())
+    }
+    fn direct(&self) -> bool {
+        self.direct
+    }
+}
+
+#[derive(Debug, Default)]
+struct Faults {
+    /// Fail the write whose 1-based number (counting all writes) is this.
+    fail_write_no: Option<u64>,
+    /// Writes that would end past this offset are cut short at it.
+    space_limit: Option<u64>,
+    fail_reads: bool,
+    /// Flip bit `.1` of the byte at file offset `.0` in every read covering it.
+    flip: Option<(u64, u8)>,
+}
+
+/// A fault-injecting wrapper around a [`BlockFile`] — a **test double**.
+///
+/// It models the ways a disk fails: a write that returns `EIO`
+/// ([`fail_nth_write`](Self::fail_nth_write)), a full disk that accepts part
+/// of a write and then nothing ([`set_space_limit`](Self::set_space_limit)),
+/// reads that return `EIO` ([`fail_reads`](Self::fail_reads)) and silent
+/// media corruption ([`flip_bit`](Self::flip_bit)). It also counts calls.
+#[derive(Debug)]
+pub struct FaultyFile<F: BlockFile> {
+    inner: F,
+    faults: Mutex<Faults>,
+    writes: AtomicU64,
+    reads: AtomicU64,
+}
+
+impl<F: BlockFile> FaultyFile<F> {
+    /// Wrap `inner` with no faults armed.
+    pub fn new(inner: F) -> FaultyFile<F> {
+        FaultyFile {
+            inner,
+            faults: Mutex::new(Faults::default()),
+            writes: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+        }
+    }
+    /// Make the `n`th write from now (1 = the next one) fail with `EIO`
+    /// without writing anything.
+    pub fn fail_nth_write(&self, n: u64) {
+        assert!(n >= 1, "n counts from 1");
+        self.faults.lock().fail_write_no = Some(self.writes.load(Ordering::SeqCst) + n);
+    }
+    /// Pretend the disk is full at `limit` bytes: a write crossing it
+    /// writes up to it and returns the short count; a write starting at or
+    /// past it returns `Ok(0)`. `None` removes the limit.
+    pub fn set_space_limit(&self, limit: Option<u64>) {
+        self.faults.lock().space_limit = limit;
+    }
+    /// While `on`, every read fails with `EIO`.
+    pub fn fail_reads(&self, on: bool) {
+        self.faults.lock().fail_reads = on;
+    }
+    /// Flip bit `bit` (0..8) of the byte at file offset `off` in everything
+    /// reads return, until called with `None`. The file itself is unchanged.
+    pub fn flip_bit(&self, at: Option<(u64, u8)>) {
+        self.faults.lock().flip = at;
+    }
+    /// Number of `write_at` calls so far (including failed ones).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+    /// Number of `read_at` calls so far (including failed ones).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+    /// The wrapped file.
+    pub fn inner(&self) -> &F {
+        &self.inner
+    }
+}
+
+impl<F: BlockFile> BlockFile for FaultyFile<F> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let (fail, flip) = {
+            let f = self.faults.lock();
+            (f.fail_reads, f.flip)
+        };
+        if fail {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let n = self.inner.read_at(buf, off)?;
+        if let Some((at, bit)) = flip {
+            if at >= off && at < off + n as u64 {
+                buf[(at - off) as usize] ^= 1 << (bit & 7);
+            }
+        }
+        Ok(n)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
+        let no = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        let limit = {
+            let f = self.faults.lock();
+            if f.fail_write_no == Some(no) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            f.space_limit
+        };
+        match limit {
+            Some(l) if off >= l => Ok(0),
+            Some(l) if off + buf.len() as u64 > l => {
+                self.inner.write_at(&buf[..(l - off) as usize], off)
+            }
+            _ => self.inner.write_at(buf, off),
+        }
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn direct(&self) -> bool {
+        self.inner.direct()
+    }
+}

@@ -1,0 +1,846 @@
+//! The store itself: the record table, the segments, and the I/O paths.
+
+use std::cell::RefCell;
+use std::io;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::{Mutex, RwLock};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::file::{BlockFile, OsFile};
+use crate::{BackingError, BackingStats, RecordId, PAGE_SIZE};
+
+/// Size of one segment of the backing file. A batch of 64 incompressible
+/// pages (64 × 4112 bytes) fits in a quarter of one.
+pub const SEGMENT_SIZE: usize = 1 << 20;
+/// Bytes of header before every record's payload.
+pub const RECORD_HEADER_SIZE: usize = 16;
+const RECORD_MAGIC: u16 = 0x5a4d; // "MZ" little-endian: "ZM"
+const NONE: u32 = u32::MAX;
+const SEG: u64 = SEGMENT_SIZE as u64;
+const ALIGN: u64 = PAGE_SIZE as u64;
+
+type Result<T> = std::result::Result<T, BackingError>;
+
+/// One record-table slot. `seg == NONE` marks a free slot, whose `off` is
+/// then the next free slot.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    seg: u32,
+    off: u32,
+    gen: u32,
+    len: u16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SegState {
+    /// On the free list; its contents are garbage.
+    Free,
+    /// Being appended to (at most one).
+    Open,
+    /// Full (or retired); only frees and compaction change it.
+    Closed,
+    /// Taken by an append in flight; not yet committed.
+    Reserved,
+}
+
+#[derive(Debug)]
+struct Segment {
+    state: SegState,
+    /// Bytes from the segment start that have been written (4096-aligned).
+    used: u32,
+    live_bytes: u32,
+    live_records: u32,
+    /// Compaction found a record here that failed verification; leave the
+    /// segment alone until it empties.
+    bad: bool,
+    /// Table slots of records appended here. Lazily pruned: a slot whose
+    /// entry no longer points here is skipped by compaction.
+    ids: Vec<u32>,
+}
+
+impl Segment {
+    fn new(state: SegState) -> Segment {
+        Segment {
+            state,
+            used: 0,
+            live_bytes: 0,
+            live_records: 0,
+            bad: false,
+            ids: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    table: Vec<Entry>,
+    free_slot: u32,
+    segs: Vec<Segment>,
+    /// Free segment indices, sorted descending: `last()` is the lowest, so
+    /// the file fills from the front and its tail can be truncated.
+    free_segs: Vec<u32>,
+    open: Option<u32>,
+    file_len: u64,
+    records: u64,
+    live_bytes: u64,
+}
+
+impl State {
+    fn lookup(&self, id: RecordId) -> Result<(usize, Entry)> {
+        let raw = id.to_raw();
+        let low = raw as u32;
+        let bad = BackingError::InvalidRecord { id: raw };
+        if low == 0 {
+            return Err(bad);
+        }
+        let slot = (low - 1) as usize;
+        match self.table.get(slot) {
+            Some(e) if e.seg != NONE && e.gen == (raw >> 32) as u32 => Ok((slot, *e)),
+            _ => Err(bad),
+        }
+    }
+
+    fn alloc_slot(&mut self, e: Entry) -> RecordId {
+        let slot = if self.free_slot != NONE {
+            let s = self.free_slot;
+            let gen = self.table[s as usize].gen;
+            self.free_slot = self.table[s as usize].off;
+            self.table[s as usize] = Entry { gen, ..e };
+            s
+        } else {
+            let s = u32::try_from(self.table.len())
+                .ok()
+                .filter(|&s| s < NONE - 1)
+                .expect("more than 4 billion live backing records");
+            self.table.push(Entry { gen: 1, ..e });
+            s
+        };
+        self.add_live(e.seg, slot, e.len);
+        RecordId(u64::from(self.table[slot as usize].gen) << 32 | (u64::from(slot) + 1))
+    }
+
+    fn add_live(&mut self, seg: u32, slot: u32, len: u16) {
+        let s = &mut self.segs[seg as usize];
+        s.live_bytes += (RECORD_HEADER_SIZE + len as usize) as u32;
+        s.live_records += 1;
+        s.ids.push(slot);
+    }
+
+    /// Drop one record's contribution to `seg`; frees the segment if it was
+    /// closed and is now empty. Returns whether it was freed.
+    fn sub_live(&mut self, seg: u32, len: u16) -> bool {
+        let s = &mut self.segs[seg as usize];
+        s.live_bytes -= (RECORD_HEADER_SIZE + len as usize) as u32;
+        s.live_records -= 1;
+        if s.live_records == 0 && s.state == SegState::Closed {
+            self.free_segment(seg);
+            return true;
+        }
+        false
+    }
+
+    fn free_segment(&mut self, seg: u32) {
+        let s = &mut self.segs[seg as usize];
+        debug_assert_eq!(s.live_records, 0);
+        *s = Segment::new(SegState::Free);
+        let pos = self.free_segs.partition_point(|&x| x > seg);
+        self.free_segs.insert(pos, seg);
+    }
+
+    /// Retire a segment from appending: closed, or free if empty.
+    fn close(&mut self, seg: u32) {
+        if self.open == Some(seg) {
+            self.open = None;
+        }
+        if self.segs[seg as usize].live_records == 0 {
+            self.free_segment(seg);
+        } else {
+            self.segs[seg as usize].state = SegState::Closed;
+        }
+    }
+
+    /// Take a free segment (lowest first) or grow the file by one. Under a
+    /// limit, appends leave the last segment's worth of room to compaction
+    /// (`for_compaction`), which needs somewhere to move records to.
+    fn take_segment(&mut self, limit: Option<u64>, for_compaction: bool) -> Result<u32> {
+        if let Some(limit) = limit {
+            let max_segs = limit / SEG;
+            let allowed = if for_compaction || max_segs < 2 {
+                max_segs
+            } else {
+                max_segs - 1
+            };
+            if self.occupied_bytes() / SEG + 1 > allowed {
+                return Err(BackingError::Full { limit_bytes: limit });
+            }
+        }
+        if let Some(s) = self.free_segs.pop() {
+            self.segs[s as usize].state = SegState::Reserved;
+            return Ok(s);
+        }
+        let n = self.segs.len() as u64;
+        if let Some(limit) = limit {
+            if (n + 1) * SEG > limit {
+                return Err(BackingError::Full { limit_bytes: limit });
+            }
+        }
+        self.segs.push(Segment::new(SegState::Reserved));
+        Ok(n as u32)
+    }
+
+    /// Bytes of segments not on the free list.
+    fn occupied_bytes(&self) -> u64 {
+        (self.segs.len() - self.free_segs.len()) as u64 * SEG
+    }
+
+    /// Compaction is worth running: some closed segment must be under half
+    /// full, or the file is long while a free segment sits below its end.
+    fn needs_compaction(&self) -> bool {
+        let target = 2 * self.live_bytes + SEG;
+        self.occupied_bytes() > target || (self.file_len > target + SEG && self.hole_below_top())
+    }
+
+    fn hole_below_top(&self) -> bool {
+        match (self.free_segs.last(), self.segs.len()) {
+            (Some(&lo), n) => (lo as usize) + 1 < n,
+            _ => false,
+        }
+    }
+}
+
+/// Where an append goes: contiguous runs of records, one write each.
+#[derive(Debug)]
+struct Chunk {
+    seg: u32,
+    start: u32,
+    data_end: u32,
+    end: u32,
+    recs: Range<usize>,
+}
+
+#[derive(Debug)]
+struct Plan {
+    chunks: Vec<Chunk>,
+    /// (segment, offset) of each record.
+    places: Vec<(u32, u32)>,
+    /// Segments taken from the free list or added for this plan.
+    taken: Vec<u32>,
+}
+
+/// A heap buffer with a 4096-aligned window, for `O_DIRECT`.
+struct AlignedBuf {
+    v: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let v = vec![0u8; len + PAGE_SIZE];
+        let start = (PAGE_SIZE - v.as_ptr() as usize % PAGE_SIZE) % PAGE_SIZE;
+        AlignedBuf { v, start, len }
+    }
+    fn get(&self, len: usize) -> &[u8] {
+        &self.v[self.start..self.start + len.min(self.len)]
+    }
+    fn get_mut(&mut self, len: usize) -> &mut [u8] {
+        &mut self.v[self.start..self.start + len.min(self.len)]
+    }
+}
+
+/// Buffers owned by whoever appends or compacts (one at a time).
+struct Appender {
+    wbuf: AlignedBuf,
+    rbuf: AlignedBuf,
+}
+
+thread_local! {
+    /// Per-thread read buffer: a record (≤ 4112 bytes) spans ≤ 3 blocks.
+    static READ_BUF: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::new(3 * PAGE_SIZE));
+}
+
+#[derive(Default)]
+struct Counters {
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+    records_written: AtomicU64,
+    records_read: AtomicU64,
+    segments_compacted: AtomicU64,
+}
+
+fn round_up(x: u64) -> u64 {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+fn checksum(key: u64, payload: &[u8]) -> u32 {
+    let mut h = Xxh3::new();
+    h.update(&key.to_le_bytes());
+    h.update(payload);
+    h.digest() as u32
+}
+
+fn put_record(dst: &mut [u8], key: u64, payload: &[u8]) {
+    dst[0..2].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+    dst[2..4].copy_from_slice(&(payload.len() as u16).to_le_bytes());
+    dst[4..12].copy_from_slice(&key.to_le_bytes());
+    dst[12..16].copy_from_slice(&checksum(key, payload).to_le_bytes());
+    dst[16..16 + payload.len()].copy_from_slice(payload);
+}
+
+/// Check a record's header against what the table says; returns
+/// `(key, payload)`.
+fn verify(rec: &[u8], len: u16, key: Option<u64>) -> Option<(u64, &[u8])> {
+    let field = |r: Range<usize>| &rec[r];
+    let magic = u16::from_le_bytes(field(0..2).try_into().ok()?);
+    let hlen = u16::from_le_bytes(field(2..4).try_into().ok()?);
+    let hkey = u64::from_le_bytes(field(4..12).try_into().ok()?);
+    let sum = u32::from_le_bytes(field(12..16).try_into().ok()?);
+    let payload = rec.get(RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + len as usize)?;
+    (magic == RECORD_MAGIC
+        && hlen == len
+        && key.is_none_or(|k| k == hkey)
+        && sum == checksum(hkey, payload))
+    .then_some((hkey, payload))
+}
+
+/// A log-structured file of compressed records: zmem's writeback tier.
+/// See the [crate documentation](crate) for the design.
+pub struct BackingStore {
+    file: Box<dyn BlockFile>,
+    limit: Option<u64>,
+    direct: bool,
+    state: RwLock<State>,
+    /// Serialises appends and compaction; owns their aligned buffers.
+    app: Mutex<Option<Appender>>,
+    c: Counters,
+}
+
+impl std::fmt::Debug for BackingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackingStore")
+            .field("direct", &self.direct)
+            .field("limit", &self.limit)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl BackingStore {
+    /// A store over `file`, which is treated as empty (the store keeps no
+    /// on-disk index: like swap, its contents do not survive a restart).
+    /// `limit_bytes` caps the file length, in whole segments.
+    pub fn new(file: Box<dyn BlockFile>, limit_bytes: Option<u64>) -> BackingStore {
+        let direct = file.direct();
+        BackingStore {
+            file,
+            limit: limit_bytes,
+            direct,
+            state: RwLock::new(State {
+                free_slot: NONE,
+                ..State::default()
+            }),
+            app: Mutex::new(None),
+            c: Counters::default(),
+        }
+    }
+
+    /// Create (truncate) a backing file at `path` with [`OsFile::open`] and
+    /// build a store on it. The second element says why `O_DIRECT` is not
+    /// in use, if it is not.
+    pub fn open(path: &Path, limit_bytes: Option<u64>) -> Result<(BackingStore, Option<String>)> {
+        let (f, why) = OsFile::open(path)?;
+        Ok((BackingStore::new(Box::new(f), limit_bytes), why))
+    }
+
+    /// Whether the file does `O_DIRECT` I/O.
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Append a batch of records in one write (split only if it crosses a
+    /// segment end): each is a 16-byte header and its payload, packed back
+    /// to back, the batch padded to 4096. Returns one [`RecordId`] per
+    /// record, in order. Payloads must be at most [`PAGE_SIZE`] bytes
+    /// (empty payloads are accepted). On any error nothing is recorded and
+    /// the caller keeps its data; the next write works normally.
+    pub fn write_batch(&self, records: &[(u64, &[u8])]) -> Result<Vec<RecordId>> {
+        if let Some(&(_, p)) = records.iter().find(|(_, p)| p.len() > PAGE_SIZE) {
+            return Err(BackingError::TooLarge { len: p.len() });
+        }
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let lens: Vec<usize> = records.iter().map(|(_, p)| p.len()).collect();
+        let mut guard = self.app.lock();
+        let app = guard.get_or_insert_with(|| Appender {
+            wbuf: AlignedBuf::new(SEGMENT_SIZE),
+            rbuf: AlignedBuf::new(SEGMENT_SIZE),
+        });
+        let plan = match self.plan(&lens, false) {
+            Err(BackingError::Full { .. }) => {
+                // Make room by compacting, then try once more.
+                if let Err(e) = self.compact_locked(app) {
+                    tracing::warn!("compaction to make room failed: {e}");
+                }
+                self.plan(&lens, false)?
+            }
+            r => r?,
+        };
+        if let Err(e) = self.write_plan(&mut app.wbuf, &plan, records) {
+            self.rollback(&plan);
+            return Err(e);
+        }
+        let ids = {
+            let mut st = self.state.write();
+            let ids: Vec<RecordId> = plan
+                .places
+                .iter()
+                .zip(&lens)
+                .map(|(&(seg, off), &len)| {
+                    st.alloc_slot(Entry {
+                        seg,
+                        off,
+                        gen: 0,
+                        len: len as u16,
+                    })
+                })
+                .collect();
+            st.records += ids.len() as u64;
+            st.live_bytes += lens
+                .iter()
+                .map(|l| (RECORD_HEADER_SIZE + l) as u64)
+                .sum::<u64>();
+            self.finish_plan(&mut st, &plan);
+            ids
+        };
+        self.c.records_written.fetch_add(ids.len() as u64, Relaxed);
+        if self.state.read().needs_compaction() {
+            if let Err(e) = self.compact_locked(app) {
+                // The batch is safely written; compaction will be retried.
+                tracing::warn!("automatic compaction of the backing file failed: {e}");
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Read a record's payload into `out` (cleared, then filled only if the
+    /// record verifies: magic, length, key and checksum). A mismatch is
+    /// [`BackingError::Checksum`], never data.
+    pub fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        READ_BUF.with_borrow_mut(|buf| {
+            let st = self.state.read();
+            let (_, e) = st.lookup(id)?;
+            let abs = e.seg as u64 * SEG + e.off as u64;
+            let n = RECORD_HEADER_SIZE + e.len as usize;
+            // Hold the read lock across the I/O so compaction cannot move
+            // the record and reuse its space under us.
+            let rec = if self.direct {
+                let lo = abs & !(ALIGN - 1);
+                let hi = round_up(abs + n as u64);
+                self.read_exact(buf.get_mut((hi - lo) as usize), lo)?;
+                &buf.get((hi - lo) as usize)[(abs - lo) as usize..][..n]
+            } else {
+                self.read_exact(buf.get_mut(n), abs)?;
+                buf.get(n)
+            };
+            drop(st);
+            let (_, payload) =
+                verify(rec, e.len, Some(key)).ok_or(BackingError::Checksum { id: id.to_raw() })?;
+            out.extend_from_slice(payload);
+            self.c.records_read.fetch_add(1, Relaxed);
+            Ok(())
+        })
+    }
+
+    /// Forget a record. Its id (and any copy of it) becomes invalid.
+    pub fn free(&self, id: RecordId) -> Result<()> {
+        let trailing_freed = {
+            let mut st = self.state.write();
+            let (slot, e) = st.lookup(id)?;
+            let free_slot = st.free_slot;
+            st.table[slot] = Entry {
+                seg: NONE,
+                off: free_slot,
+                gen: e.gen.wrapping_add(1),
+                len: 0,
+            };
+            st.free_slot = slot as u32;
+            st.records -= 1;
+            st.live_bytes -= (RECORD_HEADER_SIZE + e.len as usize) as u64;
+            st.sub_live(e.seg, e.len) && e.seg as usize + 1 == st.segs.len()
+        };
+        if trailing_freed {
+            // Shrink the file now if no append is in flight; else the
+            // appender will do it.
+            if let Some(_g) = self.app.try_lock() {
+                self.trim();
+            }
+        }
+        Ok(())
+    }
+
+    /// Move live records out of sparse segments (under half live) into the
+    /// open segment, free the emptied segments, and truncate free segments
+    /// off the end of the file (moving records down from the last segments
+    /// if that is what keeps the file short). Record ids stay valid.
+    /// Returns the number of segments freed. Runs automatically after a
+    /// write when the file exceeds twice the live bytes plus a segment.
+    pub fn compact(&self) -> Result<u64> {
+        let mut guard = self.app.lock();
+        let app = guard.get_or_insert_with(|| Appender {
+            wbuf: AlignedBuf::new(SEGMENT_SIZE),
+            rbuf: AlignedBuf::new(SEGMENT_SIZE),
+        });
+        self.compact_locked(app)
+    }
+
+    /// Counters and sizes, in the spirit of zram's `bd_stat`.
+    pub fn stats(&self) -> BackingStats {
+        let st = self.state.read();
+        let metadata_bytes = st.table.capacity() * size_of::<Entry>()
+            + st.segs.capacity() * size_of::<Segment>()
+            + st.segs.iter().map(|s| s.ids.capacity() * 4).sum::<usize>()
+            + st.free_segs.capacity() * 4;
+        BackingStats {
+            records: st.records,
+            live_bytes: st.live_bytes,
+            file_bytes: st.file_len,
+            bytes_written: self.c.bytes_written.load(Relaxed),
+            bytes_read: self.c.bytes_read.load(Relaxed),
+            records_written: self.c.records_written.load(Relaxed),
+            records_read: self.c.records_read.load(Relaxed),
+            segments_compacted: self.c.segments_compacted.load(Relaxed),
+            metadata_bytes: metadata_bytes as u64,
+        }
+    }
+
+    // ---- internals -----------------------------------------------------
+
+    /// Lay out records (by payload length) at the open segment's tail,
+    /// moving to fresh segments as needed. Takes the state lock briefly.
+    fn plan(&self, lens: &[usize], for_compaction: bool) -> Result<Plan> {
+        let mut st = self.state.write();
+        let mut plan = Plan {
+            chunks: Vec::new(),
+            places: Vec::with_capacity(lens.len()),
+            taken: Vec::new(),
+        };
+        let mut seg = match st.open {
+            Some(s) => s,
+            None => {
+                let s = st.take_segment(self.limit, for_compaction)?;
+                plan.taken.push(s);
+                s
+            }
+        };
+        let mut start = st.segs[seg as usize].used;
+        let mut pos = start;
+        let mut first = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            let need = (RECORD_HEADER_SIZE + len) as u32;
+            if (pos + need) as usize > SEGMENT_SIZE {
+                if i > first {
+                    plan.chunks.push(Chunk {
+                        seg,
+                        start,
+                        data_end: pos,
+                        end: round_up(pos.into()) as u32,
+                        recs: first..i,
+                    });
+                }
+                seg = match st.take_segment(self.limit, for_compaction) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        drop(st);
+                        self.rollback(&plan);
+                        return Err(e);
+                    }
+                };
+                plan.taken.push(seg);
+                (start, pos, first) = (0, 0, i);
+            }
+            plan.places.push((seg, pos));
+            pos += need;
+        }
+        plan.chunks.push(Chunk {
+            seg,
+            start,
+            data_end: pos,
+            end: round_up(pos.into()) as u32,
+            recs: first..lens.len(),
+        });
+        Ok(plan)
+    }
+
+    /// Give back the segments a failed plan took.
+    fn rollback(&self, plan: &Plan) {
+        let mut st = self.state.write();
+        for &s in &plan.taken {
+            st.free_segment(s);
+        }
+    }
+
+    /// After the records of a successful plan are in the table: advance
+    /// tails, make the last segment the open one, close the others.
+    fn finish_plan(&self, st: &mut State, plan: &Plan) {
+        let last = plan.chunks.last().map(|c| c.seg).expect("plan has a chunk");
+        for c in &plan.chunks {
+            st.segs[c.seg as usize].used = c.end;
+            st.file_len = st.file_len.max(c.seg as u64 * SEG + c.end as u64);
+        }
+        if let Some(prev) = st.open {
+            if prev != last {
+                st.close(prev);
+            }
+        }
+        for &s in &plan.taken {
+            if s != last {
+                st.close(s);
+            }
+        }
+        st.segs[last as usize].state = SegState::Open;
+        st.open = Some(last);
+    }
+
+    fn write_plan(
+        &self,
+        wbuf: &mut AlignedBuf,
+        plan: &Plan,
+        records: &[(u64, &[u8])],
+    ) -> Result<()> {
+        for c in &plan.chunks {
+            let buf = wbuf.get_mut((c.end - c.start) as usize);
+            for i in c.recs.clone() {
+                let (key, payload) = records[i];
+                let at = (plan.places[i].1 - c.start) as usize;
+                put_record(&mut buf[at..], key, payload);
+            }
+            buf[(c.data_end - c.start) as usize..].fill(0);
+            self.write_all(buf, c.seg as u64 * SEG + c.start as u64)?;
+        }
+        Ok(())
+    }
+
+    fn write_all(&self, buf: &[u8], off: u64) -> Result<()> {
+        let mut done = 0;
+        let res = loop {
+            if done == buf.len() {
+                break Ok(());
+            }
+            match self.file.write_at(&buf[done..], off + done as u64) {
+                Ok(0) => {
+                    break Err(BackingError::ShortWrite {
+                        expected: buf.len(),
+                        written: done,
+                    })
+                }
+                Ok(n) => {
+                    done += n;
+                    if self.direct && done % PAGE_SIZE != 0 {
+                        // The rest would be misaligned for O_DIRECT.
+                        break Err(BackingError::ShortWrite {
+                            expected: buf.len(),
+                            written: done,
+                        });
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    break Err(BackingError::Io {
+                        op: "write",
+                        source,
+                    })
+                }
+            }
+        };
+        self.c.bytes_written.fetch_add(done as u64, Relaxed);
+        res
+    }
+
+    fn read_exact(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        let mut got = 0;
+        let res = loop {
+            if got == buf.len() {
+                break Ok(());
+            }
+            match self.file.read_at(&mut buf[got..], off + got as u64) {
+                Ok(0) => {
+                    break Err(BackingError::ShortRead {
+                        expected: buf.len(),
+                        got,
+                    })
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => break Err(BackingError::Io { op: "read", source }),
+            }
+        };
+        self.c.bytes_read.fetch_add(got as u64, Relaxed);
+        res
+    }
+
+    /// Truncate free segments off the end of the file. Caller holds the
+    /// appender lock.
+    fn trim(&self) {
+        let mut st = self.state.write();
+        let keep = st
+            .segs
+            .iter()
+            .rposition(|s| s.state != SegState::Free)
+            .map_or(0, |i| i + 1);
+        let drop_n = st.segs.len() - keep;
+        let new_len = keep
+            .checked_sub(1)
+            .map_or(0, |i| i as u64 * SEG + st.segs[i].used as u64);
+        if drop_n == 0 && new_len >= st.file_len {
+            return;
+        }
+        if let Err(e) = self.file.set_len(new_len) {
+            tracing::warn!("could not truncate the backing file to {new_len} bytes: {e}");
+            return;
+        }
+        st.segs.truncate(keep);
+        // The dropped segments are the largest indices: the list's front.
+        st.free_segs.drain(..drop_n);
+        st.file_len = new_len;
+    }
+
+    fn compact_locked(&self, app: &mut Appender) -> Result<u64> {
+        let mut freed = 0;
+        // 0. An open segment whose records were all freed is just space:
+        // retire it, so the next append starts at the lowest free segment.
+        {
+            let mut st = self.state.write();
+            if let Some(open) = st.open.filter(|&o| st.segs[o as usize].live_records == 0) {
+                st.close(open);
+                freed += 1;
+            }
+        }
+        // 1. Sparse segments, sparsest first.
+        let mut victims: Vec<(u32, u32)> = {
+            let st = self.state.read();
+            st.segs
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| {
+                    s.state == SegState::Closed && !s.bad && (s.live_bytes as u64) * 2 < SEG
+                })
+                .map(|(i, s)| (s.live_bytes, i as u32))
+                .collect()
+        };
+        victims.sort_unstable();
+        for (_, v) in victims {
+            freed += u64::from(self.evacuate(app, v)?);
+        }
+        // 2. Keep the file short: move the last segment's records down
+        // into free segments below it, and truncate.
+        let mut budget = self.state.read().segs.len() * 2 + 2;
+        loop {
+            self.trim();
+            let mut st = self.state.write();
+            let target = 2 * st.live_bytes + 2 * SEG;
+            if budget == 0 || st.file_len <= target || !st.hole_below_top() {
+                break;
+            }
+            budget -= 1;
+            let top = st.segs.len() as u32 - 1;
+            match st.segs[top as usize].state {
+                SegState::Open => {
+                    st.close(top);
+                    freed += u64::from(st.segs[top as usize].state == SegState::Free);
+                }
+                SegState::Closed if !st.segs[top as usize].bad => {
+                    drop(st);
+                    if !self.evacuate(app, top)? {
+                        break;
+                    }
+                    freed += 1;
+                }
+                _ => break,
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Move every live record out of closed segment `v` and free it.
+    /// Returns whether `v` was freed.
+    fn evacuate(&self, app: &mut Appender, v: u32) -> Result<bool> {
+        let Appender { wbuf, rbuf } = app;
+        // (slot, gen, off, len) of the records still living in v.
+        let (used, mut live) = {
+            let st = self.state.read();
+            let s = &st.segs[v as usize];
+            if s.state != SegState::Closed {
+                return Ok(false);
+            }
+            let live: Vec<(u32, u32, u32, u16)> = s
+                .ids
+                .iter()
+                .filter_map(|&slot| {
+                    let e = st.table[slot as usize];
+                    (e.seg == v).then_some((slot, e.gen, e.off, e.len))
+                })
+                .collect();
+            (s.used, live)
+        };
+        live.sort_unstable_by_key(|r| (r.2, r.0));
+        live.dedup();
+        if live.is_empty() {
+            let mut st = self.state.write();
+            if st.segs[v as usize].state == SegState::Closed
+                && st.segs[v as usize].live_records == 0
+            {
+                st.free_segment(v);
+                self.c.segments_compacted.fetch_add(1, Relaxed);
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        // No lock during the read: only this (appender) thread can reuse
+        // v's space, and frees never move data.
+        let data = rbuf.get_mut(used as usize);
+        self.read_exact(data, v as u64 * SEG)?;
+        let data = rbuf.get(used as usize);
+        let mut recs: Vec<(u64, &[u8])> = Vec::with_capacity(live.len());
+        for &(slot, _, off, len) in &live {
+            match data.get(off as usize..).and_then(|r| verify(r, len, None)) {
+                Some(kp) => recs.push(kp),
+                None => {
+                    tracing::warn!(
+                        "backing record in slot {slot} (segment {v}, offset {off}) fails verification; \
+                         segment {v} will not be compacted"
+                    );
+                    self.state.write().segs[v as usize].bad = true;
+                    return Ok(false);
+                }
+            }
+        }
+        let lens: Vec<usize> = recs.iter().map(|(_, p)| p.len()).collect();
+        let plan = self.plan(&lens, true)?;
+        if let Err(e) = self.write_plan(wbuf, &plan, &recs) {
+            self.rollback(&plan);
+            return Err(e);
+        }
+        let mut st = self.state.write();
+        for (&(slot, gen, off, len), &(seg, new_off)) in live.iter().zip(&plan.places) {
+            let e = &mut st.table[slot as usize];
+            // Skip records freed while we copied them.
+            if e.seg == v && e.gen == gen && e.off == off {
+                e.seg = seg;
+                e.off = new_off;
+                st.add_live(seg, slot, len);
+                st.sub_live(v, len);
+            }
+        }
+        self.finish_plan(&mut st, &plan);
+        let freed = st.segs[v as usize].state == SegState::Free;
+        if freed {
+            self.c.segments_compacted.fetch_add(1, Relaxed);
+        }
+        Ok(freed)
+    }
+}

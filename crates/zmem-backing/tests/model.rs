@@ -1,0 +1,172 @@
+//! Model-based test: the store against a HashMap.
+mod common;
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use zmem_backing::{
+    BackingError, BackingStore, MemFile, RecordId, RECORD_HEADER_SIZE, SEGMENT_SIZE,
+};
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// (key, len, seed, kind) per record.
+    Write(Vec<(u64, usize, u64, u8)>),
+    Read(usize),
+    /// Read with the wrong key.
+    ReadWrongKey(usize),
+    /// Free roughly `pct` percent of the live records.
+    FreeMany(u8, u64),
+    Free(usize),
+    UseStale(usize),
+    Compact,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let rec = (any::<u64>(), 1usize..=4096, any::<u64>(), 0u8..3);
+    prop_oneof![
+        4 => prop::collection::vec(rec, 1..48).prop_map(Op::Write),
+        3 => any::<usize>().prop_map(Op::Read),
+        1 => any::<usize>().prop_map(Op::ReadWrongKey),
+        2 => (0u8..=100, any::<u64>()).prop_map(|(p, s)| Op::FreeMany(p, s)),
+        2 => any::<usize>().prop_map(Op::Free),
+        1 => any::<usize>().prop_map(Op::UseStale),
+        1 => Just(Op::Compact),
+    ]
+}
+
+fn run(direct: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let store = BackingStore::new(Box::new(MemFile::new(direct)), None);
+    let mut model: HashMap<RecordId, (u64, Vec<u8>)> = HashMap::new();
+    let mut ids: Vec<RecordId> = Vec::new();
+    let mut stale: Vec<RecordId> = Vec::new();
+    let mut out = Vec::new();
+    for op in ops {
+        match op {
+            Op::Write(recs) => {
+                let data: Vec<(u64, Vec<u8>)> = recs
+                    .iter()
+                    .map(|&(k, len, seed, kind)| (k, common::payload(len, seed, kind)))
+                    .collect();
+                let batch: Vec<(u64, &[u8])> =
+                    data.iter().map(|(k, p)| (*k, p.as_slice())).collect();
+                let got = store
+                    .write_batch(&batch)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(got.len(), data.len());
+                for (id, d) in got.into_iter().zip(data) {
+                    prop_assert_ne!(id.to_raw(), 0);
+                    prop_assert!(model.insert(id, d).is_none(), "duplicate live id");
+                    ids.push(id);
+                }
+            }
+            Op::Read(i) | Op::ReadWrongKey(i) if !ids.is_empty() => {
+                let id = ids[i % ids.len()];
+                let (key, data) = &model[&id];
+                if matches!(op, Op::Read(_)) {
+                    store
+                        .read(id, *key, &mut out)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert!(&out == data);
+                } else {
+                    let r = store.read(id, key ^ 1, &mut out);
+                    prop_assert!(matches!(r, Err(BackingError::Checksum { .. })), "{:?}", r);
+                    prop_assert!(out.is_empty());
+                }
+            }
+            Op::Free(i) if !ids.is_empty() => {
+                let id = ids.swap_remove(i % ids.len());
+                model.remove(&id);
+                store
+                    .free(id)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                stale.push(id);
+            }
+            Op::FreeMany(pct, seed) => {
+                let mut x = seed | 1;
+                let mut i = 0;
+                while i < ids.len() {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if (x % 100) < pct as u64 {
+                        let id = ids.swap_remove(i);
+                        model.remove(&id);
+                        store
+                            .free(id)
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        stale.push(id);
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            Op::UseStale(i) if !stale.is_empty() => {
+                let id = stale[i % stale.len()];
+                let r = store.read(id, 0, &mut out);
+                prop_assert!(
+                    matches!(r, Err(BackingError::InvalidRecord { .. })),
+                    "{:?}",
+                    r
+                );
+                let f = store.free(id);
+                prop_assert!(
+                    matches!(f, Err(BackingError::InvalidRecord { .. })),
+                    "{:?}",
+                    f
+                );
+            }
+            Op::Compact => {
+                store
+                    .compact()
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let s = store.stats();
+                prop_assert!(
+                    s.file_bytes <= 2 * s.live_bytes + 2 * SEGMENT_SIZE as u64,
+                    "after compact: {:?}",
+                    s
+                );
+            }
+            _ => {}
+        }
+        let s = store.stats();
+        prop_assert_eq!(s.records, model.len() as u64);
+        let live: u64 = model
+            .values()
+            .map(|(_, p)| (RECORD_HEADER_SIZE + p.len()) as u64)
+            .sum();
+        prop_assert_eq!(s.live_bytes, live);
+    }
+    // Everything still reads back.
+    for (id, (key, data)) in &model {
+        store
+            .read(*id, *key, &mut out)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(&out == data);
+    }
+    // Freeing everything and compacting returns the file to nothing.
+    for id in ids {
+        store
+            .free(id)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+    store
+        .compact()
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let s = store.stats();
+    prop_assert_eq!(s.records, 0);
+    prop_assert!(s.file_bytes <= SEGMENT_SIZE as u64, "{:?}", s);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #[test]
+    fn model_buffered(ops in prop::collection::vec(op(), 1..120)) {
+        run(false, ops)?;
+    }
+    #[test]
+    fn model_direct(ops in prop::collection::vec(op(), 1..120)) {
+        run(true, ops)?;
+    }
+}

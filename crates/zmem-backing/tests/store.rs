@@ -1,0 +1,474 @@
+//! Churn, fault injection, real files, concurrency and a measurement.
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use zmem_backing::{
+    BackingError, BackingStore, BlockFile, FaultyFile, MemFile, OsFile, RecordId,
+    RECORD_HEADER_SIZE, SEGMENT_SIZE,
+};
+
+const SEG: u64 = SEGMENT_SIZE as u64;
+
+fn faulty(direct: bool) -> (BackingStore, Arc<FaultyFile<MemFile>>) {
+    let f = Arc::new(FaultyFile::new(MemFile::new(direct)));
+    (BackingStore::new(Box::new(f.clone()), None), f)
+}
+
+fn write_one(s: &BackingStore, key: u64, p: &[u8]) -> RecordId {
+    s.write_batch(&[(key, p)]).unwrap()[0]
+}
+
+fn read(s: &BackingStore, id: RecordId, key: u64) -> Result<Vec<u8>, BackingError> {
+    let mut out = Vec::new();
+    s.read(id, key, &mut out).map(|_| out)
+}
+
+#[test]
+fn store_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<BackingStore>();
+    check::<FaultyFile<MemFile>>();
+}
+
+#[test]
+fn batch_is_one_write_and_packed() {
+    for direct in [false, true] {
+        let (s, f) = faulty(direct);
+        let pages: Vec<Vec<u8>> = (0..64)
+            .map(|i| common::payload(1000 + i * 7, i as u64, 0))
+            .collect();
+        let batch: Vec<(u64, &[u8])> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as u64, p.as_slice()))
+            .collect();
+        let ids = s.write_batch(&batch).unwrap();
+        assert_eq!(f.writes(), 1, "a batch must be one write");
+        let data: u64 = pages
+            .iter()
+            .map(|p| (p.len() + RECORD_HEADER_SIZE) as u64)
+            .sum();
+        let st = s.stats();
+        assert_eq!(
+            st.bytes_written,
+            data.div_ceil(4096) * 4096,
+            "records packed, padded once"
+        );
+        assert_eq!(st.records, 64);
+        assert_eq!(st.records_written, 64);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(read(&s, *id, i as u64).unwrap(), pages[i]);
+        }
+        assert_eq!(s.stats().records_read, 64);
+        // A batch of 64 incompressible pages fits a segment in one write.
+        let full: Vec<Vec<u8>> = (0..64).map(|i| common::payload(4096, 100 + i, 0)).collect();
+        let batch: Vec<(u64, &[u8])> = full.iter().map(|p| (7, p.as_slice())).collect();
+        let before = f.writes();
+        s.write_batch(&batch).unwrap();
+        assert!(f.writes() - before <= 2);
+    }
+}
+
+#[test]
+fn too_large_and_empty_batches() {
+    let (s, f) = faulty(false);
+    let big = vec![1u8; 4097];
+    let ok = vec![1u8; 10];
+    let r = s.write_batch(&[(1, &ok), (2, &big)]);
+    assert!(
+        matches!(r, Err(BackingError::TooLarge { len: 4097 })),
+        "{r:?}"
+    );
+    assert_eq!(s.write_batch(&[]).unwrap(), vec![]);
+    assert_eq!(f.writes(), 0);
+    assert_eq!(s.stats().records, 0);
+}
+
+#[test]
+fn churn_keeps_file_bounded() {
+    for direct in [false, true] {
+        let s = BackingStore::new(Box::new(MemFile::new(direct)), None);
+        let mut rng = StdRng::seed_from_u64(42 + direct as u64);
+        let mut live: Vec<(RecordId, u64, u64, usize)> = Vec::new(); // id, key, seed, len
+        let max_live = 1500;
+        let mut peak_file = 0;
+        for cycle in 0..20_000u64 {
+            // Write a small batch, then free random records beyond the bound.
+            let n = rng.gen_range(1..=8);
+            let recs: Vec<(u64, u64, usize)> = (0..n)
+                .map(|i| (cycle * 16 + i, rng.gen(), rng.gen_range(1..=4096)))
+                .collect();
+            let data: Vec<Vec<u8>> = recs
+                .iter()
+                .map(|&(_, seed, len)| common::payload(len, seed, 0))
+                .collect();
+            let batch: Vec<(u64, &[u8])> = recs
+                .iter()
+                .zip(&data)
+                .map(|(r, d)| (r.0, d.as_slice()))
+                .collect();
+            let ids = s.write_batch(&batch).unwrap();
+            for (id, r) in ids.into_iter().zip(recs) {
+                live.push((id, r.0, r.1, r.2));
+            }
+            while live.len() > max_live || (rng.gen_bool(0.3) && !live.is_empty()) {
+                let i = rng.gen_range(0..live.len());
+                s.free(live.swap_remove(i).0).unwrap();
+            }
+            peak_file = peak_file.max(s.stats().file_bytes);
+        }
+        let st = s.stats();
+        println!("churn (direct={direct}): {st:?}, peak file {peak_file}");
+        assert_eq!(st.records, live.len() as u64);
+        assert!(
+            st.file_bytes <= 2 * st.live_bytes + 4 * SEG,
+            "file too long: {st:?}"
+        );
+        assert!(st.segments_compacted > 0);
+        let mut out = Vec::new();
+        for &(id, key, seed, len) in &live {
+            s.read(id, key, &mut out).unwrap();
+            assert_eq!(out, common::payload(len, seed, 0));
+        }
+    }
+}
+
+#[test]
+fn failed_write_records_nothing() {
+    for direct in [false, true] {
+        let (s, f) = faulty(direct);
+        let a = common::payload(3000, 1, 0);
+        let ida = write_one(&s, 1, &a);
+        let before = s.stats();
+        f.fail_nth_write(1);
+        let b = common::payload(2000, 2, 0);
+        let r = s.write_batch(&[(2, &b), (3, &b)]);
+        match &r {
+            Err(e @ BackingError::Io { op: "write", .. }) => println!("write error reads: {e}"),
+            other => panic!("expected Io write error, got {other:?}"),
+        }
+        let after = s.stats();
+        assert_eq!(after.records, before.records);
+        assert_eq!(after.live_bytes, before.live_bytes);
+        assert_eq!(after.records_written, before.records_written);
+        // Later writes work, earlier records are intact.
+        let idb = write_one(&s, 2, &b);
+        assert_eq!(read(&s, ida, 1).unwrap(), a);
+        assert_eq!(read(&s, idb, 2).unwrap(), b);
+        assert_eq!(s.stats().records, 2);
+    }
+}
+
+#[test]
+fn failure_in_second_segment_of_a_split_batch_records_nothing() {
+    let (s, f) = faulty(false);
+    // Fill most of the first segment.
+    let filler: Vec<Vec<u8>> = (0..240).map(|i| common::payload(4096, i, 0)).collect();
+    let batch: Vec<(u64, &[u8])> = filler.iter().map(|p| (9, p.as_slice())).collect();
+    let ids = s.write_batch(&batch).unwrap();
+    let before = s.stats();
+    // This batch spills into a new segment: two writes; fail the second.
+    let more: Vec<Vec<u8>> = (0..40)
+        .map(|i| common::payload(4096, 1000 + i, 0))
+        .collect();
+    let batch: Vec<(u64, &[u8])> = more.iter().map(|p| (10, p.as_slice())).collect();
+    f.fail_nth_write(2);
+    assert!(s.write_batch(&batch).is_err());
+    let after = s.stats();
+    assert_eq!(
+        (after.records, after.live_bytes),
+        (before.records, before.live_bytes)
+    );
+    let ids2 = s.write_batch(&batch).unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(read(&s, *id, 9).unwrap(), filler[i]);
+    }
+    for (i, id) in ids2.iter().enumerate() {
+        assert_eq!(read(&s, *id, 10).unwrap(), more[i]);
+    }
+}
+
+#[test]
+fn short_write_is_reported() {
+    let (s, f) = faulty(false);
+    let a = common::payload(100, 1, 0);
+    let ida = write_one(&s, 1, &a);
+    // The disk is "full" 100 bytes into the next batch's block.
+    f.set_space_limit(Some(4096 + 100));
+    let b = common::payload(3000, 2, 0);
+    let r = s.write_batch(&[(2, &b)]);
+    match r {
+        Err(
+            e @ BackingError::ShortWrite {
+                expected: 4096,
+                written: 100,
+            },
+        ) => println!("{e}"),
+        other => panic!("expected ShortWrite, got {other:?}"),
+    }
+    assert_eq!(s.stats().records, 1);
+    f.set_space_limit(None);
+    let idb = write_one(&s, 2, &b);
+    assert_eq!(read(&s, ida, 1).unwrap(), a);
+    assert_eq!(read(&s, idb, 2).unwrap(), b);
+}
+
+#[test]
+fn read_error_is_io() {
+    let (s, f) = faulty(true);
+    let a = common::payload(500, 1, 1);
+    let id = write_one(&s, 1, &a);
+    f.fail_reads(true);
+    let mut out = vec![1, 2, 3];
+    let r = s.read(id, 1, &mut out);
+    assert!(
+        matches!(r, Err(BackingError::Io { op: "read", .. })),
+        "{r:?}"
+    );
+    assert!(out.is_empty());
+    f.fail_reads(false);
+    assert_eq!(read(&s, id, 1).unwrap(), a);
+}
+
+#[test]
+fn every_bit_flip_is_a_checksum_error() {
+    for direct in [false, true] {
+        let (s, f) = faulty(direct);
+        let a = common::payload(200, 1, 0);
+        let id = write_one(&s, 77, &a);
+        // A fresh store puts the first record at file offset 0.
+        for byte in 0..(RECORD_HEADER_SIZE + a.len()) as u64 {
+            for bit in 0..8 {
+                f.flip_bit(Some((byte, bit)));
+                let mut out = Vec::new();
+                let r = s.read(id, 77, &mut out);
+                assert!(
+                    matches!(r, Err(BackingError::Checksum { .. })),
+                    "byte {byte} bit {bit}: {r:?}"
+                );
+                assert!(out.is_empty(), "corrupt bytes returned");
+            }
+        }
+        // Bits outside the record do not matter.
+        f.flip_bit(Some(((RECORD_HEADER_SIZE + a.len()) as u64, 0)));
+        assert_eq!(read(&s, id, 77).unwrap(), a);
+        f.flip_bit(None);
+        assert!(
+            matches!(read(&s, id, 78), Err(BackingError::Checksum { .. })),
+            "wrong key"
+        );
+    }
+}
+
+#[test]
+fn stale_and_bogus_ids_are_invalid() {
+    let (s, _f) = faulty(false);
+    let a = common::payload(100, 1, 0);
+    let id = write_one(&s, 1, &a);
+    s.free(id).unwrap();
+    assert!(matches!(
+        read(&s, id, 1),
+        Err(BackingError::InvalidRecord { .. })
+    ));
+    assert!(matches!(
+        s.free(id),
+        Err(BackingError::InvalidRecord { .. })
+    ));
+    // The slot is reused with a new generation; the old id stays dead.
+    let id2 = write_one(&s, 2, &a);
+    assert_ne!(id, id2);
+    assert!(matches!(
+        read(&s, id, 1),
+        Err(BackingError::InvalidRecord { .. })
+    ));
+    assert_eq!(read(&s, id2, 2).unwrap(), a);
+    for raw in [0, 12345, u64::MAX, id2.to_raw() + 1] {
+        let r = read(&s, RecordId::from_raw(raw), 2);
+        assert!(
+            matches!(r, Err(BackingError::InvalidRecord { .. })),
+            "{raw:#x}: {r:?}"
+        );
+    }
+    assert_eq!(RecordId::from_raw(id2.to_raw()), id2);
+}
+
+#[test]
+fn ids_survive_compaction_and_file_shrinks() {
+    let (s, _f) = faulty(true);
+    let mut recs = Vec::new();
+    for i in 0..2000u64 {
+        let p = common::payload(1500 + (i as usize % 700), i, (i % 3) as u8);
+        recs.push((write_one(&s, i, &p), i, p));
+    }
+    let grown = s.stats().file_bytes;
+    // Free 3 in 4: every segment becomes sparse.
+    let mut kept = Vec::new();
+    for (n, r) in recs.into_iter().enumerate() {
+        if n % 4 == 0 {
+            kept.push(r);
+        } else {
+            s.free(r.0).unwrap();
+        }
+    }
+    let freed = s.compact().unwrap();
+    let st = s.stats();
+    println!("compacted {freed} segments: {grown} -> {st:?}");
+    assert!(freed > 0);
+    assert!(st.file_bytes < grown);
+    assert!(st.file_bytes <= 2 * st.live_bytes + 2 * SEG, "{st:?}");
+    for (id, key, p) in &kept {
+        assert_eq!(&read(&s, *id, *key).unwrap(), p);
+    }
+}
+
+#[test]
+fn limit_is_enforced_after_compaction() {
+    let s = BackingStore::new(Box::new(MemFile::new(false)), Some(4 * SEG));
+    let p = common::payload(4000, 1, 0);
+    let mut ids = Vec::new();
+    let err = loop {
+        match s.write_batch(&[(1, &p), (1, &p), (1, &p), (1, &p)]) {
+            Ok(v) => ids.extend(v),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, BackingError::Full { limit_bytes } if limit_bytes == 4 * SEG),
+        "{err:?}"
+    );
+    println!("{err}");
+    assert!(s.stats().file_bytes <= 4 * SEG);
+    // Freeing space makes writes succeed again (compaction reclaims it).
+    for id in ids.drain(..).step_by(2) {
+        s.free(id).unwrap();
+    }
+    for _ in 0..50 {
+        s.write_batch(&[(1, &p)]).unwrap();
+    }
+    assert!(s.stats().file_bytes <= 4 * SEG);
+}
+
+#[test]
+fn concurrent_reads_during_writes_frees_and_compaction() {
+    let s = Arc::new(BackingStore::new(Box::new(MemFile::new(true)), None));
+    let stable: Vec<(RecordId, u64, Vec<u8>)> = (0..300u64)
+        .map(|i| {
+            let p = common::payload(1 + (i as usize * 37) % 4096, i, 0);
+            (write_one(&s, i, &p), i, p)
+        })
+        .collect();
+    let stable = Arc::new(stable);
+    let writer = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(5);
+            let mut mine: Vec<RecordId> = Vec::new();
+            for round in 0..3000u64 {
+                let p = common::payload(rng.gen_range(1..4096), round, 0);
+                mine.extend(s.write_batch(&[(round, &p), (round, &p)]).unwrap());
+                while mine.len() > 200 {
+                    let i = rng.gen_range(0..mine.len());
+                    s.free(mine.swap_remove(i)).unwrap();
+                }
+                if round % 500 == 0 {
+                    s.compact().unwrap();
+                }
+            }
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|t| {
+            let (s, stable) = (s.clone(), stable.clone());
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                for n in 0..20_000usize {
+                    let (id, key, p) = &stable[(n * 7 + t) % stable.len()];
+                    s.read(*id, *key, &mut out).unwrap();
+                    assert_eq!(&out, p);
+                }
+            })
+        })
+        .collect();
+    writer.join().unwrap();
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert!(s.stats().segments_compacted > 0, "{:?}", s.stats());
+}
+
+#[test]
+fn real_file_in_tmp() {
+    let mut model = HashMap::new();
+    for dir in ["/var/tmp", "/tmp"] {
+        let Ok(td) = tempfile::tempdir_in(dir) else {
+            continue;
+        };
+        let path = td.path().join("backing");
+        let (s, why) = BackingStore::open(&path, None).unwrap();
+        match &why {
+            None => println!("{dir}: O_DIRECT in use"),
+            Some(w) => println!("{dir}: buffered I/O: {w}"),
+        }
+        assert_eq!(s.direct(), why.is_none());
+        model.clear();
+        for i in 0..500u64 {
+            let p = common::payload(1 + (i as usize * 131) % 4096, i, (i % 3) as u8);
+            model.insert(write_one(&s, i, &p), (i, p));
+        }
+        for (id, (key, p)) in &model {
+            assert_eq!(&read(&s, *id, *key).unwrap(), p);
+        }
+        let st = s.stats();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), st.file_bytes);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        // Reopening truncates.
+        drop(s);
+        let (f, _) = OsFile::open(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert!(f.sync().is_ok());
+    }
+}
+
+#[test]
+fn io_errors_name_the_file() {
+    let r = BackingStore::open(std::path::Path::new("/nonexistent-zmem-dir/backing"), None);
+    let e = r.unwrap_err();
+    let msg = e.to_string();
+    println!("{msg}");
+    assert!(msg.contains("/nonexistent-zmem-dir/backing"), "{msg}");
+}
+
+/// Not an assertion: how many bytes go to disk for 4 KiB pages that
+/// compressed to about 2 KiB, against zram/zswap's 4096 per page.
+#[test]
+fn measure_bytes_written_per_record() {
+    let s = BackingStore::new(Box::new(MemFile::new(true)), None);
+    let mut rng = StdRng::seed_from_u64(9);
+    let n_batches = 500;
+    for b in 0..n_batches {
+        let data: Vec<Vec<u8>> = (0..32)
+            .map(|i| common::payload(rng.gen_range(1800..=2300), b * 64 + i, 0))
+            .collect();
+        let batch: Vec<(u64, &[u8])> = data.iter().map(|p| (b, p.as_slice())).collect();
+        s.write_batch(&batch).unwrap();
+    }
+    let st = s.stats();
+    println!(
+        "measure: {} records, {} payload+header bytes live, {} bytes written = {:.0} B/record \
+         ({:.1}% of 4096-byte page writeback), file {} bytes, metadata {} bytes ({:.1} B/record)",
+        st.records_written,
+        st.live_bytes,
+        st.bytes_written,
+        st.bytes_written as f64 / st.records_written as f64,
+        100.0 * st.bytes_written as f64 / (st.records_written as f64 * 4096.0),
+        st.file_bytes,
+        st.metadata_bytes,
+        st.metadata_bytes as f64 / st.records as f64,
+    );
+}

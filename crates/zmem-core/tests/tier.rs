@@ -1,0 +1,305 @@
+//! The writeback tier: limits, LRU with second chance, compressed writeback,
+//! faults.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::*;
+use proptest::prelude::*;
+use zmem_backing::{BackingStore, FaultyFile, MemFile};
+use zmem_core::{Pool, PoolConfig, Residency, WritebackMode, ZmemError};
+
+const MIB: u64 = 1 << 20;
+
+fn tiered(max_pool: u64, file: Arc<FaultyFile<MemFile>>) -> Pool {
+    let store = BackingStore::new(Box::new(file), None);
+    let cfg = PoolConfig { max_pool: Some(max_pool), shards: 8, ..PoolConfig::default() };
+    Pool::with_backing(cfg, store).unwrap()
+}
+
+fn mem_file() -> Arc<FaultyFile<MemFile>> {
+    Arc::new(FaultyFile::new(MemFile::new(true)))
+}
+
+#[test]
+fn without_backing_the_limit_rejects_with_hysteresis() {
+    let p = Pool::new(PoolConfig { max_pool: Some(64 * 4096), ..PoolConfig::default() }).unwrap();
+    let mut stored = Vec::new();
+    let mut err = None;
+    for k in 0..10_000u64 {
+        match p.store(k, &incompressible(k)) {
+            Ok(()) => stored.push(k),
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    assert!(matches!(err, Some(ZmemError::PoolFull { .. })), "{err:?}");
+    let st = p.stats();
+    assert!(st.pool_limit_hit >= 1 && st.reject_reclaim_fail >= 1);
+    // Freeing a little is not enough: stay refused until under 90 %.
+    p.invalidate(stored[0]);
+    assert!(matches!(p.store(99_999, &incompressible(7)), Err(ZmemError::PoolFull { .. })));
+    for k in stored.iter().take(stored.len() / 4) {
+        p.invalidate(*k);
+    }
+    p.store(99_999, &incompressible(7)).unwrap();
+    // Nothing stored before was lost.
+    let mut buf = vec![0u8; PAGE];
+    for &k in stored.iter().skip(stored.len() / 4) {
+        p.load(k, &mut buf).unwrap();
+        assert_eq!(buf, incompressible(k));
+    }
+    // Same-filled pages cost no pool pages but still pass admission checks.
+    assert!(p.writeback(WritebackMode::All, None).is_err(), "no backing store");
+}
+
+/// Under a stream of stores that overflows the pool, the newest pages are
+/// in RAM and the oldest on the file; a page loaded again and again stays.
+#[test]
+fn lru_keeps_the_newest_and_the_hot() {
+    let file = mem_file();
+    let p = tiered(MIB, Arc::clone(&file));
+    let hot = 3u64;
+    let mut buf = vec![0u8; PAGE];
+    let n = 2000u64;
+    for k in 0..n {
+        p.store(k, &compressible(k)).unwrap();
+        if k > hot && k % 16 == 0 {
+            p.load(hot, &mut buf).unwrap();
+        }
+    }
+    let st = p.stats();
+    assert!(st.written_back_pages > n / 2, "{st:?}");
+    assert!(st.pool_pages * 4096 <= MIB + 64 * 4096, "pool {} pages", st.pool_pages);
+    assert_eq!(p.residency(hot), Some(Residency::Ram), "a hot page stays in RAM");
+    assert_eq!(st.bd_reads, 0, "the hot page never had to come back from the file");
+    // The newest tenth is in RAM, the oldest tenth (but the hot page) on the file.
+    for k in n - n / 10..n {
+        assert_eq!(p.residency(k), Some(Residency::Ram), "new key {k}");
+    }
+    for k in (0..n / 10).filter(|&k| k != hot) {
+        assert_eq!(p.residency(k), Some(Residency::Backed), "old key {k}");
+    }
+    // Compressed writeback: the file got far less than 4 KiB per page.
+    assert!(st.backing_bytes_written < st.written_back_pages * 4096 * 6 / 10, "{st:?}");
+    assert_eq!(st.bd_writes, st.written_back_pages);
+    // Everything reads back right, from RAM or from the file.
+    for k in 0..n {
+        p.load(k, &mut buf).unwrap();
+        assert_eq!(buf, compressible(k), "key {k}");
+    }
+    assert!(p.stats().bd_reads > 0);
+}
+
+#[test]
+fn explicit_writeback_modes_and_budget() {
+    let file = mem_file();
+    let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
+    let p = Pool::with_backing(PoolConfig::default(), store).unwrap();
+    for k in 0..100u64 {
+        let page = match k % 4 {
+            0 => incompressible(k),
+            1 => half(k),
+            2 => same_filled(k),
+            _ => compressible(k),
+        };
+        p.store(k, &page).unwrap();
+    }
+    assert_eq!(p.writeback(WritebackMode::Incompressible, Some(10)).unwrap(), 10, "budget");
+    assert_eq!(p.writeback(WritebackMode::Huge, None).unwrap(), 15, "the rest of the raw pages");
+    assert_eq!(p.writeback(WritebackMode::Idle(3600), None).unwrap(), 0, "nothing is an hour old");
+    let n = p.writeback(WritebackMode::Idle(0), None).unwrap();
+    assert_eq!(n, 50, "every other object; same-filled pages hold no memory");
+    assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), 0);
+    let st = p.stats();
+    assert_eq!(st.bd_count, 75);
+    assert_eq!(st.pool_pages, 0, "every object left RAM and compaction freed the spans");
+    let mut buf = vec![0u8; PAGE];
+    for k in 0..100u64 {
+        p.load(k, &mut buf).unwrap();
+        let want = match k % 4 {
+            0 => incompressible(k),
+            1 => half(k),
+            2 => same_filled(k),
+            _ => compressible(k),
+        };
+        assert_eq!(buf, want, "key {k}");
+    }
+    // With room in the pool, loads brought the pages back to RAM.
+    let st = p.stats();
+    assert_eq!(st.promoted_pages, 75);
+    assert_eq!(st.bd_count, 0);
+}
+
+#[test]
+fn failing_writes_keep_pages_in_ram_and_correct() {
+    let file = mem_file();
+    let p = tiered(256 * 1024, Arc::clone(&file));
+    let mut buf = vec![0u8; PAGE];
+    // Fill to the limit with no faults.
+    let mut k = 0u64;
+    let mut acked = std::collections::HashSet::new();
+    while p.stats().written_back_pages == 0 {
+        p.store(k, &compressible(k)).unwrap();
+        acked.insert(k);
+        k += 1;
+    }
+    let before = p.stats();
+    // The next write fails with EIO, and after it the disk is full (every
+    // write comes back short): writeback can't make room.
+    file.fail_nth_write(1);
+    for _ in 0..1000 {
+        // The failed writeback either leaves this store over the limit
+        // (accepted) or, met at admission, refuses it; never anything else.
+        match p.store(k, &compressible(k)) {
+            Ok(()) => {
+                acked.insert(k);
+            }
+            Err(ZmemError::PoolFull { .. }) => {}
+            Err(e) => panic!("unexpected {e}"),
+        }
+        k += 1;
+        if p.stats().writeback_fail > 0 {
+            break;
+        }
+    }
+    assert_eq!(p.stats().writeback_fail, 1, "the EIO was seen");
+    file.set_space_limit(Some(0));
+    let mut refused = 0;
+    for j in k..k + 200 {
+        match p.store(j, &compressible(j)) {
+            Ok(()) => {
+                acked.insert(j);
+            }
+            Err(ZmemError::PoolFull { .. }) => refused += 1,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    let st = p.stats();
+    assert!(refused > 0, "a pool that cannot write back must refuse at its limit");
+    assert!(st.writeback_fail > 0 && st.reject_reclaim_fail > 0);
+    assert_eq!(st.written_back_pages, before.written_back_pages, "nothing counted as written");
+    // Every page that was acknowledged reads back exactly.
+    for j in 0..k + 200 {
+        match p.load(j, &mut buf) {
+            Ok(()) => assert_eq!(buf, compressible(j), "key {j}"),
+            Err(ZmemError::NotFound { .. }) => assert!(!acked.contains(&j), "acknowledged key {j} lost"),
+            Err(e) => panic!("key {j}: {e}"),
+        }
+    }
+    assert!(matches!(p.writeback(WritebackMode::All, None), Err(ZmemError::Backing(_))));
+}
+
+#[test]
+fn a_corrupt_record_is_an_error_not_data() {
+    let file = mem_file();
+    let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
+    let p = Pool::with_backing(PoolConfig::default(), store).unwrap();
+    p.store(1, &compressible(1)).unwrap();
+    assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), 1);
+    file.flip_bit(Some((100, 3)));
+    let mut buf = vec![0u8; PAGE];
+    let err = p.load(1, &mut buf).unwrap_err();
+    assert!(matches!(err, ZmemError::Backing(_)), "{err}");
+    file.flip_bit(None);
+    file.fail_reads(true);
+    assert!(p.load(1, &mut buf).is_err());
+    file.fail_reads(false);
+    p.load(1, &mut buf).unwrap();
+    assert_eq!(buf, compressible(1));
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Store(u64, u64, bool),
+    Load(u64),
+    Invalidate(u64),
+    Writeback,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0u64..400;
+    prop_oneof![
+        8 => (key.clone(), any::<u64>(), any::<bool>()).prop_map(|(k, s, c)| Op::Store(k, s, c)),
+        6 => key.clone().prop_map(Op::Load),
+        2 => key.prop_map(Op::Invalidate),
+        1 => Just(Op::Writeback),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    /// A pool limit far below the data set: most entries live on the file,
+    /// and every load still returns the bytes last stored.
+    #[test]
+    fn model_with_a_small_pool(ops in proptest::collection::vec(op(), 200..1200)) {
+        let file = mem_file();
+        let p = tiered(96 * 1024, Arc::clone(&file));
+        let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+        let mut buf = vec![0u8; PAGE];
+        for op in ops {
+            match op {
+                Op::Store(k, seed, c) => {
+                    let page = if c { compressible(seed) } else { half(seed) };
+                    p.store(k, &page).unwrap();
+                    model.insert(k, page);
+                }
+                Op::Load(k) => match model.get(&k) {
+                    Some(want) => {
+                        p.load(k, &mut buf).unwrap();
+                        prop_assert_eq!(&buf, want);
+                    }
+                    None => {
+                        let missing = matches!(p.load(k, &mut buf), Err(ZmemError::NotFound { .. }));
+                        prop_assert!(missing, "key {} should be missing", k);
+                    }
+                },
+                Op::Invalidate(k) => prop_assert_eq!(p.invalidate(k), model.remove(&k).is_some()),
+                Op::Writeback => {
+                    p.writeback(WritebackMode::All, Some(32)).unwrap();
+                }
+            }
+        }
+        let st = p.stats();
+        prop_assert_eq!(st.stored_pages + st.bd_count, model.len() as u64);
+        let limit = 96 * 1024 + 64 * 4096;
+        prop_assert!(st.pool_pages * 4096 <= limit, "pool pages {}", st.pool_pages);
+        for (k, want) in &model {
+            p.load(*k, &mut buf).unwrap();
+            prop_assert_eq!(&buf, want);
+        }
+    }
+}
+
+/// Sustained churn through a small pool: the backing file stays bounded.
+#[test]
+fn backing_file_stays_bounded_under_churn() {
+    let file = mem_file();
+    let p = tiered(256 * 1024, Arc::clone(&file));
+    let mut r = xorshift(9);
+    let keys = 3000u64;
+    let mut buf = vec![0u8; PAGE];
+    for i in 0..40_000u64 {
+        let k = r() % keys;
+        p.store(k, &compressible(i)).unwrap();
+        if i % 7 == 0 {
+            p.invalidate(r() % keys);
+        }
+        if i % 13 == 0 {
+            let _ = p.load(r() % keys, &mut buf);
+        }
+    }
+    let st = p.stats();
+    assert!(st.written_back_pages > 20_000, "{st:?}");
+    let bound = 2 * st.backing_live_bytes + 4 * MIB;
+    assert!(
+        st.backing_file_bytes <= bound,
+        "file {} > 2 x live {} + 4 MiB",
+        st.backing_file_bytes,
+        st.backing_live_bytes
+    );
+}
