@@ -46,7 +46,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Timed passes; the best of each is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub repeat: usize,
     /// Stop reading input after this much data (e.g. 512M).
     #[arg(long, value_parser = parse_size)]
