@@ -390,7 +390,7 @@ impl Pool {
         }
         let used = self.alloc.pages_used();
         if self.tier.is_some() {
-            if used < max || self.shrink().is_ok() && self.alloc.pages_used() < max {
+            if used < max || self.shrink(true).is_ok() && self.alloc.pages_used() < max {
                 return Ok(());
             }
             return Err(self.reject_full(max));
@@ -421,7 +421,7 @@ impl Pool {
     fn after_store(&self) {
         if self.tier.is_some() && self.alloc.pages_used() > self.max_pool_pages.load(Relaxed) {
             self.counters.pool_limit_hit.fetch_add(1, Relaxed);
-            if let Err(e) = self.shrink() {
+            if let Err(e) = self.shrink(false) {
                 self.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
                 tracing::warn!("writeback failed, pool stays over max_pool: {e}");
             }

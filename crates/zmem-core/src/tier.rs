@@ -161,12 +161,18 @@ impl Pool {
     }
 
     /// zswap's shrinker: write back from the cold end of the LRU until the
-    /// pool is under the accept threshold. One shrinker runs at a time; a
-    /// caller that finds one running returns at once.
-    pub(crate) fn shrink(&self) -> Result<u64> {
+    /// pool is under the accept threshold. One shrinker runs at a time: with
+    /// `wait`, a caller that finds one running waits for it (and then has
+    /// little or nothing left to do); without, it returns at once.
+    pub(crate) fn shrink(&self, wait: bool) -> Result<u64> {
         let t = self.tier()?;
-        let Some(_running) = t.shrinking.try_lock() else {
-            return Ok(0);
+        let _running = if wait {
+            t.shrinking.lock()
+        } else {
+            match t.shrinking.try_lock() {
+                Some(g) => g,
+                None => return Ok(0),
+            }
         };
         let target = self.accept_pages();
         let mut total = 0;
