@@ -12,10 +12,15 @@ want python3 python3
 want mkfs.ext4 e2fsprogs
 want losetup mount
 want fio fio
+want valgrind valgrind
 want qemu-io qemu-utils
 want nbdinfo libnbd-bin
 want nbdfuse libnbd-bin
 want nbdkit nbdkit
+# zmem's kernel-path tests (nbd_fs, nbd_swap) also use these (util-linux):
+want fstrim util-linux
+want mkswap util-linux
+want swapon util-linux
 
 if ((${#need_pkgs[@]})); then
     SUDO=""

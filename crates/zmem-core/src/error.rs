@@ -10,7 +10,7 @@ pub enum ZmemError {
     BadPageSize { len: usize },
     #[error("key {key:#x} is not in the pool")]
     NotFound { key: u64 },
-    #[error("pool is full: its pages reached mem_limit of {limit_bytes} bytes (raise --mem-limit, compact, or add a backing store)")]
+    #[error("pool is full: it reached its limit of {limit_bytes} bytes (raise --max-pool or --mem-limit, or give it a backing store with --backing)")]
     PoolFull { limit_bytes: u64 },
     #[error("page does not compress below the huge threshold and this pool rejects incompressible pages")]
     CompressPoor,

@@ -390,7 +390,20 @@ impl Pool {
         }
         let used = self.alloc.pages_used();
         if self.tier.is_some() {
-            if used < max || self.shrink(true).is_ok() && self.alloc.pages_used() < max {
+            // Other threads may fill what a shrink frees: try a few rounds,
+            // and refuse only when writeback fails or finds nothing to write.
+            let mut used = used;
+            for _ in 0..8 {
+                if used < max {
+                    return Ok(());
+                }
+                match self.shrink(true) {
+                    Ok((_, true)) => break,
+                    Ok((_, false)) => used = self.alloc.pages_used(),
+                    Err(_) => break,
+                }
+            }
+            if self.alloc.pages_used() < max {
                 return Ok(());
             }
             return Err(self.reject_full(max));

@@ -164,24 +164,27 @@ impl Pool {
     /// pool is under the accept threshold. One shrinker runs at a time: with
     /// `wait`, a caller that finds one running waits for it (and then has
     /// little or nothing left to do); without, it returns at once.
-    pub(crate) fn shrink(&self, wait: bool) -> Result<u64> {
+    /// Returns (pages written back, whether the LRU ran out of candidates).
+    pub(crate) fn shrink(&self, wait: bool) -> Result<(u64, bool)> {
         let t = self.tier()?;
         let _running = if wait {
             t.shrinking.lock()
         } else {
             match t.shrinking.try_lock() {
                 Some(g) => g,
-                None => return Ok(0),
+                None => return Ok((0, false)),
             }
         };
         let target = self.accept_pages();
         let mut total = 0;
         let mut batches = 0u32;
+        let mut exhausted = false;
         while self.alloc.pages_used() > target {
             let (written, examined) = self.writeback_lru_batch(t)?;
             total += written;
             batches += 1;
             if examined == 0 {
+                exhausted = true;
                 break;
             }
             // Writeback frees objects; their pages come free when spans
@@ -193,7 +196,7 @@ impl Pool {
         if self.alloc.pages_used() > target {
             self.alloc.compact();
         }
-        Ok(total)
+        Ok((total, exhausted))
     }
 
     /// One batch from the shard whose oldest item is oldest. Returns
@@ -280,8 +283,15 @@ impl Pool {
                     s.index.set(v.key, b);
                     freed.push(v.handle);
                 } else {
-                    // Overwritten, invalidated or loaded while we wrote.
+                    // Overwritten, invalidated or loaded while we wrote. A
+                    // load only set the referenced bit: the object is still
+                    // here and keeps its place in the LRU, at the hot end.
                     stale.push(id);
+                    if let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) {
+                        if now.gen() == item.gen && matches!(now.slot(), Slot::Obj(..)) {
+                            s.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+                        }
+                    }
                 }
             }
         }

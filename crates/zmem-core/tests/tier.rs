@@ -322,7 +322,7 @@ fn concurrent_writeback_keeps_every_page() {
                     let k = (t << 40) | (r() % 600);
                     match r() % 8 {
                         0..=3 => {
-                            p.store(k, &compressible(i ^ (t << 32))).unwrap();
+                            if let Err(e) = p.store(k, &compressible(i ^ (t << 32))) { panic!("{e}: {:?}", p.stats()) }
                             live.insert(k, i ^ (t << 32));
                         }
                         4..=6 => match live.get(&k) {
