@@ -203,6 +203,16 @@ impl MemFile {
         }
     }
 
+    /// Current length of the file.
+    pub fn len(&self) -> u64 {
+        self.data.lock().len() as u64
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     fn check_aligned(&self, ptr: *const u8, len: usize, off: u64) -> io::Result<()> {
         let a = PAGE_SIZE as u64;
         if self.direct

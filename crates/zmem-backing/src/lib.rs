@@ -33,7 +33,7 @@
 //! count and the slots appended to it (for compaction). The key is not
 //! kept in RAM: it is in the header, and [`BackingStore::read`] checks it.
 //! [`BackingStats::metadata_bytes`] reports the tables' size from their
-//! capacities (about 16–20 bytes per record). Appends and compaction also
+//! capacities (about 16–24 bytes per record). Appends and compaction also
 //! own two 1 MiB aligned buffers; each reading thread owns a 16 KiB one.
 //!
 //! # Reads

@@ -477,7 +477,7 @@ impl BackingStore {
             // Shrink the file now if no append is in flight; else the
             // appender will do it.
             if let Some(_g) = self.app.try_lock() {
-                self.trim();
+                self.trim(false);
             }
         }
         Ok(())
@@ -577,11 +577,20 @@ impl BackingStore {
     }
 
     /// Give back the segments a failed plan took.
+    /// Give back the segments a failed plan took, and cut off anything a
+    /// failed write may have added past the committed end of the file.
+    /// Caller holds the appender lock.
     fn rollback(&self, plan: &Plan) {
-        let mut st = self.state.write();
-        for &s in &plan.taken {
-            st.free_segment(s);
-        }
+        let grew = {
+            let mut st = self.state.write();
+            for &s in &plan.taken {
+                st.free_segment(s);
+            }
+            plan.chunks
+                .iter()
+                .any(|c| c.seg as u64 * SEG + c.end as u64 > st.file_len)
+        };
+        self.trim(grew);
     }
 
     /// After the records of a successful plan are in the table: advance
@@ -685,7 +694,7 @@ impl BackingStore {
 
     /// Truncate free segments off the end of the file. Caller holds the
     /// appender lock.
-    fn trim(&self) {
+    fn trim(&self, force: bool) {
         let mut st = self.state.write();
         let keep = st
             .segs
@@ -696,7 +705,7 @@ impl BackingStore {
         let new_len = keep
             .checked_sub(1)
             .map_or(0, |i| i as u64 * SEG + st.segs[i].used as u64);
-        if drop_n == 0 && new_len >= st.file_len {
+        if !force && drop_n == 0 && new_len >= st.file_len {
             return;
         }
         if let Err(e) = self.file.set_len(new_len) {
@@ -740,7 +749,7 @@ impl BackingStore {
         // into free segments below it, and truncate.
         let mut budget = self.state.read().segs.len() * 2 + 2;
         loop {
-            self.trim();
+            self.trim(false);
             let mut st = self.state.write();
             let target = 2 * st.live_bytes + 2 * SEG;
             if budget == 0 || st.file_len <= target || !st.hole_below_top() {
@@ -762,6 +771,15 @@ impl BackingStore {
                 }
                 _ => break,
             }
+        }
+        if freed > 0 {
+            let st = self.state.read();
+            tracing::debug!(
+                freed,
+                file_bytes = st.file_len,
+                live_bytes = st.live_bytes,
+                "compacted backing file"
+            );
         }
         Ok(freed)
     }
@@ -802,12 +820,23 @@ impl BackingStore {
         }
         // No lock during the read: only this (appender) thread can reuse
         // v's space, and frees never move data.
-        let data = rbuf.get_mut(used as usize);
-        self.read_exact(data, v as u64 * SEG)?;
-        let data = rbuf.get(used as usize);
+        // Read only the aligned span holding live records.
+        let lo = live[0].2 & !(PAGE_SIZE as u32 - 1);
+        let hi = live
+            .iter()
+            .map(|r| round_up((r.2 as usize + RECORD_HEADER_SIZE + r.3 as usize) as u64) as u32)
+            .max()
+            .unwrap_or(used)
+            .min(used);
+        let span = (hi - lo) as usize;
+        self.read_exact(rbuf.get_mut(span), v as u64 * SEG + lo as u64)?;
+        let data = rbuf.get(span);
         let mut recs: Vec<(u64, &[u8])> = Vec::with_capacity(live.len());
         for &(slot, _, off, len) in &live {
-            match data.get(off as usize..).and_then(|r| verify(r, len, None)) {
+            match data
+                .get((off - lo) as usize..)
+                .and_then(|r| verify(r, len, None))
+            {
                 Some(kp) => recs.push(kp),
                 None => {
                     tracing::warn!(

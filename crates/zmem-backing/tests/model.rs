@@ -35,8 +35,8 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(direct: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let store = BackingStore::new(Box::new(MemFile::new(direct)), None);
+fn run(direct: bool, limit: Option<u64>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let store = BackingStore::new(Box::new(MemFile::new(direct)), limit);
     let mut model: HashMap<RecordId, (u64, Vec<u8>)> = HashMap::new();
     let mut ids: Vec<RecordId> = Vec::new();
     let mut stale: Vec<RecordId> = Vec::new();
@@ -50,9 +50,16 @@ fn run(direct: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .collect();
                 let batch: Vec<(u64, &[u8])> =
                     data.iter().map(|(k, p)| (*k, p.as_slice())).collect();
-                let got = store
-                    .write_batch(&batch)
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let got = match store.write_batch(&batch) {
+                    Ok(got) => got,
+                    // Under a limit, Full is allowed and records nothing.
+                    Err(BackingError::Full { .. }) if limit.is_some() => {
+                        let s = store.stats();
+                        prop_assert!(s.file_bytes <= limit.unwrap());
+                        continue;
+                    }
+                    Err(e) => return Err(TestCaseError::fail(e.to_string())),
+                };
                 prop_assert_eq!(got.len(), data.len());
                 for (id, d) in got.into_iter().zip(data) {
                     prop_assert_ne!(id.to_raw(), 0);
@@ -163,10 +170,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
     #[test]
     fn model_buffered(ops in prop::collection::vec(op(), 1..120)) {
-        run(false, ops)?;
+        run(false, None, ops)?;
     }
     #[test]
     fn model_direct(ops in prop::collection::vec(op(), 1..120)) {
-        run(true, ops)?;
+        run(true, None, ops)?;
+    }
+    #[test]
+    fn model_with_limit(ops in prop::collection::vec(op(), 1..120)) {
+        run(true, Some(2 * SEGMENT_SIZE as u64), ops)?;
     }
 }

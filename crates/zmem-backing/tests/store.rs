@@ -151,6 +151,11 @@ fn failed_write_records_nothing() {
             other => panic!("expected Io write error, got {other:?}"),
         }
         let after = s.stats();
+        assert_eq!(
+            f.inner().len(),
+            after.file_bytes,
+            "file cut back to its committed end"
+        );
         assert_eq!(after.records, before.records);
         assert_eq!(after.live_bytes, before.live_bytes);
         assert_eq!(after.records_written, before.records_written);
@@ -182,6 +187,7 @@ fn failure_in_second_segment_of_a_split_batch_records_nothing() {
         (after.records, after.live_bytes),
         (before.records, before.live_bytes)
     );
+    assert_eq!(f.inner().len(), after.file_bytes, "partial segment cut off");
     let ids2 = s.write_batch(&batch).unwrap();
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(read(&s, *id, 9).unwrap(), filler[i]);
@@ -210,6 +216,7 @@ fn short_write_is_reported() {
         other => panic!("expected ShortWrite, got {other:?}"),
     }
     assert_eq!(s.stats().records, 1);
+    assert_eq!(f.inner().len(), s.stats().file_bytes);
     f.set_space_limit(None);
     let idb = write_one(&s, 2, &b);
     assert_eq!(read(&s, ida, 1).unwrap(), a);

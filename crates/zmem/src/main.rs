@@ -2,8 +2,14 @@
 //!
 //! Subcommands:
 //! * `zmem bench store` — the engine against the raw compressor and kernel zram.
+//! * `zmem bench blockdev` — `zmem serve` under fio vs nbdkit memory and zram.
+//! * `zmem serve` — a compressed-RAM block device over NBD.
+//! * `zmem stat` — what a running `zmem serve` holds, like zramctl.
 
+mod bench_blockdev;
 mod bench_store;
+mod serve;
+mod stat;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +26,10 @@ enum Cmd {
     /// Benchmarks that report numbers (never pass/fail).
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Serve a compressed-RAM block device over NBD (zram in userspace).
+    Serve(serve::Args),
+    /// Show what a running `zmem serve` holds (like zramctl).
+    Stat(stat::Args),
 }
 
 #[derive(Subcommand)]
@@ -27,6 +37,9 @@ enum BenchCmd {
     /// Store pages in a pool, load them back, verify; compare with the raw
     /// compressor and, as root, with kernel zram on the same pages.
     Store(bench_store::Args),
+    /// The NBD block device under fio, against nbdkit's compressed memory
+    /// plugin and (as root) kernel zram.
+    Blockdev(bench_blockdev::Args),
 }
 
 fn main() {
@@ -40,6 +53,9 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Bench(BenchCmd::Store(a)) => bench_store::run(a),
+        Cmd::Bench(BenchCmd::Blockdev(a)) => bench_blockdev::run(a),
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Stat(a) => stat::run(a),
     };
     if let Err(e) = res {
         eprintln!("zmem: error: {e:#}");

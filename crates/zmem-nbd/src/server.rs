@@ -1,0 +1,586 @@
+//! Listening, connections, and the transmission loop.
+//!
+//! One thread per connection reads requests (header, then a WRITE's payload)
+//! and hands them to a small pool of worker threads over a bounded channel;
+//! workers execute them against the [`Export`] and write each reply, whole,
+//! under a mutex on the socket. Replies therefore go out in completion order,
+//! matched by handle. Payload bytes in flight per connection are capped, so a
+//! client cannot make the server buffer unbounded data.
+//!
+//! A protocol violation we cannot answer (wrong magic, an oversized WRITE
+//! whose payload we will not buffer, unknown client flags, a truncated
+//! message) is logged as one line and drops that connection only.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::export::Export;
+use crate::negotiate::{negotiate, read_exact_or, ExportInfo};
+use crate::proto::*;
+
+/// A connected client, over a Unix socket or TCP.
+#[derive(Debug)]
+pub enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(b),
+            Stream::Tcp(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(b),
+            Stream::Tcp(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.flush(),
+            Stream::Tcp(s) => s.flush(),
+        }
+    }
+}
+
+/// A listening socket.
+#[derive(Debug)]
+pub enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                let _ = s.set_nodelay(true);
+                Ok(Stream::Tcp(s))
+            }
+        }
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            Listener::Unix(l) => l.as_raw_fd(),
+            Listener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+}
+
+/// Wait up to `timeout_ms` for `fd` to become readable (a listener: to have
+/// a connection waiting). An interrupted wait counts as "not ready".
+pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid, exclusively borrowed pollfd for the duration of
+    // the call and nfds is 1, so poll reads and writes only that struct.
+    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(r > 0)
+}
+
+/// Tunables of the server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Worker threads per connection (requests executed concurrently).
+    pub workers_per_conn: usize,
+    /// Requests queued per connection beyond those being executed.
+    pub queue_depth: usize,
+    /// Cap on READ/WRITE bytes in flight per connection (a single request
+    /// larger than this still proceeds, alone).
+    pub max_inflight_bytes: u64,
+    /// Connections beyond this are closed at once.
+    pub max_connections: usize,
+    /// On shutdown, how long to wait for connections to drain before
+    /// cutting them off.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            workers_per_conn: 4,
+            queue_depth: 16,
+            max_inflight_bytes: 64 << 20,
+            max_connections: 64,
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Counting semaphore over bytes in flight.
+struct Budget {
+    max: u64,
+    used: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Budget {
+    fn acquire(&self, n: u64) {
+        let mut u = self.used.lock();
+        while *u > 0 && *u + n > self.max {
+            self.cv.wait(&mut u);
+        }
+        *u += n;
+    }
+    fn release(&self, n: u64) {
+        let mut u = self.used.lock();
+        *u -= n;
+        self.cv.notify_all();
+    }
+}
+
+/// Buffers up to this capacity are kept for reuse; larger ones are freed.
+const KEEP_BUFFER: usize = 4 << 20;
+
+struct Job {
+    req: Request,
+    payload: Vec<u8>,
+    cost: u64,
+}
+
+/// Counters the server keeps (for `zmem stat`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ServerStats {
+    pub connections_active: u64,
+    pub connections_total: u64,
+    pub requests: u64,
+    pub request_errors: u64,
+    pub connections_dropped: u64,
+}
+
+/// An NBD server for one export.
+pub struct Server {
+    export: Arc<Export>,
+    info: ExportInfo,
+    cfg: ServerConfig,
+    conns: Mutex<HashMap<u64, Stream>>,
+    next_id: AtomicU64,
+    total: AtomicU64,
+    requests: AtomicU64,
+    request_errors: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// Removes a connection from the registry when it ends, however it ends.
+struct Registered<'a> {
+    server: &'a Server,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.server.conns.lock().remove(&self.id);
+    }
+}
+
+impl Server {
+    pub fn new(export: Arc<Export>, name: impl Into<String>, cfg: ServerConfig) -> Server {
+        let info = ExportInfo {
+            name: name.into(),
+            size: export.size(),
+            description: Some("zmem compressed memory".into()),
+        };
+        Server {
+            export,
+            info,
+            cfg,
+            conns: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            total: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            request_errors: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    pub fn export(&self) -> &Arc<Export> {
+        &self.export
+    }
+
+    pub fn info(&self) -> &ExportInfo {
+        &self.info
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        ServerStats {
+            connections_active: self.conns.lock().len() as u64,
+            connections_total: self.total.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            request_errors: self.request_errors.load(Ordering::Relaxed),
+            connections_dropped: self.dropped.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Accept and serve connections until `stop` is set; then stop reading
+    /// new requests, let in-flight ones finish (up to `drain_timeout`), and
+    /// return once every connection thread has ended.
+    pub fn run(&self, listener: &Listener, stop: &AtomicBool) -> io::Result<()> {
+        std::thread::scope(|s| {
+            let mut handles = Vec::new();
+            let res = loop {
+                if stop.load(Ordering::Relaxed) {
+                    break Ok(());
+                }
+                handles.retain(|h: &std::thread::ScopedJoinHandle<'_, ()>| !h.is_finished());
+                match poll_readable(listener.raw_fd(), 100) {
+                    Ok(false) => continue,
+                    Ok(true) => {}
+                    Err(e) => break Err(e),
+                }
+                let stream = match listener.accept() {
+                    Ok(st) => st,
+                    Err(e)
+                        if e.kind() == io::ErrorKind::Interrupted
+                            || e.kind() == io::ErrorKind::WouldBlock =>
+                    {
+                        continue
+                    }
+                    Err(e) => {
+                        // e.g. EMFILE: back off instead of spinning.
+                        tracing::warn!("nbd: accept failed: {e}");
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                if handles.len() >= self.cfg.max_connections {
+                    tracing::warn!(
+                        "nbd: refusing connection: {} connections already open",
+                        handles.len()
+                    );
+                    continue;
+                }
+                let h = std::thread::Builder::new()
+                    .name("zmem-nbd-conn".into())
+                    .spawn_scoped(s, move || {
+                        // A bug (ours or the engine's) must cost one
+                        // connection, not the server.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            let _ = self.serve_connection(stream, stop);
+                        }));
+                        if r.is_err() {
+                            self.dropped.fetch_add(1, Ordering::Relaxed);
+                            tracing::error!(
+                                "nbd: internal error (panic) in a connection; it was dropped"
+                            );
+                        }
+                    });
+                match h {
+                    Ok(h) => handles.push(h),
+                    Err(e) => tracing::warn!("nbd: cannot start a connection thread: {e}"),
+                }
+            };
+            // Stop reading requests: readers see EOF, workers drain, replies go out.
+            self.shutdown_connections(Shutdown::Read);
+            let deadline = Instant::now() + self.cfg.drain_timeout;
+            while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Anyone still there is stuck writing to a client that does not read.
+            self.shutdown_connections(Shutdown::Both);
+            res
+        })
+    }
+
+    fn shutdown_connections(&self, how: Shutdown) {
+        for c in self.conns.lock().values() {
+            let _ = c.shutdown(how);
+        }
+    }
+
+    /// Serve one client from handshake to disconnect. Errors have already
+    /// been logged (one line) when this returns; the stream is closed.
+    pub fn serve_connection(&self, stream: Stream, stop: &AtomicBool) -> Result<(), ProtoError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let res = self.connection(id, stream, stop);
+        match &res {
+            Ok(()) => tracing::debug!("nbd: connection {id} closed"),
+            Err(ProtoError::Eof(what)) => {
+                tracing::debug!("nbd: connection {id}: client went away during {what}")
+            }
+            Err(ProtoError::Io(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                tracing::debug!("nbd: connection {id}: client went away: {e}")
+            }
+            Err(e) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("nbd: connection {id}: {e}; dropping this connection");
+            }
+        }
+        res
+    }
+
+    fn connection(&self, id: u64, mut stream: Stream, stop: &AtomicBool) -> Result<(), ProtoError> {
+        self.conns.lock().insert(id, stream.try_clone()?);
+        let _reg = Registered { server: self, id };
+        if stop.load(Ordering::Relaxed) {
+            // Registered too late to be shut down by `run`; still answer politely.
+            let _ = stream.shutdown(Shutdown::Read);
+        }
+        let Some(session) = negotiate(&mut stream, &self.info, stop)? else {
+            return Ok(()); // NBD_OPT_ABORT
+        };
+        tracing::debug!("nbd: connection {id}: transmission, {session:?}");
+        self.transmission(stream, session)
+    }
+
+    fn transmission(&self, stream: Stream, session: Session) -> Result<(), ProtoError> {
+        let writer = Mutex::new(stream.try_clone()?);
+        let mut reader = BufReader::with_capacity(128 << 10, stream);
+        let budget = Budget {
+            max: self.cfg.max_inflight_bytes,
+            used: Mutex::new(0),
+            cv: Condvar::new(),
+        };
+        let dead = AtomicBool::new(false);
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(self.cfg.queue_depth.max(1));
+        // WRITE payload buffers go back to the reader for reuse: large
+        // fresh allocations are mmap'd and page-faulted on every request.
+        let (recycle_tx, recycle_rx) = crossbeam_channel::bounded::<Vec<u8>>(
+            self.cfg.queue_depth + self.cfg.workers_per_conn + 1,
+        );
+        std::thread::scope(|s| {
+            let mut workers = 0;
+            for _ in 0..self.cfg.workers_per_conn.max(1) {
+                let rx = rx.clone();
+                let recycle = recycle_tx.clone();
+                let (writer, budget, dead, session) = (&writer, &budget, &dead, &session);
+                let spawned = std::thread::Builder::new()
+                    .name("zmem-nbd-worker".into())
+                    .spawn_scoped(s, move || {
+                        let mut out = Vec::new();
+                        for mut job in rx {
+                            let cost = job.cost;
+                            if !dead.load(Ordering::Relaxed) {
+                                out.clear();
+                                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    self.execute(&job, session, &mut out)
+                                }));
+                                let mut w = writer.lock();
+                                if ran.is_err() {
+                                    // Never leave a request unanswered with the
+                                    // connection up: end this connection.
+                                    tracing::error!(
+                                        "nbd: internal error (panic) executing {:?}; dropping this connection",
+                                        job.req
+                                    );
+                                    dead.store(true, Ordering::Relaxed);
+                                    let _ = w.shutdown(Shutdown::Both);
+                                } else if let Err(e) = w.write_all(&out) {
+                                    if !dead.swap(true, Ordering::Relaxed) {
+                                        tracing::debug!("nbd: reply write failed: {e}");
+                                    }
+                                    let _ = w.shutdown(Shutdown::Both);
+                                }
+                            }
+                            budget.release(cost);
+                            if out.capacity() > KEEP_BUFFER {
+                                out = Vec::new();
+                            }
+                            if job.payload.capacity() > 0 && job.payload.capacity() <= KEEP_BUFFER {
+                                job.payload.clear();
+                                let _ = recycle.try_send(std::mem::take(&mut job.payload));
+                            }
+                        }
+                    });
+                match spawned {
+                    Ok(_) => workers += 1,
+                    Err(e) => tracing::warn!("nbd: cannot start a worker thread: {e}"),
+                }
+            }
+            drop(rx);
+            if workers == 0 {
+                drop(tx);
+                return Err(ProtoError::Io(io::Error::other(
+                    "no worker thread could be started",
+                )));
+            }
+            drop(recycle_tx);
+            let res = self.read_requests(&mut reader, &tx, &recycle_rx, &budget, &dead);
+            drop(tx); // workers drain the queue and exit; the scope joins them
+            res
+        })
+    }
+
+    fn read_requests<R: Read>(
+        &self,
+        r: &mut R,
+        tx: &crossbeam_channel::Sender<Job>,
+        recycled: &crossbeam_channel::Receiver<Vec<u8>>,
+        budget: &Budget,
+        dead: &AtomicBool,
+    ) -> Result<(), ProtoError> {
+        loop {
+            if dead.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let mut hb = [0u8; REQUEST_LEN];
+            match read_exact_or(r, &mut hb, "transmission") {
+                Ok(()) => {}
+                // A client may simply close instead of sending NBD_CMD_DISC.
+                Err(ProtoError::Eof(_)) => return Ok(()),
+                Err(e) if dead.load(Ordering::Relaxed) => {
+                    tracing::debug!("nbd: read after connection failure: {e}");
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+            let req = parse_request(&hb)?;
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            if req.typ == CMD_DISC {
+                return Ok(());
+            }
+            let plen = req.payload_len();
+            if plen > MAX_PAYLOAD {
+                return Err(ProtoError::PayloadTooLarge { len: plen });
+            }
+            let cost = match req.typ {
+                CMD_READ => req.len.min(MAX_PAYLOAD) as u64,
+                _ => plen as u64,
+            };
+            budget.acquire(cost);
+            let mut payload = Vec::new();
+            if plen > 0 {
+                payload = recycled.try_recv().unwrap_or_default();
+                payload.resize(plen as usize, 0);
+            }
+            if let Err(e) = read_exact_or(r, &mut payload, "WRITE payload") {
+                budget.release(cost);
+                return Err(e);
+            }
+            if tx.send(Job { req, payload, cost }).is_err() {
+                budget.release(cost);
+                return Ok(());
+            }
+        }
+    }
+
+    /// Run one request and encode its complete reply.
+    fn execute(&self, job: &Job, s: &Session, out: &mut Vec<u8>) {
+        let (req, payload) = (&job.req, &job.payload);
+        let h = req.handle;
+        let fail = |out: &mut Vec<u8>, errno: u32, msg: &str| {
+            out.clear();
+            if s.structured {
+                put_error_chunk(out, h, errno, msg);
+            } else {
+                put_simple_reply(out, errno, h);
+            }
+        };
+        let cmd = match req.validate(s) {
+            Ok(c) => c,
+            Err(rej) => {
+                self.request_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("nbd: rejecting request: {}", rej.msg);
+                fail(out, rej.errno, &rej.msg);
+                return;
+            }
+        };
+        let e = &self.export;
+        let res = match cmd {
+            Command::Read { offset, len } => {
+                let start = if s.structured {
+                    out.reserve(28 + len as usize);
+                    put_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, h, 8 + len);
+                    out.extend_from_slice(&offset.to_be_bytes());
+                    out.len()
+                } else {
+                    out.reserve(16 + len as usize);
+                    put_simple_reply(out, 0, h);
+                    out.len()
+                };
+                out.resize(start + len as usize, 0);
+                match e.read(offset, &mut out[start..]) {
+                    Ok(()) => return,
+                    Err(err) => Err(err),
+                }
+            }
+            Command::Write { offset, .. } => e.write(offset, payload),
+            Command::Flush | Command::Disconnect => Ok(()),
+            Command::Trim { offset, len } => e.trim(offset, len as u64).map(|_| ()),
+            Command::WriteZeroes {
+                offset,
+                len,
+                no_hole,
+            } => e.write_zeroes(offset, len as u64, no_hole),
+            Command::BlockStatus {
+                offset,
+                len,
+                req_one,
+            } => match e.block_status(offset, len as u64, req_one) {
+                Ok(ext) => {
+                    let ctx = s.base_allocation.unwrap_or(META_BASE_ALLOCATION_ID);
+                    put_chunk_header(
+                        out,
+                        REPLY_FLAG_DONE,
+                        REPLY_TYPE_BLOCK_STATUS,
+                        h,
+                        4 + 8 * ext.len() as u32,
+                    );
+                    out.extend_from_slice(&ctx.to_be_bytes());
+                    for (l, f) in ext {
+                        out.extend_from_slice(&l.to_be_bytes());
+                        out.extend_from_slice(&f.to_be_bytes());
+                    }
+                    return;
+                }
+                Err(err) => Err(err),
+            },
+        };
+        match res {
+            Ok(()) => put_simple_reply(out, 0, h),
+            Err(err) => {
+                self.request_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("nbd: request failed: {err}");
+                fail(out, err.errno(), &err.to_string());
+            }
+        }
+    }
+}

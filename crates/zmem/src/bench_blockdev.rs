@@ -1,0 +1,556 @@
+//! `zmem bench blockdev`: the NBD block device against its neighbours.
+//!
+//! The same fio jobs, with the same data, against:
+//! * **zmem**: `zmem serve` (this binary) over a Unix socket, fio's `nbd`
+//!   engine (libnbd);
+//! * **nbdkit**: `nbdkit memory SIZE allocator=zstd` (a compressed RAM disk
+//!   in userspace), same engine, same transport;
+//! * **zram**: kernel zram (as root) with the same algorithm if the kernel
+//!   has it, fio `libaio` with `O_DIRECT` on `/dev/zramN`.
+//!
+//! Jobs, in order, on a fresh device each time: `fill` (sequential 1 MiB
+//! writes over the whole device), `randread` and `randwrite` (4 KiB,
+//! `--iodepth`, time-based), `seqread` (1 MiB over the whole device). Data
+//! is fio's `buffer_compress_percentage` (refilled for every write), with a
+//! fixed random seed. After `fill`, memory is read from each target: the
+//! pool's `mem_used_total` (zmem), zram's `mm_stat` `mem_used_total`, and
+//! the process RSS growth for the userspace servers (nbdkit reports no
+//! accounting of its own).
+//!
+//! Numbers only: nothing here passes or fails on speed. The userspace
+//! servers pay for a socket round trip and copies that zram does not; the
+//! comparison between zmem and nbdkit is the like-for-like one.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+use crate::util::{parse_on_off, parse_size};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Device size for every target.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub size: u64,
+    /// zmem's compressor (zram uses the same if the kernel has it).
+    #[arg(long, default_value = "lz4")]
+    pub compressor: String,
+    /// zmem dedup: on or off.
+    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub dedup: bool,
+    /// Seconds for each time-based random job.
+    #[arg(long, default_value_t = 5)]
+    pub runtime: u64,
+    /// fio iodepth for the random jobs.
+    #[arg(long, default_value_t = 16)]
+    pub iodepth: u32,
+    /// fio buffer_compress_percentage for written data.
+    #[arg(long, default_value_t = 50)]
+    pub compress_percentage: u32,
+    /// Skip nbdkit.
+    #[arg(long)]
+    pub no_nbdkit: bool,
+    /// Skip kernel zram.
+    #[arg(long)]
+    pub no_zram: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct JobResult {
+    job: String,
+    mb_per_s: f64,
+    iops: f64,
+    p99_us: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct TargetResult {
+    target: String,
+    detail: String,
+    jobs: Vec<JobResult>,
+    /// Memory the target reports for what `fill` stored (its own accounting).
+    mem_used_bytes: Option<u64>,
+    /// RSS growth of the server process across `fill` (userspace targets).
+    rss_growth_bytes: Option<u64>,
+    skipped: Option<String>,
+}
+
+struct Job {
+    name: &'static str,
+    rw: &'static str,
+    bs: &'static str,
+    time_based: bool,
+}
+
+const JOBS: [Job; 4] = [
+    Job {
+        name: "fill",
+        rw: "write",
+        bs: "1M",
+        time_based: false,
+    },
+    Job {
+        name: "randread",
+        rw: "randread",
+        bs: "4k",
+        time_based: true,
+    },
+    Job {
+        name: "randwrite",
+        rw: "randwrite",
+        bs: "4k",
+        time_based: true,
+    },
+    Job {
+        name: "seqread",
+        rw: "read",
+        bs: "1M",
+        time_based: false,
+    },
+];
+
+/// Kills (SIGTERM, then SIGKILL) a child process on drop.
+struct ChildGuard(Option<Child>);
+
+impl ChildGuard {
+    fn pid(&self) -> u32 {
+        self.0.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // SAFETY: signalling a child we spawned and have not reaped.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()> {
+    let end = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(path).is_err() {
+        if let Some(Ok(Some(st))) = child.0.as_mut().map(|c| c.try_wait()) {
+            bail!("server exited early: {st}");
+        }
+        if Instant::now() > end {
+            bail!("server did not listen on {} within 10 s", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    l.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
+}
+
+/// Run one fio job; `target` is either ("nbd", uri) or ("libaio", path).
+fn fio(a: &Args, job: &Job, engine: &str, target: &str) -> anyhow::Result<JobResult> {
+    let mut c = Command::new("fio");
+    c.args([
+        "--output-format=json",
+        &format!("--name={}", job.name),
+        &format!("--rw={}", job.rw),
+        &format!("--bs={}", job.bs),
+        &format!("--size={}", a.size),
+        &format!("--buffer_compress_percentage={}", a.compress_percentage),
+        "--buffer_compress_chunk=4096",
+        "--refill_buffers=1",
+        "--randseed=1234",
+        "--norandommap=1",
+        "--randrepeat=0",
+        &format!("--iodepth={}", if job.bs == "4k" { a.iodepth } else { 4 }),
+    ]);
+    if job.time_based {
+        c.args(["--time_based=1", &format!("--runtime={}", a.runtime.max(1))]);
+    }
+    match engine {
+        "nbd" => c.args(["--ioengine=nbd", &format!("--uri={target}")]),
+        _ => c.args([
+            "--ioengine=libaio",
+            "--direct=1",
+            &format!("--filename={target}"),
+        ]),
+    };
+    let limit = Duration::from_secs(a.runtime.max(1) + 300);
+    let out = run_limited(&mut c, limit)?;
+    // fio's nbd engine prints "fio: connected to NBD server" before the JSON.
+    let json = out.find("\n{").map(|i| &out[i + 1..]).unwrap_or(&out);
+    let v: serde_json::Value = serde_json::from_str(json).context("parsing fio's JSON")?;
+    let j = &v["jobs"][0];
+    if j["error"].as_i64().unwrap_or(0) != 0 {
+        bail!("fio job {} failed with error {}", job.name, j["error"]);
+    }
+    let side = if job.rw.contains("read") {
+        &j["read"]
+    } else {
+        &j["write"]
+    };
+    let p99 = side["clat_ns"]["percentile"]["99.000000"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1000.0;
+    Ok(JobResult {
+        job: job.name.to_string(),
+        mb_per_s: side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        iops: side["iops"].as_f64().unwrap_or(0.0),
+        p99_us: p99,
+    })
+}
+
+/// Run a command with a hard time limit; returns stdout, errors with stderr.
+fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
+    let dir = tempfile::tempdir()?;
+    let (op, ep) = (dir.path().join("out"), dir.path().join("err"));
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&op)?)
+        .stderr(std::fs::File::create(&ep)?)
+        .spawn()
+        .with_context(|| format!("running {c:?}"))?;
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{c:?} timed out after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = std::fs::read_to_string(&op)?;
+    if !status.success() {
+        bail!(
+            "{c:?} failed ({status}): {}",
+            std::fs::read_to_string(&ep).unwrap_or_default().trim()
+        );
+    }
+    Ok(out)
+}
+
+fn bench_zmem(a: &Args, dir: &Path) -> anyhow::Result<TargetResult> {
+    let sock = dir.join("zmem.sock");
+    let ctl = dir.join("zmem.ctl");
+    let exe = std::env::current_exe()?;
+    let mut jobs = Vec::new();
+    let (mut mem, mut rss) = (None, None);
+    for job in &JOBS {
+        // A fresh device per job: every job sees the same starting state
+        // (fill: empty; the rest: freshly filled).
+        let mut server = ChildGuard(Some(
+            Command::new(&exe)
+                .args([
+                    "serve",
+                    "--size",
+                    &a.size.to_string(),
+                    "--compressor",
+                    &a.compressor,
+                ])
+                .args(["--dedup", if a.dedup { "on" } else { "off" }])
+                .arg("--socket")
+                .arg(&sock)
+                .arg("--control")
+                .arg(&ctl)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        ));
+        wait_for_socket(&sock, &mut server)?;
+        let uri = format!("nbd+unix:///?socket={}", sock.display());
+        let rss0 = rss_bytes(server.pid());
+        if job.name != "fill" {
+            fio(a, &JOBS[0], "nbd", &uri)?;
+        }
+        jobs.push(fio(a, job, "nbd", &uri)?);
+        if job.name == "fill" {
+            let v = crate::stat::query(&ctl)?;
+            mem = v["stats"]["mem_used_total"].as_u64();
+            rss = rss_bytes(server.pid())
+                .zip(rss0)
+                .map(|(b, a)| b.saturating_sub(a));
+        }
+        drop(server);
+    }
+    Ok(TargetResult {
+        target: "zmem".into(),
+        detail: format!(
+            "{}{}, nbd over unix socket",
+            a.compressor,
+            if a.dedup { "+dedup" } else { "" }
+        ),
+        jobs,
+        mem_used_bytes: mem,
+        rss_growth_bytes: rss,
+        skipped: None,
+    })
+}
+
+fn bench_nbdkit(a: &Args, dir: &Path) -> anyhow::Result<TargetResult> {
+    let sock = dir.join("nbdkit.sock");
+    let mut jobs = Vec::new();
+    let mut rss = None;
+    for job in &JOBS {
+        let _ = std::fs::remove_file(&sock);
+        let mut server = ChildGuard(Some(
+            Command::new("nbdkit")
+                .args(["-f", "-U"])
+                .arg(&sock)
+                .args(["memory", &a.size.to_string(), "allocator=zstd"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting nbdkit")?,
+        ));
+        wait_for_socket(&sock, &mut server)?;
+        let uri = format!("nbd+unix:///?socket={}", sock.display());
+        let rss0 = rss_bytes(server.pid());
+        if job.name != "fill" {
+            fio(a, &JOBS[0], "nbd", &uri)?;
+        }
+        jobs.push(fio(a, job, "nbd", &uri)?);
+        if job.name == "fill" {
+            rss = rss_bytes(server.pid())
+                .zip(rss0)
+                .map(|(b, a)| b.saturating_sub(a));
+        }
+        drop(server);
+    }
+    Ok(TargetResult {
+        target: "nbdkit".into(),
+        detail: "memory allocator=zstd, nbd over unix socket".into(),
+        jobs,
+        mem_used_bytes: None,
+        rss_growth_bytes: rss,
+        skipped: None,
+    })
+}
+
+/// A configured zram device, reset (and hot-removed if we added it) on drop.
+struct Zram {
+    id: u32,
+    hot_added: bool,
+}
+
+impl Zram {
+    fn sys(&self, attr: &str) -> PathBuf {
+        PathBuf::from(format!("/sys/block/zram{}/{attr}", self.id))
+    }
+
+    fn acquire() -> anyhow::Result<Zram> {
+        let free = |id: u32| {
+            let disk = std::fs::read_to_string(format!("/sys/block/zram{id}/disksize"))
+                .unwrap_or_default();
+            let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+            let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+            let node = format!("/dev/zram{id}");
+            disk.trim() == "0" && !swaps.contains(&node) && !mounts.contains(&node)
+        };
+        if Path::new("/sys/block/zram0").exists() && free(0) {
+            return Ok(Zram {
+                id: 0,
+                hot_added: false,
+            });
+        }
+        let id: u32 = std::fs::read_to_string("/sys/class/zram-control/hot_add")
+            .context("zram0 is busy and hot_add is unavailable")?
+            .trim()
+            .parse()?;
+        Ok(Zram {
+            id,
+            hot_added: true,
+        })
+    }
+
+    fn setup(&self, algorithm: &str, size: u64) -> anyhow::Result<PathBuf> {
+        std::fs::write(self.sys("comp_algorithm"), algorithm)
+            .with_context(|| format!("zram does not support {algorithm}"))?;
+        std::fs::write(self.sys("disksize"), size.to_string())?;
+        let node = PathBuf::from(format!("/dev/zram{}", self.id));
+        let end = Instant::now() + Duration::from_secs(5);
+        while !node.exists() {
+            if Instant::now() > end {
+                bail!("{} did not appear", node.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(node)
+    }
+
+    fn reset(&self) {
+        for _ in 0..100 {
+            if std::fs::write(self.sys("reset"), "1").is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "zmem: could not reset zram{}; run `echo 1 > {}`",
+            self.id,
+            self.sys("reset").display()
+        );
+    }
+}
+
+impl Drop for Zram {
+    fn drop(&mut self) {
+        self.reset();
+        if self.hot_added {
+            let _ = std::fs::write("/sys/class/zram-control/hot_remove", self.id.to_string());
+        }
+    }
+}
+
+fn bench_zram(a: &Args) -> anyhow::Result<TargetResult> {
+    let alg = match a.compressor.split(':').next().unwrap_or("") {
+        "lzo" => "lzo-rle".to_string(),
+        x => x.to_string(),
+    };
+    let z = Zram::acquire()?;
+    let mut jobs = Vec::new();
+    let mut mem = None;
+    for job in &JOBS {
+        let node = z.setup(&alg, a.size)?;
+        let target = node.to_string_lossy().into_owned();
+        if job.name != "fill" {
+            fio(a, &JOBS[0], "libaio", &target)?;
+        }
+        jobs.push(fio(a, job, "libaio", &target)?);
+        if job.name == "fill" {
+            let mm = std::fs::read_to_string(z.sys("mm_stat"))?;
+            mem = mm.split_whitespace().nth(2).and_then(|s| s.parse().ok());
+        }
+        z.reset();
+    }
+    Ok(TargetResult {
+        target: "zram".into(),
+        detail: format!("kernel zram{}, {alg}, fio libaio O_DIRECT", z.id),
+        jobs,
+        mem_used_bytes: mem,
+        rss_growth_bytes: None,
+        skipped: None,
+    })
+}
+
+fn skipped(target: &str, why: String) -> TargetResult {
+    TargetResult {
+        target: target.into(),
+        detail: String::new(),
+        jobs: vec![],
+        mem_used_bytes: None,
+        rss_growth_bytes: None,
+        skipped: Some(why),
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if !have("fio") {
+        bail!("fio is not installed (scripts/setup.sh installs it)");
+    }
+    if a.size < (4 << 20) || !a.size.is_multiple_of(1 << 20) {
+        bail!("--size must be a multiple of 1 MiB, at least 4 MiB");
+    }
+    let dir = tempfile::Builder::new().prefix("zmem-bench-").tempdir()?;
+    let mut results = vec![bench_zmem(&a, dir.path()).context("zmem")?];
+    results.push(if a.no_nbdkit {
+        skipped("nbdkit", "--no-nbdkit".into())
+    } else if !have("nbdkit") {
+        skipped("nbdkit", "nbdkit is not installed".into())
+    } else {
+        bench_nbdkit(&a, dir.path()).unwrap_or_else(|e| skipped("nbdkit", format!("{e:#}")))
+    });
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    results.push(if a.no_zram {
+        skipped("zram", "--no-zram".into())
+    } else if !root {
+        skipped("zram", "needs root".into())
+    } else {
+        bench_zram(&a).unwrap_or_else(|e| skipped("zram", format!("{e:#}")))
+    });
+
+    if a.json {
+        let v = serde_json::json!({
+            "size": a.size,
+            "runtime_s": a.runtime,
+            "iodepth": a.iodepth,
+            "compress_percentage": a.compress_percentage,
+            "targets": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "zmem bench blockdev: {} MiB device, data {}% compressible (fio), 4k jobs iodepth {} for {} s; MB/s = 10^6 B/s",
+        a.size >> 20,
+        a.compress_percentage,
+        a.iodepth,
+        a.runtime
+    );
+    println!(
+        "{:<8} {:<10} {:>10} {:>10} {:>10}",
+        "TARGET", "JOB", "MB/s", "IOPS", "p99 us"
+    );
+    for r in &results {
+        if let Some(why) = &r.skipped {
+            println!("{:<8} skipped: {why}", r.target);
+            continue;
+        }
+        for j in &r.jobs {
+            println!(
+                "{:<8} {:<10} {:>10.1} {:>10.0} {:>10.1}",
+                r.target, j.job, j.mb_per_s, j.iops, j.p99_us
+            );
+        }
+    }
+    println!();
+    println!(
+        "{:<8} {:>14} {:>14}  detail",
+        "TARGET", "MEM AFTER FILL", "RSS GROWTH"
+    );
+    let mib = |v: Option<u64>| {
+        v.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    for r in results.iter().filter(|r| r.skipped.is_none()) {
+        println!(
+            "{:<8} {:>14} {:>14}  {}",
+            r.target,
+            mib(r.mem_used_bytes),
+            mib(r.rss_growth_bytes),
+            r.detail
+        );
+    }
+    Ok(())
+}

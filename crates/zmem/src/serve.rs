@@ -1,0 +1,350 @@
+//! `zmem serve`: a compressed-RAM block device over NBD (zram, in userspace).
+//!
+//! One pool, one export, served on a Unix socket (default) or loopback TCP,
+//! with a control socket (mode 0600) that answers `stats` with one JSON line
+//! for `zmem stat`. SIGINT/SIGTERM stop accepting, let in-flight requests
+//! finish, and remove the socket files.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use zmem_compress::Compressor;
+use zmem_core::{Pool, PoolConfig};
+use zmem_nbd::{Export, Listener, Server, ServerConfig};
+
+use crate::util::{parse_on_off, parse_size};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Size of the exported device (e.g. 1G); a multiple of 512 bytes.
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/zmem.sock, or
+    /// /run/zmem.sock as root, else /tmp/zmem.sock].
+    #[arg(long, conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// Listen on TCP instead: PORT or HOST:PORT (host defaults to 127.0.0.1).
+    /// NBD has no authentication here: only expose it on trusted networks.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Compressor: lz4, zstd[:LEVEL] or lzo.
+    #[arg(long, default_value = "lz4")]
+    pub compressor: String,
+    /// Deduplicate identical pages: on or off.
+    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub dedup: bool,
+    /// Cap on the pool's memory (e.g. 256M); writes past it fail with ENOSPC.
+    #[arg(long, value_parser = parse_size)]
+    pub mem_limit: Option<u64>,
+    /// Name of the export ("" is the default export clients ask for).
+    #[arg(long, default_value = "")]
+    pub export_name: String,
+    /// Control socket for `zmem stat` [default: zmem.ctl in the directory
+    /// of the default socket]; `none` disables it.
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Worker threads per connection.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+}
+
+/// Where sockets go by default.
+pub fn runtime_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        PathBuf::from("/run")
+    } else {
+        PathBuf::from("/tmp")
+    }
+}
+
+pub fn default_control_path() -> PathBuf {
+    runtime_dir().join("zmem.ctl")
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> anyhow::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is a valid value (no flags, empty mask
+        // after sigemptyset); the handler is an `extern "C" fn(c_int)` that
+        // only stores to an atomic, which is async-signal-safe; the pointers
+        // passed are valid for the duration of each call.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).context("installing a signal handler");
+        }
+    }
+    Ok(())
+}
+
+/// Bind a Unix socket at `path`, replacing a stale socket file (nobody
+/// listening) but refusing to touch a live one or a non-socket file.
+fn bind_unix(path: &Path, mode: Option<u32>) -> anyhow::Result<UnixListener> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            );
+        }
+        if UnixStream::connect(path).is_ok() {
+            bail!("{} is in use by a running server", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let l = match mode {
+        Some(m) => {
+            // Create the socket with the final permissions (no window where
+            // it is more open), then set them explicitly as well.
+            // SAFETY: umask only swaps the process file-mode mask; we restore it.
+            let old = unsafe { libc::umask(!m & 0o777) };
+            let r = UnixListener::bind(path);
+            // SAFETY: as above.
+            unsafe { libc::umask(old) };
+            let l = r.with_context(|| format!("binding {}", path.display()))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(m))?;
+            l
+        }
+        None => UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?,
+    };
+    Ok(l)
+}
+
+fn parse_listen(s: &str) -> anyhow::Result<String> {
+    if s.parse::<u16>().is_ok() {
+        return Ok(format!("127.0.0.1:{s}"));
+    }
+    if s.rsplit_once(':')
+        .is_none_or(|(_, p)| p.parse::<u16>().is_err())
+    {
+        bail!("bad --listen `{s}`: expected PORT or HOST:PORT");
+    }
+    Ok(s.to_string())
+}
+
+/// Everything the control socket reports.
+pub struct Info {
+    pub server: Arc<Server>,
+    pub algorithm: String,
+    pub dedup: bool,
+    pub endpoint: String,
+}
+
+impl Info {
+    pub fn json(&self) -> serde_json::Value {
+        let pool = self.server.export().pool();
+        let st = pool.stats();
+        let ss = self.server.stats();
+        serde_json::json!({
+            "export": self.server.info().name,
+            "disksize": self.server.export().size(),
+            "algorithm": self.algorithm,
+            "dedup": self.dedup,
+            "endpoint": self.endpoint,
+            "connections": {
+                "active": ss.connections_active,
+                "total": ss.connections_total,
+                "dropped": ss.connections_dropped,
+            },
+            "requests": ss.requests,
+            "request_errors": ss.request_errors,
+            "mm_stat": st.mm_stat(),
+            "stats": st,
+        })
+    }
+}
+
+fn control_loop(l: UnixListener, info: &Info) {
+    use std::os::fd::AsRawFd;
+    while !STOP.load(Ordering::Relaxed) {
+        match zmem_nbd::poll_readable(l.as_raw_fd(), 100) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!("control: poll failed: {e}");
+                return;
+            }
+        }
+        let Ok((s, _)) = l.accept() else { continue };
+        if let Err(e) = control_client(s, info) {
+            tracing::debug!("control: client error: {e}");
+        }
+    }
+}
+
+fn control_client(s: UnixStream, info: &Info) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut line = String::new();
+    BufReader::new(s.try_clone()?)
+        .take(256)
+        .read_line(&mut line)?;
+    let mut w = s;
+    let reply = match line.trim() {
+        "stats" => info.json(),
+        "ping" => serde_json::json!({"ok": true}),
+        other => serde_json::json!({"error": format!("unknown command {other:?}; try `stats`")}),
+    };
+    writeln!(w, "{reply}")?;
+    Ok(())
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.size == 0 || !a.size.is_multiple_of(512) {
+        bail!(
+            "--size must be a positive multiple of 512 bytes, got {}",
+            a.size
+        );
+    }
+    if a.export_name.len() > 4096 || a.export_name.contains('\0') {
+        bail!("--export-name must be at most 4096 bytes without NUL");
+    }
+    let comp: Compressor = a.compressor.parse()?;
+    let pool = Pool::new(PoolConfig {
+        compressor: comp,
+        dedup: a.dedup,
+        mem_limit: a.mem_limit,
+        ..Default::default()
+    })?;
+    let export = Arc::new(Export::new(Arc::new(pool), a.size));
+    let cfg = ServerConfig {
+        workers_per_conn: a.workers.max(1),
+        ..Default::default()
+    };
+    let server = Arc::new(Server::new(export, a.export_name.clone(), cfg));
+
+    let mut cleanup: Vec<PathBuf> = Vec::new();
+    let (listener, endpoint) = match &a.listen {
+        Some(l) => {
+            let addr = parse_listen(l)?;
+            let t = TcpListener::bind(&addr).with_context(|| format!("listening on {addr}"))?;
+            let local = t.local_addr()?;
+            if !local.ip().is_loopback() {
+                eprintln!("zmem: warning: NBD on {local} has no authentication or encryption");
+            }
+            (Listener::Tcp(t), format!("nbd://{local}/{}", a.export_name))
+        }
+        None => {
+            let path = a
+                .socket
+                .clone()
+                .unwrap_or_else(|| runtime_dir().join("zmem.sock"));
+            let u = bind_unix(&path, None)?;
+            cleanup.push(path.clone());
+            (
+                Listener::Unix(u),
+                format!("nbd+unix:///{}?socket={}", a.export_name, path.display()),
+            )
+        }
+    };
+    let control_path = match &a.control {
+        Some(p) if p.as_os_str() == "none" => None,
+        Some(p) => Some(p.clone()),
+        None => Some(default_control_path()),
+    };
+    let control = match &control_path {
+        Some(p) => {
+            let l = bind_unix(p, Some(0o600))?;
+            cleanup.push(p.clone());
+            Some(l)
+        }
+        None => None,
+    };
+    install_signal_handlers()?;
+
+    let info = Info {
+        server: server.clone(),
+        algorithm: comp.to_string(),
+        dedup: a.dedup,
+        endpoint: endpoint.clone(),
+    };
+    eprintln!(
+        "zmem: serving export {:?} ({} bytes, {}{}) at {endpoint}{}",
+        a.export_name,
+        a.size,
+        comp,
+        if a.dedup { ", dedup" } else { "" },
+        control_path
+            .as_ref()
+            .map(|p| format!(", control {}", p.display()))
+            .unwrap_or_default()
+    );
+    let res = std::thread::scope(|s| {
+        if let Some(l) = control {
+            let info = &info;
+            s.spawn(move || control_loop(l, info));
+        }
+        let r = server.run(&listener, &STOP);
+        STOP.store(true, Ordering::SeqCst); // also ends the control thread on error
+        r
+    });
+    for p in &cleanup {
+        let _ = std::fs::remove_file(p);
+    }
+    let st = server.export().pool().stats();
+    eprintln!(
+        "zmem: stopped; mm_stat {}",
+        st.mm_stat()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    res.context("serving")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_forms() {
+        assert_eq!(parse_listen("10809").unwrap(), "127.0.0.1:10809");
+        assert_eq!(parse_listen("0.0.0.0:1").unwrap(), "0.0.0.0:1");
+        assert_eq!(parse_listen("[::1]:10809").unwrap(), "[::1]:10809");
+        assert!(parse_listen("host").is_err());
+        assert!(parse_listen("host:99999").is_err());
+    }
+
+    #[test]
+    fn bind_refuses_non_sockets_and_replaces_stale() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("file");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(bind_unix(&f, None).is_err());
+        let s = d.path().join("s");
+        let l = bind_unix(&s, Some(0o600)).unwrap();
+        assert_eq!(
+            std::fs::metadata(&s).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(
+            bind_unix(&s, None).is_err(),
+            "live socket must not be replaced"
+        );
+        drop(l);
+        bind_unix(&s, None).unwrap();
+    }
+}

@@ -1,0 +1,157 @@
+//! `zmem stat`: what a running `zmem serve` holds, like `zramctl`.
+//!
+//! Asks the server's control socket for `stats` (one JSON line) and prints
+//! a table: export, algorithm, disk size, data (uncompressed), compressed,
+//! total memory used, ratio (data / total), same-filled, deduplicated and
+//! huge pages, connections; then zram's `mm_stat` line.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The server's control socket [default: as `zmem serve`].
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Print the server's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Ask the control socket at `path` for its stats.
+pub fn query(path: &std::path::Path) -> anyhow::Result<Value> {
+    let mut s = UnixStream::connect(path).with_context(|| {
+        format!(
+            "connecting to {} (is `zmem serve` running?)",
+            path.display()
+        )
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"stats\n")?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    let v: Value = serde_json::from_str(line.trim()).context("parsing the server's reply")?;
+    if let Some(e) = v.get("error") {
+        bail!("server: {e}");
+    }
+    Ok(v)
+}
+
+/// Sizes as zramctl prints them: 0B, 512B, 4K, 1.5M, 2G.
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 || (v - v.round()).abs() < 0.05 {
+        format!("{}{}", v.round() as u64, UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+/// The table (header, row) and the mm_stat line for a stats reply.
+pub fn render(v: &Value) -> String {
+    let st = &v["stats"];
+    let g = |k: &str| st[k].as_u64().unwrap_or(0);
+    let name = v["export"].as_str().unwrap_or("");
+    let name = if name.is_empty() {
+        "\"\"".to_string()
+    } else {
+        name.to_string()
+    };
+    let ratio = if g("mem_used_total") == 0 {
+        "-".to_string()
+    } else {
+        format!(
+            "{:.2}",
+            g("orig_data_size") as f64 / g("mem_used_total") as f64
+        )
+    };
+    let cols = [
+        ("EXPORT", name),
+        (
+            "ALGORITHM",
+            v["algorithm"].as_str().unwrap_or("?").to_string(),
+        ),
+        ("DISKSIZE", human(v["disksize"].as_u64().unwrap_or(0))),
+        ("DATA", human(g("orig_data_size"))),
+        ("COMPR", human(g("compr_data_size"))),
+        ("TOTAL", human(g("mem_used_total"))),
+        ("RATIO", ratio),
+        ("SAME", g("same_pages").to_string()),
+        ("DUP", g("dup_pages").to_string()),
+        ("HUGE", g("huge_pages").to_string()),
+        (
+            "CONNS",
+            v["connections"]["active"].as_u64().unwrap_or(0).to_string(),
+        ),
+    ];
+    let mut head = String::new();
+    let mut row = String::new();
+    for (i, (h, val)) in cols.iter().enumerate() {
+        let w = h.len().max(val.len());
+        let sep = if i + 1 == cols.len() { "" } else { " " };
+        if i == 0 {
+            head += &format!("{h:<w$}{sep}");
+            row += &format!("{val:<w$}{sep}");
+        } else {
+            head += &format!("{h:>w$}{sep}");
+            row += &format!("{val:>w$}{sep}");
+        }
+    }
+    format!(
+        "{head}\n{row}\nmm_stat: {}\n",
+        v["mm_stat"].as_str().unwrap_or("")
+    )
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let path = a.control.unwrap_or_else(crate::serve::default_control_path);
+    let v = query(&path)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", render(&v));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0B");
+        assert_eq!(human(512), "512B");
+        assert_eq!(human(4096), "4K");
+        assert_eq!(human(1536 << 10), "1.5M");
+        assert_eq!(human(1 << 30), "1G");
+    }
+
+    #[test]
+    fn renders_a_row() {
+        let v = serde_json::json!({
+            "export": "", "algorithm": "lz4", "disksize": 1u64 << 30,
+            "connections": {"active": 2},
+            "mm_stat": "1 2 3",
+            "stats": {"orig_data_size": 8192, "compr_data_size": 100, "mem_used_total": 4096,
+                      "same_pages": 1, "dup_pages": 0, "huge_pages": 0}
+        });
+        let out = render(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("EXPORT"));
+        assert!(lines[1].contains("1G") && lines[1].contains("2.00") && lines[1].contains("lz4"));
+        assert_eq!(lines[2], "mm_stat: 1 2 3");
+    }
+}

@@ -1,0 +1,382 @@
+//! Shared helpers for the real-client tests: a `zmem serve` child that is
+//! always stopped, commands with hard time limits, tool detection, and
+//! guards that undo kernel setup (mounts, loop devices, swap, cgroups) even
+//! when a test fails.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const ZMEM: &str = env!("CARGO_BIN_EXE_zmem");
+
+/// Whether `tool` is on PATH (or an absolute path that exists).
+pub fn have(tool: &str) -> bool {
+    if tool.contains('/') {
+        return Path::new(tool).exists();
+    }
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+/// Print why a test is skipped and return from it.
+#[macro_export]
+macro_rules! skip {
+    ($($t:tt)*) => {{
+        eprintln!("SKIPPED: {}", format!($($t)*));
+        return;
+    }};
+}
+
+/// Return (skipping) unless every tool exists.
+#[macro_export]
+macro_rules! require_tools {
+    ($($tool:expr),+) => {
+        for t in [$($tool),+] {
+            if !common::have(t) {
+                skip!("`{}` is not installed (scripts/setup.sh installs it)", t);
+            }
+        }
+    };
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Run `cmd` to completion with a hard time limit; the child is killed
+/// (SIGKILL) when the limit passes. Output is captured.
+pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {desc}: {e}"));
+    // Drain pipes on threads so a chatty child cannot block on a full pipe.
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let to = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let te = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let status = wait_timeout(&mut child, limit).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("timed out after {limit:?}: {desc}");
+    });
+    Output {
+        status,
+        stdout: to.join().unwrap(),
+        stderr: te.join().unwrap(),
+    }
+}
+
+/// Run and require success; returns stdout.
+pub fn run_ok(cmd: &mut Command, limit: Duration) -> String {
+    let desc = format!("{cmd:?}");
+    let o = run_timeout(cmd, limit);
+    assert!(
+        o.status.success(),
+        "{desc} failed ({}):\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn sh(script: &str, limit: Duration) -> String {
+    run_ok(Command::new("sh").arg("-c").arg(script), limit)
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + limit;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `zmem serve`; stopped (SIGTERM, then SIGKILL) on drop.
+pub struct ZmemServer {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub control: PathBuf,
+    pub log: PathBuf,
+}
+
+impl ZmemServer {
+    /// Start `zmem serve --size SIZE` on a fresh Unix socket plus `extra` args.
+    pub fn start(size: &str, extra: &[&str]) -> ZmemServer {
+        let dir = tempfile::Builder::new()
+            .prefix("zmem-test-")
+            .tempdir()
+            .unwrap();
+        let socket = dir.path().join("nbd.sock");
+        let control = dir.path().join("ctl.sock");
+        let log = dir.path().join("serve.log");
+        let mut cmd = Command::new(ZMEM);
+        cmd.args(["serve", "--size", size, "--socket"])
+            .arg(&socket)
+            .arg("--control")
+            .arg(&control)
+            .args(extra)
+            .env("ZMEM_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let child = cmd.spawn().expect("spawning zmem serve");
+        let mut s = ZmemServer {
+            child: Some(child),
+            dir,
+            socket,
+            control,
+            log,
+        };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&mut self) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if UnixStream::connect(&self.socket).is_ok()
+                && UnixStream::connect(&self.control).is_ok()
+            {
+                return;
+            }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("zmem serve exited early ({st}): {}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("zmem serve did not come up: {}", self.log_text());
+    }
+
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.socket.display())
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `zmem stat --json` parsed.
+    pub fn stats(&self) -> serde_json::Value {
+        let out = run_ok(
+            Command::new(ZMEM)
+                .arg("stat")
+                .arg("--control")
+                .arg(&self.control)
+                .arg("--json"),
+            Duration::from_secs(10),
+        );
+        serde_json::from_str(&out).expect("stat --json output is JSON")
+    }
+
+    pub fn stat_u64(&self, key: &str) -> u64 {
+        self.stats()["stats"][key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no stats.{key}"))
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        // SAFETY: kill with a pid we spawned and have not reaped yet.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        match wait_timeout(&mut c, Duration::from_secs(10)) {
+            Some(s) => Some(s),
+            None => {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!(
+                    "zmem serve did not stop within 10 s of SIGTERM: {}",
+                    self.log_text()
+                );
+            }
+        }
+    }
+}
+
+impl Drop for ZmemServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: as in stop().
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            if wait_timeout(&mut c, Duration::from_secs(5)).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Runs a cleanup command on drop (best effort, time-limited, errors ignored).
+pub struct Undo {
+    desc: String,
+    argv: Vec<String>,
+    armed: bool,
+}
+
+impl Undo {
+    pub fn new(argv: &[&str]) -> Undo {
+        Undo {
+            desc: argv.join(" "),
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            armed: true,
+        }
+    }
+
+    /// Run the cleanup now (and not again on drop); panics if it fails.
+    pub fn now(mut self) {
+        self.armed = false;
+        run_ok(
+            Command::new(&self.argv[0]).args(&self.argv[1..]),
+            Duration::from_secs(60),
+        );
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let r = Command::new(&self.argv[0])
+            .args(&self.argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(|mut c| {
+                if wait_timeout(&mut c, Duration::from_secs(30)).is_none() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            });
+        if r.is_err() {
+            eprintln!("cleanup `{}` could not run", self.desc);
+        }
+    }
+}
+
+/// Deterministic pseudo-random bytes that compress somewhat (text-like mix).
+pub fn test_data(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        match (x >> 60) as u8 {
+            0..=5 => v.extend_from_slice(b"the quick brown fox jumps over the lazy dog "),
+            6..=9 => v.extend(std::iter::repeat_n(0u8, (x % 300) as usize)),
+            _ => v.extend_from_slice(&x.to_le_bytes()),
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+pub fn sha256(path: &Path) -> String {
+    let out = run_ok(Command::new("sha256sum").arg(path), Duration::from_secs(60));
+    out.split_whitespace().next().unwrap().to_string()
+}
+
+/// nbdfuse serving `uri` as `<dir>/nbd`; unmounted (which ends nbdfuse) on drop.
+pub struct Fuse {
+    child: Option<Child>,
+    pub dir: std::path::PathBuf,
+}
+
+impl Fuse {
+    pub fn mount(dir: &Path, socket: &Path) -> Fuse {
+        std::fs::create_dir_all(dir).unwrap();
+        let pidfile = dir.with_extension("pid");
+        let child = Command::new("nbdfuse")
+            .arg("-P")
+            .arg(&pidfile)
+            .arg(dir)
+            .arg("--unix")
+            .arg(socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning nbdfuse");
+        let mut f = Fuse {
+            child: Some(child),
+            dir: dir.to_path_buf(),
+        };
+        let end = Instant::now() + Duration::from_secs(20);
+        while !(pidfile.exists() && dir.join("nbd").exists()) {
+            if let Some(Ok(Some(st))) = f.child.as_mut().map(|c| c.try_wait()) {
+                panic!("nbdfuse exited: {st}");
+            }
+            assert!(Instant::now() < end, "nbdfuse did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        f
+    }
+
+    pub fn file(&self) -> std::path::PathBuf {
+        self.dir.join("nbd")
+    }
+}
+
+impl Drop for Fuse {
+    fn drop(&mut self) {
+        // Root can unmount FUSE directly; nbdfuse then exits by itself.
+        let _ = Command::new("umount")
+            .arg(&self.dir)
+            .stderr(Stdio::null())
+            .status();
+        if let Some(mut c) = self.child.take() {
+            if wait_timeout(&mut c, Duration::from_secs(10)).is_none() {
+                let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Attach `file` to a free loop device; detached on drop.
+pub struct Loop {
+    pub dev: String,
+    _undo: Undo,
+}
+
+impl Loop {
+    pub fn attach(file: &Path) -> Loop {
+        let dev = run_ok(
+            Command::new("losetup").args(["--show", "-f"]).arg(file),
+            Duration::from_secs(60),
+        )
+        .trim()
+        .to_string();
+        assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
+        let undo = Undo::new(&["losetup", "-d", &dev]);
+        Loop { dev, _undo: undo }
+    }
+}

@@ -1,0 +1,131 @@
+//! Swap on `zmem serve` (root only): nbdfuse + loop device + mkswap/swapon,
+//! then a process in a memory cgroup (v1) limited to 64 MiB touches 160 MiB
+//! and verifies every byte; what did not fit went to swap, i.e. into the
+//! pool. The server and nbdfuse stay outside the cgroup, so reclaim inside
+//! it cannot wait on itself.
+//!
+//! Guards undo everything (cgroup, swapon, loop device, FUSE mount, server)
+//! in reverse order even when an assertion fails.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const T: Duration = Duration::from_secs(120);
+const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
+
+/// A memory cgroup (v1) removed on drop (after its tasks have exited).
+struct Cgroup(PathBuf);
+
+impl Cgroup {
+    fn create(name: &str, limit: u64) -> Cgroup {
+        let p = Path::new(CGROUP_V1).join(name);
+        if p.exists() {
+            let _ = std::fs::remove_dir(&p); // stale from a killed run
+        }
+        std::fs::create_dir(&p).expect("creating the memory cgroup");
+        let cg = Cgroup(p);
+        cg.set("memory.limit_in_bytes", &limit.to_string());
+        let _ = std::fs::write(cg.0.join("memory.swappiness"), "100");
+        cg
+    }
+    fn set(&self, file: &str, v: &str) {
+        std::fs::write(self.0.join(file), v).unwrap_or_else(|e| panic!("writing {file}: {e}"));
+    }
+    fn get(&self, file: &str) -> u64 {
+        std::fs::read_to_string(self.0.join(file))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+const WORKLOAD: &str = r#"
+import hashlib, os, sys
+N = 160 * 256
+pages, h1 = [], hashlib.sha256()
+for i in range(N):
+    b = (b"page %08d " % i) * 256
+    b = (b[:4000] + os.urandom(96)) if i % 3 == 0 else b[:4096]
+    pages.append(bytearray(b))
+    h1.update(b)
+h2 = hashlib.sha256()
+for p in pages:
+    h2.update(p)
+print("OK" if h1.digest() == h2.digest() else "MISMATCH")
+"#;
+
+#[test]
+fn swap_in_memory_cgroup() {
+    if !is_root() {
+        skip!("needs root (loop devices, swapon, cgroups)");
+    }
+    require_tools!("nbdfuse", "losetup", "mkswap", "swapon", "swapoff", "python3");
+    if !Path::new("/dev/fuse").exists() {
+        skip!("/dev/fuse is missing (no FUSE in this kernel)");
+    }
+    if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
+        skip!("memory cgroup v1 is not mounted at {CGROUP_V1}");
+    }
+    let server = ZmemServer::start("512M", &["--compressor", "lz4"]);
+    let work = tempfile::Builder::new()
+        .prefix("zmem-swap-")
+        .tempdir()
+        .unwrap();
+    let fuse = Fuse::mount(&work.path().join("fuse"), &server.socket);
+    let lo = Loop::attach(&fuse.file());
+    run_ok(Command::new("mkswap").arg(&lo.dev), T);
+    run_ok(Command::new("swapon").args(["-p", "32767", &lo.dev]), T);
+    let swap = Undo::new(&["swapoff", &lo.dev]);
+    let stored_before = server.stat_u64("orig_data_size") / 4096;
+
+    let cg = Cgroup::create(&format!("zmem-test-{}", std::process::id()), 64 << 20);
+    let script = work.path().join("w.py");
+    std::fs::write(&script, WORKLOAD).unwrap();
+    // Join the cgroup, then become python: only the workload is limited.
+    let out = run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > '{}/cgroup.procs' && exec python3 '{}'",
+                cg.0.display(),
+                script.display()
+            ))
+            .stderr(Stdio::piped()),
+        T,
+    );
+    assert_eq!(out.trim(), "OK", "workload output: {out}");
+    // Swap slots are not discarded when the workload exits, so what was
+    // swapped out is still in the pool.
+    let swapped_pages = server.stat_u64("orig_data_size") / 4096 - stored_before;
+    let max_usage = cg.get("memory.max_usage_in_bytes");
+    eprintln!(
+        "cgroup max usage {} MiB (limit 64 MiB); pages stored through swap: {swapped_pages}; pool: {}",
+        max_usage >> 20,
+        server.stats()["mm_stat"]
+    );
+    assert!(max_usage <= 64 << 20);
+    assert!(
+        swapped_pages >= 8192,
+        "at least 32 MiB should have gone to swap, got {swapped_pages} pages"
+    );
+    drop(cg);
+    swap.now();
+    drop(lo);
+    drop(fuse);
+    assert!(!server.log_text().contains("panicked"));
+}
