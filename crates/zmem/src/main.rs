@@ -5,12 +5,14 @@
 //! * `zmem bench blockdev` — `zmem serve` under fio vs nbdkit memory and zram.
 //! * `zmem serve` — a compressed-RAM block device over NBD.
 //! * `zmem stat` — what a running `zmem serve` holds, like zramctl.
+//! * `zmem writeback` — zram's explicit writeback, for `zmem serve --backing`.
 
 mod bench_blockdev;
 mod bench_store;
 mod serve;
 mod stat;
 mod util;
+mod writeback;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +32,9 @@ enum Cmd {
     Serve(serve::Args),
     /// Show what a running `zmem serve` holds (like zramctl).
     Stat(stat::Args),
+    /// Write pages of a running `zmem serve --backing FILE` back to its file
+    /// (zram's writeback: idle, huge, incompressible or all, with a budget).
+    Writeback(writeback::Args),
 }
 
 #[derive(Subcommand)]
@@ -56,6 +61,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Blockdev(a)) => bench_blockdev::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Stat(a) => stat::run(a),
+        Cmd::Writeback(a) => writeback::run(a),
     };
     if let Err(e) = res {
         eprintln!("zmem: error: {e:#}");

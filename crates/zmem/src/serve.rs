@@ -19,7 +19,7 @@ use zmem_compress::Compressor;
 use zmem_core::{Pool, PoolConfig};
 use zmem_nbd::{Export, Listener, Server, ServerConfig};
 
-use crate::util::{parse_on_off, parse_size};
+use crate::util::{parse_on_off, parse_pool_limit, parse_size};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -40,9 +40,25 @@ pub struct Args {
     /// Deduplicate identical pages: on or off.
     #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub dedup: bool,
-    /// Cap on the pool's memory (e.g. 256M); writes past it fail with ENOSPC.
+    /// Cap on the pool's memory (zram's mem_limit, e.g. 256M); writes past
+    /// it fail with ENOSPC.
     #[arg(long, value_parser = parse_size)]
     pub mem_limit: Option<u64>,
+    /// zswap's max_pool: a size (512M) or a share of RAM (20%). Without
+    /// --backing, writes past it fail with ENOSPC until the pool is back
+    /// under --accept-threshold; with it, the coldest pages are written back.
+    #[arg(long, default_value = "20%", value_parser = parse_pool_limit)]
+    pub max_pool: u64,
+    /// zswap's accept_threshold_percent.
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub accept_threshold: u8,
+    /// Backing file for writeback (created or truncated; O_DIRECT where the
+    /// file system allows). Cold pages go there compressed.
+    #[arg(long)]
+    pub backing: Option<PathBuf>,
+    /// Cap on the backing file's size (e.g. 4G).
+    #[arg(long, value_parser = parse_size, requires = "backing")]
+    pub backing_limit: Option<u64>,
     /// Name of the export ("" is the default export clients ask for).
     #[arg(long, default_value = "")]
     pub export_name: String,
@@ -151,6 +167,7 @@ pub struct Info {
     pub algorithm: String,
     pub dedup: bool,
     pub endpoint: String,
+    pub backing: Option<String>,
 }
 
 impl Info {
@@ -164,6 +181,7 @@ impl Info {
             "algorithm": self.algorithm,
             "dedup": self.dedup,
             "endpoint": self.endpoint,
+            "backing": self.backing,
             "connections": {
                 "active": ss.connections_active,
                 "total": ss.connections_total,
@@ -206,10 +224,47 @@ fn control_client(s: UnixStream, info: &Info) -> std::io::Result<()> {
     let reply = match line.trim() {
         "stats" => info.json(),
         "ping" => serde_json::json!({"ok": true}),
-        other => serde_json::json!({"error": format!("unknown command {other:?}; try `stats`")}),
+        "compact" => {
+            let pages = info.server.export().pool().compact();
+            serde_json::json!({"ok": true, "pages_compacted": pages})
+        }
+        cmd if cmd.starts_with("writeback") => match parse_writeback(cmd) {
+            Ok((mode, limit)) => match info.server.export().pool().writeback(mode, limit) {
+                Ok(n) => serde_json::json!({"ok": true, "written_back_pages": n}),
+                Err(e) => serde_json::json!({"error": e.to_string()}),
+            },
+            Err(e) => serde_json::json!({"error": e}),
+        },
+        other => serde_json::json!({
+            "error": format!("unknown command {other:?}; try stats, compact, writeback MODE [LIMIT]")
+        }),
     };
     writeln!(w, "{reply}")?;
     Ok(())
+}
+
+/// `writeback idle SECONDS [LIMIT]`, `writeback huge|incompressible|all [LIMIT]`.
+pub fn parse_writeback(cmd: &str) -> Result<(zmem_core::WritebackMode, Option<u64>), String> {
+    use zmem_core::WritebackMode;
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    let usage = "usage: writeback idle SECONDS [LIMIT] | writeback huge|incompressible|all [LIMIT]";
+    let num = |w: &str| w.parse::<u64>().map_err(|_| format!("`{w}` is not a number; {usage}"));
+    let (mode, rest) = match words.get(1..) {
+        Some(["idle", secs, rest @ ..]) => {
+            let secs = num(secs)?.min(u32::MAX as u64) as u32;
+            (WritebackMode::Idle(secs), rest)
+        }
+        Some(["huge", rest @ ..]) => (WritebackMode::Huge, rest),
+        Some(["incompressible", rest @ ..]) => (WritebackMode::Incompressible, rest),
+        Some(["all", rest @ ..]) => (WritebackMode::All, rest),
+        _ => return Err(usage.to_string()),
+    };
+    let limit = match rest {
+        [] => None,
+        [l] => Some(num(l)?),
+        _ => return Err(usage.to_string()),
+    };
+    Ok((mode, limit))
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -223,12 +278,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bail!("--export-name must be at most 4096 bytes without NUL");
     }
     let comp: Compressor = a.compressor.parse()?;
-    let pool = Pool::new(PoolConfig {
+    let cfg = PoolConfig {
         compressor: comp,
         dedup: a.dedup,
         mem_limit: a.mem_limit,
+        max_pool: Some(a.max_pool),
+        accept_threshold_percent: a.accept_threshold,
         ..Default::default()
-    })?;
+    };
+    let pool = match &a.backing {
+        Some(path) => {
+            let (store, why) = zmem_core::BackingStore::open(path, a.backing_limit)
+                .with_context(|| format!("opening backing file {}", path.display()))?;
+            if let Some(why) = why {
+                eprintln!("zmem: {why}");
+            }
+            Pool::with_backing(cfg, store)?
+        }
+        None => Pool::new(cfg)?,
+    };
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let cfg = ServerConfig {
         workers_per_conn: a.workers.max(1),
@@ -280,6 +348,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         algorithm: comp.to_string(),
         dedup: a.dedup,
         endpoint: endpoint.clone(),
+        backing: a.backing.as_ref().map(|p| p.display().to_string()),
     };
     eprintln!(
         "zmem: serving export {:?} ({} bytes, {}{}) at {endpoint}{}",
@@ -318,6 +387,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writeback_commands() {
+        use zmem_core::WritebackMode::*;
+        assert_eq!(parse_writeback("writeback idle 60").unwrap(), (Idle(60), None));
+        assert_eq!(parse_writeback("writeback huge 100").unwrap(), (Huge, Some(100)));
+        assert_eq!(parse_writeback("writeback incompressible").unwrap(), (Incompressible, None));
+        assert_eq!(parse_writeback("writeback all 5").unwrap(), (All, Some(5)));
+        for bad in ["writeback", "writeback idle", "writeback idle x", "writeback all 1 2", "writeback some"] {
+            assert!(parse_writeback(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn listen_forms() {

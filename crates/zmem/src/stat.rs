@@ -25,15 +25,21 @@ pub struct Args {
 
 /// Ask the control socket at `path` for its stats.
 pub fn query(path: &std::path::Path) -> anyhow::Result<Value> {
+    request(path, "stats")
+}
+
+/// Send one command line to the control socket at `path`; return its JSON reply.
+pub fn request(path: &std::path::Path, cmd: &str) -> anyhow::Result<Value> {
     let mut s = UnixStream::connect(path).with_context(|| {
         format!(
             "connecting to {} (is `zmem serve` running?)",
             path.display()
         )
     })?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // Writeback of a large pool can take a while.
+    s.set_read_timeout(Some(Duration::from_secs(600)))?;
     s.set_write_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"stats\n")?;
+    s.write_all(format!("{cmd}\n").as_bytes())?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     let v: Value = serde_json::from_str(line.trim()).context("parsing the server's reply")?;
@@ -109,10 +115,34 @@ pub fn render(v: &Value) -> String {
             row += &format!("{val:>w$}{sep}");
         }
     }
-    format!(
+    let mut out = format!(
         "{head}\n{row}\nmm_stat: {}\n",
         v["mm_stat"].as_str().unwrap_or("")
-    )
+    );
+    if g("max_pool_bytes") > 0 {
+        out += &format!(
+            "max_pool: {} (accept below {}%), pool_limit_hit {}, reject_reclaim_fail {}\n",
+            human(g("max_pool_bytes")),
+            g("accept_threshold_percent"),
+            g("pool_limit_hit"),
+            g("reject_reclaim_fail")
+        );
+    }
+    if st.get("backing_file_bytes").is_some() && (g("bd_writes") > 0 || v["backing"].is_string()) {
+        out += &format!(
+            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read, file {} ({} live), {} pages brought back\n",
+            g("bd_count"),
+            g("bd_reads"),
+            g("bd_writes"),
+            g("written_back_pages"),
+            human(g("backing_bytes_written")),
+            human(g("backing_bytes_read")),
+            human(g("backing_file_bytes")),
+            human(g("backing_live_bytes")),
+            g("promoted_pages")
+        );
+    }
+    out
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
