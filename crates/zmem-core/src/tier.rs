@@ -189,7 +189,7 @@ impl Pool {
             }
             // Writeback frees objects; their pages come free when spans
             // empty. Compaction turns scattered holes into free pages.
-            if batches % 8 == 0 {
+            if batches.is_multiple_of(8) {
                 self.alloc.compact();
             }
         }
