@@ -134,12 +134,13 @@ impl Export {
     /// Read `buf.len()` bytes at `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         self.check(offset, buf.len() as u64)?;
-        let mut page = [0u8; PAGE_SIZE];
         for p in pieces(offset, buf.len() as u64) {
             let dst = &mut buf[p.buf_off..p.buf_off + p.len];
             if p.full() {
                 self.load_page(p.key, dst)?;
             } else {
+                // Zeroed only for partial pages (4 KiB memset per request).
+                let mut page = [0u8; PAGE_SIZE];
                 self.load_page(p.key, &mut page)?;
                 dst.copy_from_slice(&page[p.start..p.start + p.len]);
             }
@@ -151,13 +152,13 @@ impl Export {
     /// (the client sees the whole write fail, as with any block device).
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
         self.check(offset, data.len() as u64)?;
-        let mut page = [0u8; PAGE_SIZE];
         for p in pieces(offset, data.len() as u64) {
             let src = &data[p.buf_off..p.buf_off + p.len];
             let _g = self.lock(p.key);
             if p.full() {
                 self.pool.store(p.key, src)?;
             } else {
+                let mut page = [0u8; PAGE_SIZE];
                 self.load_page(p.key, &mut page)?;
                 page[p.start..p.start + p.len].copy_from_slice(src);
                 self.pool.store(p.key, &page)?;

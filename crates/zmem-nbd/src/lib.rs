@@ -9,7 +9,8 @@
 //!   of the device is pool key `i`; partial pages are read-modify-written
 //!   under a per-page lock);
 //! * [`server`] — [`Server`]: accept loop, one reader thread per connection
-//!   feeding worker threads, replies matched by handle, clean shutdown.
+//!   that executes small requests itself (replies batched) and feeds worker
+//!   threads the big ones, replies matched by handle, clean shutdown.
 //!
 //! Supported: NBD_OPT_GO/INFO (export, block size 1/4096/32 MiB, name,
 //! description), EXPORT_NAME, LIST, ABORT, STRUCTURED_REPLY,

@@ -587,3 +587,78 @@ fn run_accepts_and_stops_cleanly() {
     assert_eq!(a.s.read(&mut buf).unwrap_or(0), 0);
     assert_eq!(srv.stats().connections_active, 0);
 }
+
+/// Small requests (executed by the reader, replies batched) interleaved with
+/// big ones (workers) and failing ones, all sent in one burst: every request
+/// gets exactly one reply, by handle, and an error reply in the middle of a
+/// batch does not disturb the replies batched before it.
+#[test]
+fn burst_of_small_big_and_failing_requests() {
+    let size = 16u64 << 20;
+    let srv = server(size, None);
+    let (c, h) = connect(&srv);
+    let mut c = handshake(c, true);
+    let (a, big, b) = (data(4096, 1), data(1 << 20, 2), data(4096, 3));
+    let burst = |c: &mut Client, reqs: &[(u64, u16, u64, u32, &[u8])]| {
+        let mut buf = Vec::new();
+        for &(handle, typ, offset, len, payload) in reqs {
+            let r = Request {
+                flags: 0,
+                typ,
+                handle,
+                offset,
+                len,
+            };
+            buf.extend_from_slice(&r.encode());
+            buf.extend_from_slice(payload);
+        }
+        c.s.write_all(&buf).unwrap();
+        let mut got = std::collections::HashMap::new();
+        for _ in reqs {
+            // Simple replies (writes, flush) carry no data.
+            let (handle, r) = c.recv(|_| 0);
+            assert!(got.insert(handle, r).is_none(), "two replies for {handle}");
+        }
+        got
+    };
+    let got = burst(
+        &mut c,
+        &[
+            (1, CMD_WRITE, 0, 4096, &a),
+            (2, CMD_WRITE, 1 << 20, 1 << 20, &big),
+            (3, CMD_READ, size, 4096, &[]),
+            (4, CMD_WRITE, 8192, 4096, &b),
+            (5, CMD_FLUSH, 0, 0, &[]),
+            (6, CMD_WRITE, size - 100, 4096, &b),
+        ],
+    );
+    assert_eq!(got[&1], ok(vec![]));
+    assert_eq!(got[&2], ok(vec![]));
+    assert_eq!(got[&3], Reply::Err(EINVAL));
+    assert_eq!(got[&4], ok(vec![]));
+    assert_eq!(got[&5], ok(vec![]));
+    assert_eq!(got[&6], Reply::Err(ENOSPC));
+    let got = burst(
+        &mut c,
+        &[
+            (10, CMD_READ, 0, 4096, &[]),
+            (11, CMD_READ, 1 << 20, 1 << 20, &[]),
+            (12, CMD_READ, 8192, 4096, &[]),
+            (13, CMD_READ, size - 1, 2, &[]),
+            (14, CMD_BLOCK_STATUS, 0, 16384, &[]),
+            (15, CMD_READ, 100, 3996, &[]),
+        ],
+    );
+    assert_eq!(got[&10], ok(a.clone()));
+    assert_eq!(got[&11], ok(big));
+    assert_eq!(got[&12], ok(b));
+    assert_eq!(got[&13], Reply::Err(EINVAL));
+    let hz = STATE_HOLE | STATE_ZERO;
+    assert_eq!(
+        got[&14],
+        Reply::Extents(vec![(4096, 0), (4096, hz), (4096, 0), (4096, hz)])
+    );
+    assert_eq!(got[&15], ok(a[100..].to_vec()));
+    c.disconnect();
+    h.join().unwrap().unwrap();
+}

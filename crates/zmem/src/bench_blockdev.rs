@@ -8,19 +8,36 @@
 //! * **zram**: kernel zram (as root) with the same algorithm if the kernel
 //!   has it, fio `libaio` with `O_DIRECT` on `/dev/zramN`.
 //!
-//! Jobs, in order, on a fresh device each time: `fill` (sequential 1 MiB
-//! writes over the whole device), `randread` and `randwrite` (4 KiB,
-//! `--iodepth`, time-based), `seqread` (1 MiB over the whole device). Data
-//! is fio's `buffer_compress_percentage` (refilled for every write), with a
-//! fixed random seed. After `fill`, memory is read from each target: the
-//! pool's `mem_used_total` (zmem), zram's `mm_stat` `mem_used_total`, and
-//! the process RSS growth for the userspace servers (nbdkit reports no
-//! accounting of its own).
+//! Jobs, in order, each on a fresh device: `fill`, `randread`, `randwrite`
+//! (4 KiB, `--iodepth`, time-based), `seqread` (1 MiB). Every device is
+//! first filled with **real data**: the first `--size` bytes (rounded down
+//! to 1 MiB) of `--data`, by default a tar of `/usr/lib/x86_64-linux-gnu`
+//! kept in `bench-data/usrlib.tar` (created if missing). The fill goes
+//! through a real client: `nbdcopy --request-size=1M` from a pipe for the
+//! NBD servers, `dd bs=1M oflag=direct` for zram; the `fill` row is that
+//! copy, timed (IOPS = 1 MiB requests per second). nbdcopy and dd both write
+//! zero blocks the cheap way (a zero request / a zram same-filled page).
+//! The random and sequential jobs then run over the filled range only, so
+//! every 4 KiB read decompresses real data.
+//!
+//! fio cannot write a file's content at random offsets, so `randwrite`
+//! writes fio's `buffer_compress_percentage` data (refilled for every
+//! write, chunked per 4 KiB) at the compressibility **measured on the real
+//! data**: `100 * (1 - compr_data_size / orig_data_size)` of zmem's pool
+//! after its fill (override with `--compress-percentage`). Each written page
+//! then compresses about as well as the tar does on average.
+//!
+//! After `fill`, memory is read from each target: the pool's
+//! `mem_used_total` (zmem), zram's `mm_stat` `mem_used_total`, and the
+//! process RSS growth for the userspace servers (nbdkit reports no
+//! accounting of its own). Ratios (zmem / nbdkit, zmem / zram) are computed
+//! for every job's IOPS and for memory, from the same run.
 //!
 //! Numbers only: nothing here passes or fails on speed. The userspace
 //! servers pay for a socket round trip and copies that zram does not; the
 //! comparison between zmem and nbdkit is the like-for-like one.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -47,9 +64,15 @@ pub struct Args {
     /// fio iodepth for the random jobs.
     #[arg(long, default_value_t = 16)]
     pub iodepth: u32,
-    /// fio buffer_compress_percentage for written data.
-    #[arg(long, default_value_t = 50)]
-    pub compress_percentage: u32,
+    /// fio buffer_compress_percentage for randwrite data [default: the
+    /// fill data's compressibility, measured by zmem's pool].
+    #[arg(long)]
+    pub compress_percentage: Option<u32>,
+    /// Fill source: the devices are filled with this file's first --size
+    /// bytes [default: bench-data/usrlib.tar, a tar of
+    /// /usr/lib/x86_64-linux-gnu, created if missing].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
     /// Skip nbdkit.
     #[arg(long)]
     pub no_nbdkit: bool,
@@ -172,16 +195,115 @@ fn rss_bytes(pid: u32) -> Option<u64> {
         .map(|kb| kb * 1024)
 }
 
-/// Run one fio job; `target` is either ("nbd", uri) or ("libaio", path).
-fn fio(a: &Args, job: &Job, engine: &str, target: &str) -> anyhow::Result<JobResult> {
+/// What every target is filled with, and how the random jobs write.
+struct Plan {
+    data: PathBuf,
+    /// Bytes of `data` written to each device (a multiple of 1 MiB).
+    fill_len: u64,
+    /// fio buffer_compress_percentage for randwrite (set after zmem's fill
+    /// unless given).
+    compress_percentage: u32,
+}
+
+/// The default fill source: a tar of /usr/lib/x86_64-linux-gnu.
+const DEFAULT_DATA: &str = "bench-data/usrlib.tar";
+const DEFAULT_DATA_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+
+fn prepare_data(a: &Args) -> anyhow::Result<PathBuf> {
+    if let Some(p) = &a.data {
+        if !p.is_file() {
+            bail!("--data {}: not a file", p.display());
+        }
+        return Ok(p.clone());
+    }
+    let p = PathBuf::from(DEFAULT_DATA);
+    if p.is_file() {
+        return Ok(p);
+    }
+    if !Path::new(DEFAULT_DATA_DIR).is_dir() {
+        bail!("{DEFAULT_DATA_DIR} does not exist: pass --data FILE");
+    }
+    if let Some(d) = p.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    eprintln!("zmem: creating {} (tar of {DEFAULT_DATA_DIR})", p.display());
+    let tmp = p.with_extension("tar.part");
+    let st = Command::new("tar")
+        .args(["cf"])
+        .arg(&tmp)
+        .args(["-C", "/", DEFAULT_DATA_DIR.trim_start_matches('/')])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("running tar")?;
+    // GNU tar exits 1 when files changed while being read; the archive is
+    // still usable as data.
+    if !matches!(st.code(), Some(0) | Some(1)) {
+        bail!("tar of {DEFAULT_DATA_DIR} failed: {st}");
+    }
+    std::fs::rename(&tmp, &p)?;
+    Ok(p)
+}
+
+/// Fill a device with the first `plan.fill_len` bytes of the data through a
+/// real client; returns the `fill` row (1 MiB requests).
+fn fill(plan: &Plan, engine: &str, target: &str) -> anyhow::Result<JobResult> {
+    let t0 = Instant::now();
+    if engine == "nbd" {
+        // nbdcopy wants the source no larger than the destination: feed it
+        // exactly fill_len bytes through a pipe.
+        let mut child = Command::new("nbdcopy")
+            .args(["--request-size=1048576", "--", "-", target])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting nbdcopy")?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let mut f = std::fs::File::open(&plan.data)
+            .with_context(|| format!("opening {}", plan.data.display()))?
+            .take(plan.fill_len);
+        let copied = std::io::copy(&mut f, &mut stdin);
+        drop(stdin);
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "nbdcopy failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        if copied? != plan.fill_len {
+            bail!("{} is shorter than expected", plan.data.display());
+        }
+    } else {
+        let mut c = Command::new("dd");
+        c.arg(format!("if={}", plan.data.display()))
+            .arg(format!("of={target}"))
+            .args(["bs=1M", "iflag=fullblock", "oflag=direct", "status=none"])
+            .arg(format!("count={}", plan.fill_len >> 20));
+        run_limited(&mut c, Duration::from_secs(600))?;
+    }
+    let secs = t0.elapsed().as_secs_f64().max(1e-6);
+    Ok(JobResult {
+        job: "fill".into(),
+        mb_per_s: plan.fill_len as f64 / secs / 1e6,
+        iops: (plan.fill_len >> 20) as f64 / secs,
+        p99_us: 0.0,
+    })
+}
+
+/// Run one fio job over the filled range; `target` is either ("nbd", uri)
+/// or ("libaio", path).
+fn fio(a: &Args, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyhow::Result<JobResult> {
     let mut c = Command::new("fio");
     c.args([
         "--output-format=json",
         &format!("--name={}", job.name),
         &format!("--rw={}", job.rw),
         &format!("--bs={}", job.bs),
-        &format!("--size={}", a.size),
-        &format!("--buffer_compress_percentage={}", a.compress_percentage),
+        &format!("--size={}", plan.fill_len),
+        &format!("--buffer_compress_percentage={}", plan.compress_percentage),
         "--buffer_compress_chunk=4096",
         "--refill_buffers=1",
         "--randseed=1234",
@@ -226,6 +348,21 @@ fn fio(a: &Args, job: &Job, engine: &str, target: &str) -> anyhow::Result<JobRes
     })
 }
 
+/// Fill (timed: the `fill` row), or fill then run `job`.
+fn fill_and_run(
+    a: &Args,
+    plan: &Plan,
+    job: &Job,
+    engine: &str,
+    target: &str,
+) -> anyhow::Result<JobResult> {
+    let f = fill(plan, engine, target)?;
+    if job.name == "fill" {
+        return Ok(f);
+    }
+    fio(a, plan, job, engine, target)
+}
+
 /// Run a command with a hard time limit; returns stdout, errors with stderr.
 fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
     let dir = tempfile::tempdir()?;
@@ -258,7 +395,7 @@ fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
     Ok(out)
 }
 
-fn bench_zmem(a: &Args, dir: &Path) -> anyhow::Result<TargetResult> {
+fn bench_zmem(a: &Args, plan: &mut Plan, dir: &Path) -> anyhow::Result<TargetResult> {
     let sock = dir.join("zmem.sock");
     let ctl = dir.join("zmem.ctl");
     let exe = std::env::current_exe()?;
@@ -266,7 +403,7 @@ fn bench_zmem(a: &Args, dir: &Path) -> anyhow::Result<TargetResult> {
     let (mut mem, mut rss) = (None, None);
     for job in &JOBS {
         // A fresh device per job: every job sees the same starting state
-        // (fill: empty; the rest: freshly filled).
+        // (freshly filled with the data).
         let mut server = ChildGuard(Some(
             Command::new(&exe)
                 .args([
@@ -289,16 +426,22 @@ fn bench_zmem(a: &Args, dir: &Path) -> anyhow::Result<TargetResult> {
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
         let rss0 = rss_bytes(server.pid());
-        if job.name != "fill" {
-            fio(a, &JOBS[0], "nbd", &uri)?;
-        }
-        jobs.push(fio(a, job, "nbd", &uri)?);
+        jobs.push(fill_and_run(a, plan, job, "nbd", &uri)?);
         if job.name == "fill" {
             let v = crate::stat::query(&ctl)?;
-            mem = v["stats"]["mem_used_total"].as_u64();
+            let st = &v["stats"];
+            mem = st["mem_used_total"].as_u64();
             rss = rss_bytes(server.pid())
                 .zip(rss0)
                 .map(|(b, a)| b.saturating_sub(a));
+            if a.compress_percentage.is_none() {
+                let orig = st["orig_data_size"].as_u64().unwrap_or(0);
+                let compr = st["compr_data_size"].as_u64().unwrap_or(0);
+                if orig > 0 {
+                    let saved = 100.0 * (1.0 - compr as f64 / orig as f64);
+                    plan.compress_percentage = saved.round().clamp(0.0, 99.0) as u32;
+                }
+            }
         }
         drop(server);
     }
@@ -316,7 +459,7 @@ fn bench_zmem(a: &Args, dir: &Path) -> anyhow::Result<TargetResult> {
     })
 }
 
-fn bench_nbdkit(a: &Args, dir: &Path) -> anyhow::Result<TargetResult> {
+fn bench_nbdkit(a: &Args, plan: &Plan, dir: &Path) -> anyhow::Result<TargetResult> {
     let sock = dir.join("nbdkit.sock");
     let mut jobs = Vec::new();
     let mut rss = None;
@@ -336,10 +479,7 @@ fn bench_nbdkit(a: &Args, dir: &Path) -> anyhow::Result<TargetResult> {
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
         let rss0 = rss_bytes(server.pid());
-        if job.name != "fill" {
-            fio(a, &JOBS[0], "nbd", &uri)?;
-        }
-        jobs.push(fio(a, job, "nbd", &uri)?);
+        jobs.push(fill_and_run(a, plan, job, "nbd", &uri)?);
         if job.name == "fill" {
             rss = rss_bytes(server.pid())
                 .zip(rss0)
@@ -432,7 +572,7 @@ impl Drop for Zram {
     }
 }
 
-fn bench_zram(a: &Args) -> anyhow::Result<TargetResult> {
+fn bench_zram(a: &Args, plan: &Plan) -> anyhow::Result<TargetResult> {
     let alg = match a.compressor.split(':').next().unwrap_or("") {
         "lzo" => "lzo-rle".to_string(),
         x => x.to_string(),
@@ -443,10 +583,7 @@ fn bench_zram(a: &Args) -> anyhow::Result<TargetResult> {
     for job in &JOBS {
         let node = z.setup(&alg, a.size)?;
         let target = node.to_string_lossy().into_owned();
-        if job.name != "fill" {
-            fio(a, &JOBS[0], "libaio", &target)?;
-        }
-        jobs.push(fio(a, job, "libaio", &target)?);
+        jobs.push(fill_and_run(a, plan, job, "libaio", &target)?);
         if job.name == "fill" {
             let mm = std::fs::read_to_string(z.sys("mm_stat"))?;
             mem = mm.split_whitespace().nth(2).and_then(|s| s.parse().ok());
@@ -474,6 +611,33 @@ fn skipped(target: &str, why: String) -> TargetResult {
     }
 }
 
+/// zmem's figure over another target's, per job (IOPS) and for memory.
+fn ratios(zmem: &TargetResult, other: &TargetResult) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    if other.skipped.is_some() || zmem.skipped.is_some() {
+        return serde_json::Value::Null;
+    }
+    for j in &zmem.jobs {
+        if let Some(o) = other.jobs.iter().find(|o| o.job == j.job) {
+            if o.iops > 0.0 {
+                m.insert(format!("{}_iops", j.job), (j.iops / o.iops).into());
+            }
+        }
+    }
+    // Like with like: the targets' own accounting where the other has one
+    // (zram), else process RSS growth (nbdkit).
+    let mem = match other.mem_used_bytes {
+        Some(o) => zmem.mem_used_bytes.zip(Some(o)),
+        None => zmem.rss_growth_bytes.zip(other.rss_growth_bytes),
+    };
+    if let Some((z, o)) = mem {
+        if o > 0 {
+            m.insert("memory".into(), (z as f64 / o as f64).into());
+        }
+    }
+    serde_json::Value::Object(m)
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     if !have("fio") {
         bail!("fio is not installed (scripts/setup.sh installs it)");
@@ -481,14 +645,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.size < (4 << 20) || !a.size.is_multiple_of(1 << 20) {
         bail!("--size must be a multiple of 1 MiB, at least 4 MiB");
     }
+    if !have("nbdcopy") {
+        bail!("nbdcopy is not installed (libnbd-bin; scripts/setup.sh installs it)");
+    }
+    let data = prepare_data(&a)?;
+    let data_len = std::fs::metadata(&data)?.len();
+    let fill_len = a.size.min(data_len) & !((1 << 20) - 1);
+    if fill_len < (4 << 20) {
+        bail!("{}: at least 4 MiB of data are needed", data.display());
+    }
+    let mut plan = Plan {
+        data,
+        fill_len,
+        compress_percentage: a.compress_percentage.unwrap_or(50).min(99),
+    };
     let dir = tempfile::Builder::new().prefix("zmem-bench-").tempdir()?;
-    let mut results = vec![bench_zmem(&a, dir.path()).context("zmem")?];
+    let mut results = vec![bench_zmem(&a, &mut plan, dir.path()).context("zmem")?];
     results.push(if a.no_nbdkit {
         skipped("nbdkit", "--no-nbdkit".into())
     } else if !have("nbdkit") {
         skipped("nbdkit", "nbdkit is not installed".into())
     } else {
-        bench_nbdkit(&a, dir.path()).unwrap_or_else(|e| skipped("nbdkit", format!("{e:#}")))
+        bench_nbdkit(&a, &plan, dir.path()).unwrap_or_else(|e| skipped("nbdkit", format!("{e:#}")))
     });
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -497,24 +675,31 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else if !root {
         skipped("zram", "needs root".into())
     } else {
-        bench_zram(&a).unwrap_or_else(|e| skipped("zram", format!("{e:#}")))
+        bench_zram(&a, &plan).unwrap_or_else(|e| skipped("zram", format!("{e:#}")))
     });
+    let vs_nbdkit = ratios(&results[0], &results[1]);
+    let vs_zram = ratios(&results[0], &results[2]);
 
     if a.json {
         let v = serde_json::json!({
             "size": a.size,
+            "data": plan.data,
+            "fill_bytes": plan.fill_len,
             "runtime_s": a.runtime,
             "iodepth": a.iodepth,
-            "compress_percentage": a.compress_percentage,
+            "compress_percentage": plan.compress_percentage,
             "targets": results,
+            "ratios": {"zmem_vs_nbdkit": vs_nbdkit, "zmem_vs_zram": vs_zram},
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     println!(
-        "zmem bench blockdev: {} MiB device, data {}% compressible (fio), 4k jobs iodepth {} for {} s; MB/s = 10^6 B/s",
+        "zmem bench blockdev: {} MiB device filled with {} MiB of {}; randwrite data {}% compressible (fio); 4k jobs iodepth {} for {} s; MB/s = 10^6 B/s",
         a.size >> 20,
-        a.compress_percentage,
+        plan.fill_len >> 20,
+        plan.data.display(),
+        plan.compress_percentage,
         a.iodepth,
         a.runtime
     );
@@ -551,6 +736,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             mib(r.rss_growth_bytes),
             r.detail
         );
+    }
+    for (name, v) in [("nbdkit", &vs_nbdkit), ("zram", &vs_zram)] {
+        if let Some(m) = v.as_object() {
+            let parts: Vec<String> = m
+                .iter()
+                .map(|(k, x)| format!("{k} {:.2}", x.as_f64().unwrap_or(0.0)))
+                .collect();
+            println!("zmem / {name}: {}", parts.join(", "));
+        }
     }
     Ok(())
 }

@@ -9,19 +9,35 @@ use common::*;
 
 #[test]
 fn bench_blockdev_smoke() {
-    require_tools!("fio");
+    require_tools!("fio", "nbdcopy");
+    // A small fill source (the default is a 700 MB tar of /usr/lib): text
+    // with some structure, so it compresses like real data, partly.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data.bin");
+    let mut d = Vec::with_capacity(17 << 20);
+    let mut i = 0u64;
+    while d.len() < (17 << 20) {
+        d.extend_from_slice(
+            format!("line {i} of the fill data, {:x}\n", i * 2654435761).as_bytes(),
+        );
+        i += 1;
+    }
+    std::fs::write(&data, &d).unwrap();
     let out = run_ok(
-        Command::new(ZMEM).args([
-            "bench",
-            "blockdev",
-            "--size",
-            "16M",
-            "--runtime",
-            "1",
-            "--no-nbdkit",
-            "--no-zram",
-            "--json",
-        ]),
+        Command::new(ZMEM)
+            .args([
+                "bench",
+                "blockdev",
+                "--size",
+                "16M",
+                "--runtime",
+                "1",
+                "--no-nbdkit",
+                "--no-zram",
+                "--json",
+                "--data",
+            ])
+            .arg(&data),
         Duration::from_secs(120),
     );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
@@ -45,4 +61,11 @@ fn bench_blockdev_smoke() {
     );
     assert!(t["mem_used_bytes"].as_u64().unwrap() > 0);
     assert_eq!(v["targets"][1]["skipped"], "--no-nbdkit");
+    // The whole device was filled from --data; randwrite's compressibility
+    // was measured on it.
+    assert_eq!(v["fill_bytes"], 16 << 20);
+    assert_eq!(v["data"], data.to_str().unwrap());
+    let pct = v["compress_percentage"].as_u64().unwrap();
+    assert!(pct > 0 && pct < 100, "{out}");
+    assert!(v["ratios"]["zmem_vs_nbdkit"].is_null());
 }
