@@ -6,7 +6,7 @@
 //! * **nbdkit**: `nbdkit memory SIZE allocator=zstd` (a compressed RAM disk
 //!   in userspace), same engine, same transport;
 //! * **zram**: kernel zram (as root) with the same algorithm if the kernel
-//!   has it, fio `libaio` with `O_DIRECT` on `/dev/zramN`.
+//!   has it, fio `io_uring` with `O_DIRECT` on `/dev/zramN`.
 //!
 //! Jobs, in order, each on a fresh device: `fill`, `randread`, `randwrite`
 //! (4 KiB, `--iodepth`, time-based), `seqread` (1 MiB). Every device is
@@ -294,7 +294,7 @@ fn fill(plan: &Plan, engine: &str, target: &str) -> anyhow::Result<JobResult> {
 }
 
 /// Run one fio job over the filled range; `target` is either ("nbd", uri)
-/// or ("libaio", path).
+/// or ("io_uring", path).
 fn fio(a: &Args, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyhow::Result<JobResult> {
     let mut c = Command::new("fio");
     c.args([
@@ -317,7 +317,7 @@ fn fio(a: &Args, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyhow::
     match engine {
         "nbd" => c.args(["--ioengine=nbd", &format!("--uri={target}")]),
         _ => c.args([
-            "--ioengine=libaio",
+            "--ioengine=io_uring",
             "--direct=1",
             &format!("--filename={target}"),
         ]),
@@ -583,7 +583,7 @@ fn bench_zram(a: &Args, plan: &Plan) -> anyhow::Result<TargetResult> {
     for job in &JOBS {
         let node = z.setup(&alg, a.size)?;
         let target = node.to_string_lossy().into_owned();
-        jobs.push(fill_and_run(a, plan, job, "libaio", &target)?);
+        jobs.push(fill_and_run(a, plan, job, "io_uring", &target)?);
         if job.name == "fill" {
             let mm = std::fs::read_to_string(z.sys("mm_stat"))?;
             mem = mm.split_whitespace().nth(2).and_then(|s| s.parse().ok());
@@ -592,7 +592,7 @@ fn bench_zram(a: &Args, plan: &Plan) -> anyhow::Result<TargetResult> {
     }
     Ok(TargetResult {
         target: "zram".into(),
-        detail: format!("kernel zram{}, {alg}, fio libaio O_DIRECT", z.id),
+        detail: format!("kernel zram{}, {alg}, fio io_uring O_DIRECT", z.id),
         jobs,
         mem_used_bytes: mem,
         rss_growth_bytes: None,
