@@ -150,8 +150,7 @@ impl ChildGuard {
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         if let Some(mut c) = self.0.take() {
-            // SAFETY: signalling a child we spawned and have not reaped.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            crate::sys::terminate(&c);
             let end = Instant::now() + Duration::from_secs(5);
             while Instant::now() < end {
                 if let Ok(Some(_)) = c.try_wait() {
@@ -668,8 +667,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         bench_nbdkit(&a, &plan, dir.path()).unwrap_or_else(|e| skipped("nbdkit", format!("{e:#}")))
     });
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = crate::sys::geteuid() == 0;
     results.push(if a.no_zram {
         skipped("zram", "--no-zram".into())
     } else if !root {

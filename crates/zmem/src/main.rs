@@ -7,10 +7,13 @@
 //! * `zmem stat` — what a running `zmem serve` holds, like zramctl.
 //! * `zmem writeback` — zram's explicit writeback, for `zmem serve --backing`.
 
+#![deny(unsafe_code)]
+
 mod bench_blockdev;
 mod bench_store;
 mod serve;
 mod stat;
+mod sys;
 mod util;
 mod writeback;
 

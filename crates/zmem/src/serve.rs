@@ -76,8 +76,7 @@ pub fn runtime_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if crate::sys::geteuid() == 0 {
         PathBuf::from("/run")
     } else {
         PathBuf::from("/tmp")
@@ -88,31 +87,8 @@ pub fn default_control_path() -> PathBuf {
     runtime_dir().join("zmem.ctl")
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_sig: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() -> anyhow::Result<()> {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed sigaction is a valid value (no flags, empty mask
-        // after sigemptyset); the handler is an `extern "C" fn(c_int)` that
-        // only stores to an atomic, which is async-signal-safe; the pointers
-        // passed are valid for the duration of each call.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigaction(sig, &sa, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error()).context("installing a signal handler");
-        }
-    }
-    Ok(())
+fn stop() -> &'static AtomicBool {
+    crate::sys::stop_flag()
 }
 
 /// Bind a Unix socket at `path`, replacing a stale socket file (nobody
@@ -135,11 +111,7 @@ fn bind_unix(path: &Path, mode: Option<u32>) -> anyhow::Result<UnixListener> {
         Some(m) => {
             // Create the socket with the final permissions (no window where
             // it is more open), then set them explicitly as well.
-            // SAFETY: umask only swaps the process file-mode mask; we restore it.
-            let old = unsafe { libc::umask(!m & 0o777) };
-            let r = UnixListener::bind(path);
-            // SAFETY: as above.
-            unsafe { libc::umask(old) };
+            let r = crate::sys::with_umask(!m & 0o777, || UnixListener::bind(path));
             let l = r.with_context(|| format!("binding {}", path.display()))?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(m))?;
             l
@@ -197,7 +169,7 @@ impl Info {
 
 fn control_loop(l: UnixListener, info: &Info) {
     use std::os::fd::AsRawFd;
-    while !STOP.load(Ordering::Relaxed) {
+    while !stop().load(Ordering::Relaxed) {
         match zmem_nbd::poll_readable(l.as_raw_fd(), 100) {
             Ok(true) => {}
             Ok(false) => continue,
@@ -341,7 +313,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    install_signal_handlers()?;
+    crate::sys::stop_on_signals().context("installing signal handlers")?;
 
     let info = Info {
         server: server.clone(),
@@ -366,8 +338,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let info = &info;
             s.spawn(move || control_loop(l, info));
         }
-        let r = server.run(&listener, &STOP);
-        STOP.store(true, Ordering::SeqCst); // also ends the control thread on error
+        let r = server.run(&listener, stop());
+        stop().store(true, Ordering::SeqCst); // also ends the control thread on error
         r
     });
     for p in &cleanup {

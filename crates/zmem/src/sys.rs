@@ -1,0 +1,99 @@
+//! The binary's only `unsafe`: thin, safe wrappers over four libc calls.
+//!
+//! Everything else in the `zmem` binary is safe Rust (`#![deny(unsafe_code)]`
+//! in main.rs); each block here states why it is sound.
+
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Effective user id.
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Send SIGTERM to a child process we spawned and have not reaped yet (so
+/// the pid cannot have been reused).
+pub fn terminate(child: &std::process::Child) {
+    // SAFETY: kill takes plain integers; the pid is our own unreaped child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+}
+
+/// Run `f` with the process umask set to `mask`, then restore it. Used to
+/// create a socket with its final permissions, with no window where it is
+/// more open.
+pub fn with_umask<R>(mask: u32, f: impl FnOnce() -> R) -> R {
+    // SAFETY: umask only swaps the process file-mode creation mask.
+    let old = unsafe { libc::umask(mask as libc::mode_t) };
+    let r = f();
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    r
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Make SIGINT and SIGTERM set the returned flag instead of killing the
+/// process.
+pub fn stop_on_signals() -> std::io::Result<&'static AtomicBool> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is a valid value (no flags, empty mask
+        // after sigemptyset); the handler is an `extern "C" fn(c_int)` that
+        // only stores to an atomic, which is async-signal-safe; the pointers
+        // passed are valid for the duration of each call.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(&STOP)
+}
+
+/// The flag [`stop_on_signals`] sets (also settable by the program itself).
+pub fn stop_flag() -> &'static AtomicBool {
+    &STOP
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn umask_now() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+        u32::from_str_radix(line.split_whitespace().nth(1).unwrap(), 8).unwrap()
+    }
+
+    #[test]
+    fn umask_is_set_inside_and_restored_after() {
+        let before = umask_now();
+        let inside = with_umask(0o077, umask_now);
+        assert_eq!(inside, 0o077);
+        assert_eq!(umask_now(), before);
+    }
+
+    #[test]
+    fn euid_matches_proc() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let euid: u32 = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(geteuid(), euid);
+    }
+}
