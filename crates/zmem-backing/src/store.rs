@@ -257,9 +257,40 @@ struct Appender {
     rbuf: AlignedBuf,
 }
 
+/// Bytes read ahead on a miss: loads of written-back pages tend to come in
+/// runs (a file read back, a process swapping in), and records written back
+/// together sit together, so one 64 KiB read serves the next ~25 records.
+const READAHEAD: usize = 64 << 10;
+
+/// Gives each store an identity for the per-thread readahead window.
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A thread's last read window: which store, at which write epoch, which
+/// file range. Valid only while the store's epoch is unchanged (nothing
+/// has been written to the file since the window was read).
+struct Window {
+    store: u64,
+    epoch: u64,
+    lo: u64,
+    len: usize,
+    buf: AlignedBuf,
+}
+
+impl Window {
+    fn covers(&self, store: u64, epoch: u64, abs: u64, n: usize) -> bool {
+        self.store == store && self.epoch == epoch && abs >= self.lo && abs + n as u64 <= self.lo + self.len as u64
+    }
+}
+
 thread_local! {
-    /// Per-thread read buffer: a record (≤ 4112 bytes) spans ≤ 3 blocks.
-    static READ_BUF: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::new(3 * PAGE_SIZE));
+    /// Per-thread read buffer and readahead window.
+    static READ_WINDOW: RefCell<Window> = RefCell::new(Window {
+        store: 0,
+        epoch: 0,
+        lo: 0,
+        len: 0,
+        buf: AlignedBuf::new(READAHEAD + 2 * PAGE_SIZE),
+    });
 }
 
 #[derive(Default)]
@@ -316,6 +347,11 @@ pub struct BackingStore {
     /// Serialises appends and compaction; owns their aligned buffers.
     app: Mutex<Option<Appender>>,
     c: Counters,
+    /// Identity for readahead windows.
+    id: u64,
+    /// Bumped after every write to the file (appends, compaction, truncation):
+    /// a readahead window read at an older epoch is not trusted.
+    epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for BackingStore {
@@ -344,6 +380,8 @@ impl BackingStore {
             }),
             app: Mutex::new(None),
             c: Counters::default(),
+            id: NEXT_STORE_ID.fetch_add(1, Relaxed),
+            epoch: AtomicU64::new(1),
         }
     }
 
@@ -431,25 +469,40 @@ impl BackingStore {
     /// [`BackingError::Checksum`], never data.
     pub fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<()> {
         out.clear();
-        READ_BUF.with_borrow_mut(|buf| {
+        READ_WINDOW.with_borrow_mut(|w| {
             let st = self.state.read();
             let (_, e) = st.lookup(id)?;
             let abs = e.seg as u64 * SEG + e.off as u64;
             let n = RECORD_HEADER_SIZE + e.len as usize;
+            // Read the epoch before any I/O: a window filled while a write
+            // was in flight carries the old epoch and is never trusted.
+            let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
             // Hold the read lock across the I/O so compaction cannot move
             // the record and reuse its space under us.
-            let rec = if self.direct {
+            if !w.covers(self.id, epoch, abs, n) {
+                // Read ahead from the record's block to the end of its
+                // segment, at most READAHEAD bytes, at least the record.
                 let lo = abs & !(ALIGN - 1);
-                let hi = round_up(abs + n as u64);
-                self.read_exact(buf.get_mut((hi - lo) as usize), lo)?;
-                &buf.get((hi - lo) as usize)[(abs - lo) as usize..][..n]
-            } else {
-                self.read_exact(buf.get_mut(n), abs)?;
-                buf.get(n)
-            };
+                let seg_end = (e.seg as u64 + 1) * SEG;
+                let need = round_up(abs + n as u64);
+                let hi = (lo + READAHEAD as u64).min(seg_end).max(need);
+                w.len = 0;
+                let got = self.read_some(w.buf.get_mut((hi - lo) as usize), lo)?;
+                if (got as u64) < abs + n as u64 - lo {
+                    return Err(BackingError::ShortRead {
+                        expected: (abs + n as u64 - lo) as usize,
+                        got,
+                    });
+                }
+                (w.store, w.epoch, w.lo, w.len) = (self.id, epoch, lo, got);
+            }
+            let rec = &w.buf.get(w.len)[(abs - w.lo) as usize..][..n];
             drop(st);
-            let (_, payload) =
-                verify(rec, e.len, Some(key)).ok_or(BackingError::Checksum { id: id.to_raw() })?;
+            let Some((_, payload)) = verify(rec, e.len, Some(key)) else {
+                // Never trust this window again: a retry reads the disk.
+                w.len = 0;
+                return Err(BackingError::Checksum { id: id.to_raw() });
+            };
             out.extend_from_slice(payload);
             self.c.records_read.fetch_add(1, Relaxed);
             Ok(())
@@ -667,6 +720,33 @@ impl BackingStore {
             }
         };
         self.c.bytes_written.fetch_add(done as u64, Relaxed);
+        // After the write (even a failed one): windows read before now are stale.
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
+        res
+    }
+
+    /// Read up to `buf.len()` bytes at `off`, stopping early only at the
+    /// end of the file; returns the bytes read.
+    fn read_some(&self, buf: &mut [u8], off: u64) -> Result<usize> {
+        let mut got = 0;
+        let res = loop {
+            if got == buf.len() {
+                break Ok(got);
+            }
+            match self.file.read_at(&mut buf[got..], off + got as u64) {
+                Ok(0) => break Ok(got),
+                Ok(n) => {
+                    got += n;
+                    if self.direct && got % PAGE_SIZE != 0 {
+                        // A short O_DIRECT read ends at the end of the file.
+                        break Ok(got);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => break Err(BackingError::Io { op: "read", source }),
+            }
+        };
+        self.c.bytes_read.fetch_add(got as u64, Relaxed);
         res
     }
 
@@ -708,7 +788,9 @@ impl BackingStore {
         if !force && drop_n == 0 && new_len >= st.file_len {
             return;
         }
-        if let Err(e) = self.file.set_len(new_len) {
+        let r = self.file.set_len(new_len);
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
+        if let Err(e) = r {
             tracing::warn!("could not truncate the backing file to {new_len} bytes: {e}");
             return;
         }
@@ -871,5 +953,36 @@ impl BackingStore {
             self.c.segments_compacted.fetch_add(1, Relaxed);
         }
         Ok(freed)
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    #[test]
+    fn a_window_is_trusted_only_for_its_store_epoch_and_range() {
+        let w = Window { store: 7, epoch: 3, lo: 8192, len: 65536, buf: AlignedBuf::new(PAGE_SIZE) };
+        assert!(w.covers(7, 3, 8192, 100));
+        assert!(w.covers(7, 3, 8192 + 65536 - 100, 100));
+        assert!(!w.covers(7, 4, 8192, 100), "a write happened since: stale");
+        assert!(!w.covers(8, 3, 8192, 100), "another store");
+        assert!(!w.covers(7, 3, 8191, 100), "starts before the window");
+        assert!(!w.covers(7, 3, 8192 + 65536 - 99, 100), "ends past the window");
+    }
+
+    #[test]
+    fn every_write_moves_the_epoch() {
+        let s = BackingStore::new(Box::new(crate::MemFile::new(true)), None);
+        let e0 = s.epoch.load(Relaxed);
+        s.write_batch(&[(1, &[1u8; 100][..])]).unwrap();
+        let e1 = s.epoch.load(Relaxed);
+        assert!(e1 > e0);
+        let id = s.write_batch(&[(2, &[2u8; 100][..])]).unwrap()[0];
+        assert!(s.epoch.load(Relaxed) > e1);
+        s.free(id).unwrap();
+        let e2 = s.epoch.load(Relaxed);
+        s.compact().unwrap();
+        assert!(s.epoch.load(Relaxed) >= e2);
     }
 }
