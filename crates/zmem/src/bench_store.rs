@@ -480,8 +480,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         verified_pages: n as u64,
         mm_stat: st.mm_stat(),
         sources: set.sources.len(),
+        // With a writeback tier most pages are on the file: RAM use is
+        // bounded by max_pool, and a ratio against zram would mislead.
         mem_used_vs_kernel_zram: kernel_zram
             .as_ref()
+            .filter(|_| backing_path.is_none())
             .map(|k| st.mem_used_total as f64 / k.mem_used_bytes.max(1) as f64),
         stats: st,
         writeback,
