@@ -791,6 +791,29 @@ impl ZsPool {
         Ok(f(st.chunks[chunk].bytes(off, st.size)))
     }
 
+    /// Overwrite a live object in place with `data`, if `data.len()` falls in
+    /// the object's own size class (the common case when a page is stored
+    /// again with similar content). Returns `Ok(false)`, changing nothing,
+    /// when the class differs; the caller then allocates anew. The caller
+    /// must own the object exclusively (no reader may be inside `read` on it).
+    pub fn rewrite(&self, h: Handle, data: &[u8]) -> Result<bool, AllocError> {
+        let class = Self::class_of_len(data.len())?;
+        if class != h.class() {
+            return Ok(false);
+        }
+        let mut st = self.classes[class].0.write();
+        let (s, slot) = st
+            .lookup(h)
+            .ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
+        let (chunk, off) = st.obj_location(s, slot);
+        let size = st.size;
+        let obj = st.chunks[chunk].bytes_mut(off, size);
+        let (head, tail) = obj.split_at_mut(data.len());
+        head.copy_from_slice(data);
+        tail.fill(0);
+        Ok(true)
+    }
+
     /// Free an object. Stale handles and double frees give `InvalidHandle`.
     pub fn free(&self, h: Handle) -> Result<(), AllocError> {
         self.class_of_handle(h)?.write().free(h, &self.counters)

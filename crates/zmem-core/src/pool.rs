@@ -349,10 +349,34 @@ impl Pool {
         } else if let Some(d) = &self.dedup {
             self.store_dedup(d, page)?
         } else {
-            let (h, info) = self.encode(page, |bytes, info| {
-                self.alloc.alloc_write(bytes).map(|h| (h, info))
+            let stored = self.encode(page, |bytes, info| {
+                // A page stored again whose object keeps its size class is
+                // rewritten in place under the key's shard lock (which keeps
+                // readers out): no allocation, no free. Not in tiered pools,
+                // whose entries carry LRU state.
+                if self.tier.is_none() {
+                    let mut s = self.shard(key).lock();
+                    if let Some(old) = s.index.get(key) {
+                        if let Slot::Obj(h, _) = old.slot() {
+                            if self.alloc.rewrite(h, bytes)? {
+                                let new = Entry::obj(h, info);
+                                s.account(old, false);
+                                s.account(new, true);
+                                s.index.set(key, new);
+                                return Ok(None);
+                            }
+                        }
+                    }
+                }
+                self.alloc.alloc_write(bytes).map(|h| Some((h, info)))
             })??;
-            Entry::obj(h, info)
+            match stored {
+                Some((h, info)) => Entry::obj(h, info),
+                None => {
+                    self.counters.stores.fetch_add(1, Relaxed);
+                    return Ok(());
+                }
+            }
         };
         let old = {
             let mut s = self.shard(key).lock();

@@ -44,14 +44,21 @@ fn full_pool_rejects_and_keeps_everything_else() {
     let (k, e) = full.expect("a 256 KiB limit must fill up");
     assert!(matches!(e, ZmemError::PoolFull { limit_bytes: 262144 }), "{e}");
     assert!(!p.contains(k), "a rejected store must not leave an entry");
-    // Overwriting an existing key with a page that does not fit keeps the old page.
+    // Overwriting an existing key with a page that needs new memory (another
+    // size class, no span yet) fails and keeps the old page.
     let victim = stored[0];
-    assert!(p.store(victim, &incompressible(5555)).is_err());
+    assert!(p.store(victim, &half(5555)).is_err());
     let mut buf = vec![0u8; PAGE];
     for &k in &stored {
         p.load(k, &mut buf).unwrap();
         assert_eq!(buf, incompressible(k));
     }
+    // A page that fits the old object's size class is rewritten in place:
+    // it needs no new memory, so it succeeds even now.
+    let last = *stored.last().unwrap();
+    p.store(last, &incompressible(7777)).unwrap();
+    p.load(last, &mut buf).unwrap();
+    assert_eq!(buf, incompressible(7777));
     // Same-filled pages take no allocation, so they still fit.
     p.store(5000, &same_filled(0x55)).unwrap();
     let st = p.stats();

@@ -184,18 +184,18 @@ fn load_pages(a: &Args, quiet: bool) -> anyhow::Result<PageSet> {
     Ok(set)
 }
 
-/// Split `n` pages into `threads` contiguous ranges and run `f` on each in parallel.
-fn par<F>(n: usize, threads: usize, f: F) -> anyhow::Result<()>
+/// Split the pages of `r` into `threads` contiguous ranges and run `f` on each in parallel.
+fn par<F>(r: std::ops::Range<usize>, threads: usize, f: F) -> anyhow::Result<()>
 where
     F: Fn(std::ops::Range<usize>) -> anyhow::Result<()> + Sync,
 {
-    let per = n.div_ceil(threads.max(1));
+    let per = r.len().div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads.max(1))
             .map(|t| {
-                let r = (t * per).min(n)..((t + 1) * per).min(n);
+                let sub = (r.start + t * per).min(r.end)..(r.start + (t + 1) * per).min(r.end);
                 let f = &f;
-                s.spawn(move || f(r))
+                s.spawn(move || f(sub))
             })
             .collect();
         hs.into_iter()
@@ -281,123 +281,131 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             None => Pool::new(cfg.clone())?,
         })
     };
-    let (mut best_rc, mut best_rd, mut best_st, mut best_ld) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
-    let mut pool: Option<Pool> = None;
+    // The timed passes are interleaved chunk by chunk: for each chunk of
+    // pages, the raw compressor then the store; then, for each chunk, the
+    // load then the raw decompressor. A chunk's time is its best over the
+    // repeats and a pass's time is the sum of its chunks' bests, so a burst
+    // of noise on this shared machine spoils one chunk of one pass, not a
+    // whole comparison. The first repeat stores into a fresh pool, paying the
+    // kernel's page faults (fault + zeroing of every new page: the price of
+    // fresh anonymous memory, which in-kernel zram does not pay); it is
+    // reported as `store_cold_mbps`. Later repeats overwrite the same keys in
+    // the warm pool, as a long-running zram or zswap pool does; with dedup
+    // on, each chunk is dropped first so they measure new pages, not
+    // duplicate hits.
+    const CHUNK: usize = 4096; // pages: 16 MiB
+    let nchunks = n.div_ceil(CHUNK);
+    let chunk = |c: usize| c * CHUNK..((c + 1) * CHUNK).min(n);
+    let threads = a.threads;
+    let mut rc_t = vec![f64::MAX; nchunks];
+    let mut st_t = vec![f64::MAX; nchunks];
+    let mut ld_t = vec![f64::MAX; nchunks];
+    let mut rd_t = vec![f64::MAX; nchunks];
     let mut cold_st = 0.0;
+    let pool = new_pool()?;
     let mut cold_stats: Option<Stats> = None;
-    for _ in 0..a.repeat {
-        // raw compress
-        bar.set_message("raw compress");
-        let raw_chunks: Vec<(&mut [u8], &mut [u32])> = {
-            let per = n.div_ceil(a.threads);
-            raw_out.chunks_mut(per.max(1) * bound).zip(raw_len.chunks_mut(per.max(1))).collect()
-        };
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            let mut base = 0;
-            for (o, l) in raw_chunks {
-                let start = base;
-                base += l.len();
-                s.spawn(move || {
-                    for (i, len) in l.iter_mut().enumerate() {
-                        let p = &data[(start + i) * PAGE_SIZE..][..PAGE_SIZE];
-                        *len = comp.compress(p, &mut o[i * bound..][..bound]).unwrap_or(0) as u32;
+    for rep in 0..a.repeat {
+        let cold = rep == 0;
+        bar.set_message(if cold { "store, cold" } else { "store" });
+        for c in 0..nchunks {
+            let r = chunk(c);
+            let secs = timed(|| {
+                let lens = &mut raw_len[r.clone()];
+                let outs = &mut raw_out[r.start * bound..r.end * bound];
+                let per = lens.len().div_ceil(threads).max(1);
+                std::thread::scope(|s| {
+                    for (t, (o, l)) in outs.chunks_mut(per * bound).zip(lens.chunks_mut(per)).enumerate() {
+                        let first = r.start + t * per;
+                        s.spawn(move || {
+                            for (i, len) in l.iter_mut().enumerate() {
+                                let p = &data[(first + i) * PAGE_SIZE..][..PAGE_SIZE];
+                                *len = comp.compress(p, &mut o[i * bound..][..bound]).unwrap_or(0) as u32;
+                            }
+                        });
                     }
                 });
-            }
-        });
-        best_rc = best_rc.min(t.elapsed().as_secs_f64());
-        bar.inc(n as u64);
-
-        // The first pass stores into a fresh pool, paying the kernel's page
-        // faults (fault + zeroing of every new page: the price of fresh
-        // anonymous memory, which in-kernel zram does not pay). Later passes
-        // overwrite the same keys in the now warm pool, as a long-running
-        // zram or zswap pool does; with dedup on, the pool is emptied first
-        // so the passes measure new pages, not duplicate hits.
-        bar.set_message("store");
-        let cold = pool.is_none();
-        if a.dedup {
-            if let Some(p) = &pool {
-                p.invalidate_range(0..n as u64);
-            }
-        }
-        let p = match pool.take() {
-            Some(p) => p,
-            None => new_pool()?,
-        };
-        let secs = timed(|| {
-            par(n, a.threads, |r| {
-                for i in r {
-                    p.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE])
-                        .with_context(|| format!("storing page {i}"))?;
-                }
                 Ok(())
-            })
-        })?;
-        if cold {
-            cold_st = secs;
-            cold_stats = Some(p.stats());
-        }
-        // The headline figure is the best warm pass (the cold pass when it
-        // is the only one).
-        if !cold || a.repeat == 1 {
-            best_st = best_st.min(secs);
-        }
-        bar.inc(n as u64);
-
-        // load into a separate buffer
-        bar.set_message("load");
-        let chunks: Vec<&mut [u8]> = out.chunks_mut(n.div_ceil(a.threads).max(1) * PAGE_SIZE).collect();
-        let per = n.div_ceil(a.threads).max(1);
-        let t = Instant::now();
-        let errs: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
-            let hs: Vec<_> = chunks
-                .into_iter()
-                .enumerate()
-                .map(|(ci, c)| {
-                    let p = &p;
-                    s.spawn(move || -> anyhow::Result<()> {
-                        for (j, page) in c.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                            let i = ci * per + j;
-                            p.load(i as u64, page).with_context(|| format!("loading page {i}"))?;
-                        }
-                        Ok(())
-                    })
+            })?;
+            rc_t[c] = rc_t[c].min(secs);
+            if a.dedup && !cold {
+                pool.invalidate_range(r.start as u64..r.end as u64);
+            }
+            let secs = timed(|| {
+                par(r.clone(), threads, |rr| {
+                    for i in rr {
+                        pool.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE])
+                            .with_context(|| format!("storing page {i}"))?;
+                    }
+                    Ok(())
                 })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| bail!("load thread panicked"))).collect()
-        });
-        best_ld = best_ld.min(t.elapsed().as_secs_f64());
-        errs.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-        bar.inc(n as u64);
-
-        // raw decompress
-        bar.set_message("raw decomp");
-        let raw_chunks: Vec<(&mut [u8], &[u32])> = {
-            let per = n.div_ceil(a.threads).max(1);
-            out.chunks_mut(per * PAGE_SIZE).zip(raw_len.chunks(per)).collect()
-        };
-        let raw_ref = &raw_out;
-        let per = n.div_ceil(a.threads).max(1);
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            for (ci, (o, l)) in raw_chunks.into_iter().enumerate() {
-                s.spawn(move || {
-                    for (j, (dst, len)) in o.chunks_exact_mut(PAGE_SIZE).zip(l).enumerate() {
-                        let i = ci * per + j;
-                        let src = &raw_ref[i * bound..][..*len as usize];
-                        let _ = zmem_compress::decompress(comp.algorithm, src, dst);
+            })?;
+            if cold {
+                cold_st += secs;
+            }
+            // The headline store figure is the best warm pass (the cold one
+            // when it is the only one).
+            if !cold || a.repeat == 1 {
+                st_t[c] = st_t[c].min(secs);
+            }
+            bar.inc(2 * r.len() as u64);
+        }
+        if cold {
+            cold_stats = Some(pool.stats());
+        }
+        bar.set_message("load");
+        for c in 0..nchunks {
+            let r = chunk(c);
+            let secs = timed(|| {
+                let dst = &mut out[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
+                let per = r.len().div_ceil(threads).max(1);
+                let pool = &pool;
+                std::thread::scope(|s| {
+                    let hs: Vec<_> = dst
+                        .chunks_mut(per * PAGE_SIZE)
+                        .enumerate()
+                        .map(|(t, d)| {
+                            let first = r.start + t * per;
+                            s.spawn(move || -> anyhow::Result<()> {
+                                for (j, page) in d.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                                    let i = first + j;
+                                    pool.load(i as u64, page).with_context(|| format!("loading page {i}"))?;
+                                }
+                                Ok(())
+                            })
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().unwrap_or_else(|_| bail!("load thread panicked")))
+                        .collect::<anyhow::Result<Vec<()>>>()
+                })?;
+                Ok(())
+            })?;
+            ld_t[c] = ld_t[c].min(secs);
+            let secs = timed(|| {
+                let dst = &mut out[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
+                let lens = &raw_len[r.clone()];
+                let per = r.len().div_ceil(threads).max(1);
+                let raw = &raw_out;
+                std::thread::scope(|s| {
+                    for (t, (d, l)) in dst.chunks_mut(per * PAGE_SIZE).zip(lens.chunks(per)).enumerate() {
+                        let first = r.start + t * per;
+                        s.spawn(move || {
+                            for (j, (page, len)) in d.chunks_exact_mut(PAGE_SIZE).zip(l).enumerate() {
+                                let src = &raw[(first + j) * bound..][..*len as usize];
+                                let _ = zmem_compress::decompress(comp.algorithm, src, page);
+                            }
+                        });
                     }
                 });
-            }
-        });
-        best_rd = best_rd.min(t.elapsed().as_secs_f64());
-        bar.inc(n as u64);
-        pool = Some(p);
+                Ok(())
+            })?;
+            rd_t[c] = rd_t[c].min(secs);
+            bar.inc(2 * r.len() as u64);
+        }
     }
     bar.finish_and_clear();
-    let pool = pool.context("no pass ran")?;
+    let (best_rc, best_st, best_ld, best_rd): (f64, f64, f64, f64) =
+        (rc_t.iter().sum(), st_t.iter().sum(), ld_t.iter().sum(), rd_t.iter().sum());
 
     // Verify every byte, outside the timed passes: load again into `out`.
     let mut bad = 0u64;
