@@ -19,7 +19,7 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         print(m["executable"])' | tail -1)
     echo "memcheck: $bin"
-    PROPTEST_CASES=4 valgrind --error-exitcode=99 -q "$bin" --test-threads=1 --skip microbench
+    PROPTEST_CASES=4 valgrind --error-exitcode=99 -q "$bin" --test-threads=1
 else
     echo "memcheck: skipped, valgrind is not installed"
 fi

@@ -33,24 +33,6 @@ pub trait BlockFile: Send + Sync {
     fn direct(&self) -> bool;
 }
 
-impl<T: BlockFile + ?Sized> BlockFile for Box<T> {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
-        (**self).read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
-        (**self).write_at(buf, off)
-    }
-    fn sync(&self) -> io::Result<()> {
-        (**self).sync()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        (**self).set_len(len)
-    }
-    fn direct(&self) -> bool {
-        (**self).direct()
-    }
-}
-
 impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
         (**self).read_at(buf, off)

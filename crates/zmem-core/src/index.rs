@@ -15,7 +15,7 @@ use std::hash::BuildHasherDefault;
 use std::ops::Range;
 
 use crate::entry::Entry;
-use crate::pool::KeyHasher;
+use crate::pool::{map_bytes, KeyHasher};
 
 pub(crate) const BLOCK_SHIFT: u32 = 4;
 const BLOCK: usize = 1 << BLOCK_SHIFT;
@@ -71,6 +71,18 @@ impl BlockIndex {
         if let Some(b) = self.blocks.get_mut(&(key >> BLOCK_SHIFT)) {
             b.ac.get_or_insert_with(|| Box::new([0; BLOCK]))[(key & MASK) as usize] = now;
         }
+    }
+
+    /// A load's access to `key`: record the access time and hand out the
+    /// entry for flag updates, in one lookup. `None` if the key is absent.
+    pub fn access(&mut self, key: u64, now: u32) -> Option<&mut Entry> {
+        let b = self.blocks.get_mut(&(key >> BLOCK_SHIFT))?;
+        let i = (key & MASK) as usize;
+        if b.e[i].is_empty() {
+            return None;
+        }
+        b.ac.get_or_insert_with(|| Box::new([0; BLOCK]))[i] = now;
+        Some(&mut b.e[i])
     }
 
     /// Replace an existing entry without touching counts (flag updates).
@@ -138,17 +150,11 @@ impl BlockIndex {
 
     /// Heap bytes held: the map's table and every block (with malloc's header).
     pub fn heap_bytes(&self) -> u64 {
-        let cap = self.blocks.capacity();
-        let table = if cap == 0 {
-            0
-        } else {
-            let buckets = (cap * 8 / 7).next_power_of_two().max(4);
-            buckets * (std::mem::size_of::<(u64, Box<Block>)>() + 1) + 16
-        };
+        let table = map_bytes(self.blocks.capacity(), std::mem::size_of::<(u64, Box<Block>)>());
         let ac = self.blocks.values().filter(|b| b.ac.is_some()).count();
-        (table
-            + self.blocks.len() * (std::mem::size_of::<Block>() + 16)
-            + ac * (std::mem::size_of::<[u32; BLOCK]>() + 16)) as u64
+        table
+            + (self.blocks.len() * (std::mem::size_of::<Block>() + 16)
+                + ac * (std::mem::size_of::<[u32; BLOCK]>() + 16)) as u64
     }
 }
 

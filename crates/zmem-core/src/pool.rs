@@ -111,7 +111,7 @@ impl Hasher for KeyHasher {
 type Map<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
 /// Heap bytes held by a hashbrown map of `cap` capacity with `slot` bytes per (K, V).
-fn map_bytes(cap: usize, slot: usize) -> u64 {
+pub(crate) fn map_bytes(cap: usize, slot: usize) -> u64 {
     if cap == 0 {
         return 0;
     }
@@ -273,6 +273,8 @@ impl Pool {
             max_span_pages: cfg.max_span_pages,
             limit_bytes: cfg.mem_limit,
         });
+        let counters = Counters::default();
+        counters.mem_limit.store(cfg.mem_limit.unwrap_or(0), Relaxed);
         Ok(Pool {
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
             max_pool_pages: AtomicU64::new(
@@ -286,7 +288,7 @@ impl Pool {
             alloc,
             shards,
             dedup,
-            counters: Counters::default(),
+            counters,
         })
     }
 
@@ -344,18 +346,19 @@ impl Pool {
             return Err(ZmemError::BadPageSize { len: page.len() });
         }
         self.admit()?;
-        let new = if let Some(pattern) = same_filled(page) {
-            Entry::same(pattern)
+        let old = if let Some(pattern) = same_filled(page) {
+            self.publish(key, Entry::same(pattern))
         } else if let Some(d) = &self.dedup {
-            self.store_dedup(d, page)?
+            let new = self.store_dedup(d, page)?;
+            self.publish(key, new)
         } else {
-            let stored = self.encode(page, |bytes, info| {
+            self.encode(page, |bytes, info| {
+                let mut s = self.shard(key).lock();
                 // A page stored again whose object keeps its size class is
                 // rewritten in place under the key's shard lock (which keeps
                 // readers out): no allocation, no free. Not in tiered pools,
                 // whose entries carry LRU state.
                 if self.tier.is_none() {
-                    let mut s = self.shard(key).lock();
                     if let Some(old) = s.index.get(key) {
                         if let Slot::Obj(h, _) = old.slot() {
                             if self.alloc.rewrite(h, bytes)? {
@@ -368,32 +371,9 @@ impl Pool {
                         }
                     }
                 }
-                self.alloc.alloc_write(bytes).map(|h| Some((h, info)))
-            })??;
-            match stored {
-                Some((h, info)) => Entry::obj(h, info),
-                None => {
-                    self.counters.stores.fetch_add(1, Relaxed);
-                    return Ok(());
-                }
-            }
-        };
-        let old = {
-            let mut s = self.shard(key).lock();
-            let new = match &self.tier {
-                Some(t) => t.enqueue(&mut s, key, new),
-                None => new,
-            };
-            s.account(new, true);
-            let old = s.index.insert(key, new);
-            if let Some(o) = old {
-                s.account(o, false);
-            }
-            if let Some(t) = &self.tier {
-                s.index.touch(key, self.now());
-                t.trim_lru(&mut s);
-            }
-            old
+                let h = self.alloc.alloc_write(bytes)?;
+                Ok(self.publish_locked(&mut s, key, Entry::obj(h, info)))
+            })??
         };
         self.counters.stores.fetch_add(1, Relaxed);
         if let Some(o) = old {
@@ -401,6 +381,29 @@ impl Pool {
         }
         self.after_store();
         Ok(())
+    }
+
+    /// Put `new` under `key`; returns the entry it replaced, to be released
+    /// once the shard lock is dropped.
+    fn publish(&self, key: u64, new: Entry) -> Option<Entry> {
+        self.publish_locked(&mut self.shard(key).lock(), key, new)
+    }
+
+    pub(crate) fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Option<Entry> {
+        let new = match &self.tier {
+            Some(t) => t.enqueue(s, key, new),
+            None => new,
+        };
+        s.account(new, true);
+        let old = s.index.insert(key, new);
+        if let Some(o) = old {
+            s.account(o, false);
+        }
+        if let Some(t) = &self.tier {
+            s.index.touch(key, self.now());
+            t.trim_lru(s);
+        }
+        old
     }
 
     /// zswap's admission check. Without a backing store: refuse stores at
@@ -474,32 +477,29 @@ impl Pool {
         let c = self.compressor();
         let res = SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            match c.compress(page, &mut s[..]) {
+            let info = match c.compress(page, &mut s[..]) {
                 Ok(n) if n < self.cfg.huge_threshold => {
-                    Ok(f(&s[..n], ObjInfo::compressed(c.algorithm, n)))
+                    return Ok(f(&s[..n], ObjInfo::compressed(c.algorithm, n)));
                 }
-                Ok(n) => {
-                    if !self.cfg.store_incompressible {
-                        self.counters.reject_compress_poor.fetch_add(1, Relaxed);
-                        return Err(ZmemError::CompressPoor);
-                    }
-                    let info = if n >= PAGE_SIZE { ObjInfo::raw_incompressible() } else { ObjInfo::raw() };
-                    Ok(f(page, info))
-                }
-                Err(CompressError::DoesNotFit { .. }) => {
-                    if !self.cfg.store_incompressible {
-                        self.counters.reject_compress_poor.fetch_add(1, Relaxed);
-                        return Err(ZmemError::CompressPoor);
-                    }
-                    Ok(f(page, ObjInfo::raw_incompressible()))
-                }
+                Ok(n) if n < PAGE_SIZE => ObjInfo::raw(),
+                Ok(_) | Err(CompressError::DoesNotFit { .. }) => ObjInfo::raw_incompressible(),
                 Err(e) => {
                     self.counters.reject_compress_fail.fetch_add(1, Relaxed);
-                    Err(ZmemError::Compress(e))
+                    return Err(ZmemError::Compress(e));
                 }
+            };
+            if !self.cfg.store_incompressible {
+                self.counters.reject_compress_poor.fetch_add(1, Relaxed);
+                return Err(ZmemError::CompressPoor);
             }
+            Ok(f(page, info))
         })?;
         Ok(res.map_err(|e| self.alloc_failed(e)))
+    }
+
+    /// Compress `page` into a new object.
+    fn encode_new(&self, page: &[u8]) -> Result<(Handle, ObjInfo)> {
+        self.encode(page, |bytes, info| self.alloc.alloc_write(bytes).map(|h| (h, info)))?
     }
 
     fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
@@ -536,15 +536,12 @@ impl Pool {
                     // store this page unshared.
                     drop(ds);
                     self.counters.dedup_collisions.fetch_add(1, Relaxed);
-                    let (h, info) = self.encode(page, |bytes, info| {
-                        self.alloc.alloc_write(bytes).map(|h| (h, info))
-                    })??;
+                    let (h, info) = self.encode_new(page)?;
                     return Ok(Entry::obj(h, info));
                 }
             }
         }
-        let (handle, info) =
-            self.encode(page, |bytes, info| self.alloc.alloc_write(bytes).map(|h| (h, info)))??;
+        let (handle, info) = self.encode_new(page)?;
         ds.map.insert(hash, DedupRec { handle, info, refs: 1 });
         ds.compr_bytes += info.len as u64;
         ds.huge_pages += info.is_huge() as u64;
@@ -598,41 +595,39 @@ impl Pool {
             return Err(ZmemError::BadPageSize { len: buf.len() });
         }
         let mut s = self.shard(key).lock();
-        let Some(e) = s.index.get(key) else {
-            return Err(ZmemError::NotFound { key });
-        };
         if let Some(t) = &self.tier {
             // zswap's referenced bit and zram's ac_time, only where a
             // writeback tier will read them.
-            if matches!(e.slot(), Slot::Obj(..)) && !e.referenced() {
-                s.index.set(key, e.with_referenced(true));
+            let Some(slot) = s.index.access(key, self.now()) else {
+                return Err(ZmemError::NotFound { key });
+            };
+            let e = *slot;
+            if matches!(e.slot(), Slot::Obj(..)) {
+                *slot = e.with_referenced(true);
             }
-            s.index.touch(key, self.now());
             if let Slot::Backed(id, info) = e.slot() {
-                let r = self.load_backed(t, &mut s, key, e, id, info, buf);
+                let r = self.load_backed(t, &mut s, key, id, info, buf);
                 drop(s);
                 self.counters.loads.fetch_add(1, Relaxed);
                 return r;
             }
         }
+        let Some(e) = s.index.get(key) else {
+            return Err(ZmemError::NotFound { key });
+        };
         let res = match e.slot() {
             Slot::Same(p) => {
                 fill_pattern(buf, p);
                 Ok(())
             }
             Slot::Obj(h, info) => self.read_object(h, info, buf),
-            Slot::Dedup(hash, info) => {
-                let d = self.dedup.as_deref().unwrap_or(&[]);
-                if d.is_empty() {
-                    Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: "dedup entry in a pool without dedup".into() })
-                } else {
-                    let ds = Self::dedup_shard(d, hash).lock();
-                    match ds.map.get(&hash) {
-                        Some(rec) => self.read_object(rec.handle, info, buf),
-                        None => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: "shared object missing".into() }),
-                    }
-                }
-            }
+            Slot::Dedup(hash, info) => match &self.dedup {
+                Some(d) => match Self::dedup_shard(d, hash).lock().map.get(&hash) {
+                    Some(rec) => self.read_object(rec.handle, info, buf),
+                    None => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: "shared object missing".into() }),
+                },
+                None => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: "dedup entry in a pool without dedup".into() }),
+            },
             Slot::Backed(..) => Err(CompressError::Corrupt {
                 alg: Algorithm::Lz4,
                 msg: "written-back entry in a pool without a backing store".into(),
@@ -769,7 +764,7 @@ impl Pool {
             .fetch_max(max_candidate.max(st.mem_used_total), Relaxed)
             .max(max_candidate)
             .max(st.mem_used_total);
-        st.mem_limit = self.counters.mem_limit.load(Relaxed).max(self.cfg.mem_limit.unwrap_or(0));
+        st.mem_limit = self.counters.mem_limit.load(Relaxed);
         st.pages_compacted = a.pages_compacted;
         st.same_filled_pages = st.same_pages;
         st.pool_total_size = a.pages_used * PAGE_SIZE as u64;

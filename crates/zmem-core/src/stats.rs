@@ -141,13 +141,4 @@ impl Stats {
     pub fn bd_stat(&self) -> String {
         format!("{:>8} {:>8} {:>8}", self.bd_count, self.bd_reads, self.bd_writes)
     }
-
-    /// Compression ratio as zramctl shows it: orig / mem_used_total.
-    pub fn ratio(&self) -> f64 {
-        if self.mem_used_total == 0 {
-            0.0
-        } else {
-            self.orig_data_size as f64 / self.mem_used_total as f64
-        }
-    }
 }

@@ -357,13 +357,11 @@ impl Pool {
 
     /// Serve a load from the backing store, promoting the page back to RAM
     /// when the pool has room. Called with the key's shard locked.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn load_backed(
         &self,
         t: &Tier,
         s: &mut MutexGuard<'_, Shard>,
         key: u64,
-        e: Entry,
         id: u64,
         info: ObjInfo,
         buf: &mut [u8],
@@ -387,10 +385,8 @@ impl Pool {
         })?;
         if self.alloc.pages_used() < self.accept_pages() {
             if let Ok(h) = self.alloc.alloc_write(&obj) {
-                let new = t.enqueue(s, key, Entry::obj(h, info));
-                s.index.insert(key, new);
-                s.account(e, false);
-                s.account(new, true);
+                // Replaces `e`, whose record is freed right here.
+                self.publish_locked(s, key, Entry::obj(h, info));
                 t.free_record(id);
                 t.promoted.fetch_add(1, Relaxed);
             }

@@ -458,7 +458,8 @@ impl Server {
                 )));
             }
             drop(recycle_tx);
-            let res = self.read_requests(
+            let mut batch: Vec<u8> = Vec::with_capacity(BATCH_MAX + INLINE_MAX as usize + 64);
+            let res = self.read_loop(
                 &mut reader,
                 &tx,
                 &recycle_rx,
@@ -466,46 +467,14 @@ impl Server {
                 &dead,
                 &writer,
                 &session,
+                &mut batch,
+                &mut Vec::new(),
             );
+            // Whatever ended the loop, the replies already computed go out.
+            self.flush_batch(&mut batch, &writer, &dead);
             drop(tx); // workers drain the queue and exit; the scope joins them
             res
         })
-    }
-
-    /// The reader loop. Small requests (the 4 KiB I/O of a filesystem or
-    /// fio) are executed right here: a hand-off to a worker costs two
-    /// context switches, more than decompressing or compressing a page.
-    /// Their replies are batched while further requests are already
-    /// buffered, and written with one syscall before the reader would block
-    /// (or when the batch is large). Big requests go to the workers, so they
-    /// proceed concurrently with each other and with the small ones.
-    #[allow(clippy::too_many_arguments)]
-    fn read_requests<R: Read>(
-        &self,
-        r: &mut BufReader<R>,
-        tx: &crossbeam_channel::Sender<Job>,
-        recycled: &crossbeam_channel::Receiver<Vec<u8>>,
-        budget: &Budget,
-        dead: &AtomicBool,
-        writer: &Mutex<Stream>,
-        session: &Session,
-    ) -> Result<(), ProtoError> {
-        let mut batch: Vec<u8> = Vec::with_capacity(BATCH_MAX + INLINE_MAX as usize + 64);
-        let mut payload_buf: Vec<u8> = Vec::new();
-        let res = self.read_loop(
-            r,
-            tx,
-            recycled,
-            budget,
-            dead,
-            writer,
-            session,
-            &mut batch,
-            &mut payload_buf,
-        );
-        // Whatever ended the loop, the replies already computed go out.
-        self.flush_batch(&mut batch, writer, dead);
-        res
     }
 
     /// Write the batched replies (one syscall) under the writer lock.
@@ -525,6 +494,14 @@ impl Server {
         batch.clear();
     }
 
+    /// The reader loop. Small requests (the 4 KiB I/O of a filesystem or
+    /// fio) are executed right here: a hand-off to a worker costs two
+    /// context switches, more than decompressing or compressing a page.
+    /// Their replies are batched while further requests are already
+    /// buffered, and written with one syscall before the reader would block
+    /// (or when the batch is large). Big requests go to the workers, so they
+    /// proceed concurrently with each other and with the small ones.
+    /// `batch` collects replies not yet sent; the caller flushes it after.
     #[allow(clippy::too_many_arguments)]
     fn read_loop<R: Read>(
         &self,

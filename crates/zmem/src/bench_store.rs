@@ -15,6 +15,7 @@
 //! MB/s is 10^6 bytes of uncompressed data per second.
 
 use std::io::IsTerminal;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -184,25 +185,22 @@ fn load_pages(a: &Args, quiet: bool) -> anyhow::Result<PageSet> {
     Ok(set)
 }
 
-/// Split the pages of `r` into `threads` contiguous ranges and run `f` on each in parallel.
-fn par<F>(r: std::ops::Range<usize>, threads: usize, f: F) -> anyhow::Result<()>
-where
-    F: Fn(std::ops::Range<usize>) -> anyhow::Result<()> + Sync,
-{
-    let per = r.len().div_ceil(threads.max(1)).max(1);
+/// Run `f` on every part at once, one thread each; the first error wins.
+fn par<T: Send>(parts: Vec<T>, f: impl Fn(T) -> anyhow::Result<()> + Sync) -> anyhow::Result<()> {
     std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads.max(1))
-            .map(|t| {
-                let sub = (r.start + t * per).min(r.end)..(r.start + (t + 1) * per).min(r.end);
-                let f = &f;
-                s.spawn(move || f(sub))
-            })
-            .collect();
+        let hs: Vec<_> = parts.into_iter().map(|p| s.spawn(|| f(p))).collect();
         hs.into_iter()
             .map(|h| h.join().map_err(|_| anyhow::anyhow!("benchmark thread panicked"))?)
             .collect::<anyhow::Result<Vec<()>>>()
     })?;
     Ok(())
+}
+
+/// Split the pages of `r` into `threads` runs: (first page, that run's
+/// share of `out`, which holds `unit` elements per page).
+fn split<'a, T>(r: &Range<usize>, threads: usize, out: &'a mut [T], unit: usize) -> Vec<(usize, &'a mut [T])> {
+    let per = r.len().div_ceil(threads).max(1);
+    out.chunks_mut(per * unit).enumerate().map(|(t, o)| (r.start + t * per, o)).collect()
 }
 
 fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
@@ -310,29 +308,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         for c in 0..nchunks {
             let r = chunk(c);
             let secs = timed(|| {
-                let lens = &mut raw_len[r.clone()];
-                let outs = &mut raw_out[r.start * bound..r.end * bound];
-                let per = lens.len().div_ceil(threads).max(1);
-                std::thread::scope(|s| {
-                    for (t, (o, l)) in outs.chunks_mut(per * bound).zip(lens.chunks_mut(per)).enumerate() {
-                        let first = r.start + t * per;
-                        s.spawn(move || {
-                            for (i, len) in l.iter_mut().enumerate() {
-                                let p = &data[(first + i) * PAGE_SIZE..][..PAGE_SIZE];
-                                *len = comp.compress(p, &mut o[i * bound..][..bound]).unwrap_or(0) as u32;
-                            }
-                        });
+                let outs = split(&r, threads, &mut raw_out[r.start * bound..r.end * bound], bound);
+                let lens = split(&r, threads, &mut raw_len[r.clone()], 1);
+                par(outs.into_iter().zip(lens).collect(), |((first, o), (_, l))| {
+                    for (i, len) in l.iter_mut().enumerate() {
+                        let p = &data[(first + i) * PAGE_SIZE..][..PAGE_SIZE];
+                        *len = comp.compress(p, &mut o[i * bound..][..bound]).unwrap_or(0) as u32;
                     }
-                });
-                Ok(())
+                    Ok(())
+                })
             })?;
             rc_t[c] = rc_t[c].min(secs);
             if a.dedup && !cold {
                 pool.invalidate_range(r.start as u64..r.end as u64);
             }
             let secs = timed(|| {
-                par(r.clone(), threads, |rr| {
-                    for i in rr {
+                let per = r.len().div_ceil(threads).max(1);
+                let runs = r.clone().step_by(per).map(|f| f..(f + per).min(r.end)).collect();
+                par(runs, |run: Range<usize>| {
+                    for i in run {
                         pool.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE])
                             .with_context(|| format!("storing page {i}"))?;
                     }
@@ -357,47 +351,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let r = chunk(c);
             let secs = timed(|| {
                 let dst = &mut out[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
-                let per = r.len().div_ceil(threads).max(1);
-                let pool = &pool;
-                std::thread::scope(|s| {
-                    let hs: Vec<_> = dst
-                        .chunks_mut(per * PAGE_SIZE)
-                        .enumerate()
-                        .map(|(t, d)| {
-                            let first = r.start + t * per;
-                            s.spawn(move || -> anyhow::Result<()> {
-                                for (j, page) in d.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                                    let i = first + j;
-                                    pool.load(i as u64, page).with_context(|| format!("loading page {i}"))?;
-                                }
-                                Ok(())
-                            })
-                        })
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| h.join().unwrap_or_else(|_| bail!("load thread panicked")))
-                        .collect::<anyhow::Result<Vec<()>>>()
-                })?;
-                Ok(())
+                par(split(&r, threads, dst, PAGE_SIZE), |(first, d)| {
+                    for (j, page) in d.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                        let i = first + j;
+                        pool.load(i as u64, page).with_context(|| format!("loading page {i}"))?;
+                    }
+                    Ok(())
+                })
             })?;
             ld_t[c] = ld_t[c].min(secs);
             let secs = timed(|| {
                 let dst = &mut out[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
-                let lens = &raw_len[r.clone()];
-                let per = r.len().div_ceil(threads).max(1);
-                let raw = &raw_out;
-                std::thread::scope(|s| {
-                    for (t, (d, l)) in dst.chunks_mut(per * PAGE_SIZE).zip(lens.chunks(per)).enumerate() {
-                        let first = r.start + t * per;
-                        s.spawn(move || {
-                            for (j, (page, len)) in d.chunks_exact_mut(PAGE_SIZE).zip(l).enumerate() {
-                                let src = &raw[(first + j) * bound..][..*len as usize];
-                                let _ = zmem_compress::decompress(comp.algorithm, src, page);
-                            }
-                        });
+                par(split(&r, threads, dst, PAGE_SIZE), |(first, d)| {
+                    for (j, page) in d.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                        let i = first + j;
+                        let src = &raw_out[i * bound..][..raw_len[i] as usize];
+                        let _ = zmem_compress::decompress(comp.algorithm, src, page);
                     }
-                });
-                Ok(())
+                    Ok(())
+                })
             })?;
             rd_t[c] = rd_t[c].min(secs);
             bar.inc(2 * r.len() as u64);
