@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::MmapMut;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::{BackingError, PAGE_SIZE};
 
@@ -251,6 +251,11 @@ struct Faults {
     fail_reads: bool,
     /// Flip bit `.1` of the byte at file offset `.0` in every read covering it.
     flip: Option<(u64, u8)>,
+    /// While set, reads (writes) wait at the door: a slow or stuck disk.
+    hold_reads: bool,
+    hold_writes: bool,
+    /// Calls waiting at the door now.
+    held: u64,
 }
 
 /// A fault-injecting wrapper around a [`BlockFile`] — a **test double**.
@@ -264,6 +269,7 @@ struct Faults {
 pub struct FaultyFile<F: BlockFile> {
     inner: F,
     faults: Mutex<Faults>,
+    door: Condvar,
     writes: AtomicU64,
     reads: AtomicU64,
 }
@@ -274,6 +280,7 @@ impl<F: BlockFile> FaultyFile<F> {
         FaultyFile {
             inner,
             faults: Mutex::new(Faults::default()),
+            door: Condvar::new(),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
         }
@@ -299,6 +306,42 @@ impl<F: BlockFile> FaultyFile<F> {
     pub fn flip_bit(&self, at: Option<(u64, u8)>) {
         self.faults.lock().flip = at;
     }
+    /// While `on`, every read waits inside `read_at` until this is called
+    /// with `false` (a stuck disk). See [`wait_held`](Self::wait_held).
+    pub fn hold_reads(&self, on: bool) {
+        self.faults.lock().hold_reads = on;
+        self.door.notify_all();
+    }
+    /// While `on`, every write waits inside `write_at` until released.
+    pub fn hold_writes(&self, on: bool) {
+        self.faults.lock().hold_writes = on;
+        self.door.notify_all();
+    }
+    /// Wait until at least `n` calls are held at the door, for at most
+    /// `timeout`. Returns whether they were.
+    pub fn wait_held(&self, n: u64, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut f = self.faults.lock();
+        while f.held < n {
+            if self.door.wait_until(&mut f, deadline).timed_out() {
+                return f.held >= n;
+            }
+        }
+        true
+    }
+    /// Wait here while `held(faults)` is set.
+    fn door(&self, held: impl Fn(&Faults) -> bool) {
+        let mut f = self.faults.lock();
+        if !held(&f) {
+            return;
+        }
+        f.held += 1;
+        self.door.notify_all();
+        while held(&f) {
+            self.door.wait(&mut f);
+        }
+        f.held -= 1;
+    }
     /// Number of `write_at` calls so far (including failed ones).
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::SeqCst)
@@ -316,6 +359,7 @@ impl<F: BlockFile> FaultyFile<F> {
 impl<F: BlockFile> BlockFile for FaultyFile<F> {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
         self.reads.fetch_add(1, Ordering::SeqCst);
+        self.door(|f| f.hold_reads);
         let (fail, flip) = {
             let f = self.faults.lock();
             (f.fail_reads, f.flip)
@@ -332,6 +376,7 @@ impl<F: BlockFile> BlockFile for FaultyFile<F> {
         Ok(n)
     }
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
+        self.door(|f| f.hold_writes);
         let no = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
         let limit = {
             let f = self.faults.lock();

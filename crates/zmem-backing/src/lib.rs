@@ -68,9 +68,12 @@
 //! [`BackingStore`] is `Send + Sync`. One `RwLock` guards the tables;
 //! appends and compaction are serialised by a separate mutex and do their
 //! writes **without** the table lock (they only write space no entry points
-//! to), taking it briefly to reserve and to commit. Reads hold the table
-//! lock for reading across their `pread`, so compaction cannot move a
-//! record and let its old space be overwritten mid-read.
+//! to), taking it briefly to reserve and to commit. Reads take the table
+//! lock only to look a record up, and do their `pread` without it: a live
+//! record's bytes can only be overwritten after its segment is freed, and
+//! every segment free bumps a counter, so a read that saw the counter move
+//! during its I/O reads again (after a few tries it holds the lock across
+//! the I/O, so it always finishes). A stuck read blocks nobody.
 //!
 //! # I/O
 //! All I/O goes through the [`BlockFile`] trait: [`OsFile`] is the real
@@ -139,6 +142,9 @@ pub struct BackingStats {
     pub records_read: u64,
     /// Segments freed by compaction.
     pub segments_compacted: u64,
+    /// Lock-free record reads retried because a segment was freed while
+    /// they were reading.
+    pub read_retries: u64,
     /// RAM used by the record and segment tables, from their capacities.
     pub metadata_bytes: u64,
 }

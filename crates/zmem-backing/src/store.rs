@@ -86,6 +86,10 @@ struct State {
     file_len: u64,
     records: u64,
     live_bytes: u64,
+    /// Bumped whenever a segment is freed: the only event after which a
+    /// live record's old place can hold other bytes. Lock-free readers
+    /// compare it before and after their I/O.
+    reuse: u64,
 }
 
 impl State {
@@ -146,6 +150,7 @@ impl State {
         let s = &mut self.segs[seg as usize];
         debug_assert_eq!(s.live_records, 0);
         *s = Segment::new(SegState::Free);
+        self.reuse += 1;
         let pos = self.free_segs.partition_point(|&x| x > seg);
         self.free_segs.insert(pos, seg);
     }
@@ -300,6 +305,7 @@ struct Counters {
     records_written: AtomicU64,
     records_read: AtomicU64,
     segments_compacted: AtomicU64,
+    read_retries: AtomicU64,
 }
 
 fn round_up(x: u64) -> u64 {
@@ -467,18 +473,41 @@ impl BackingStore {
     /// Read a record's payload into `out` (cleared, then filled only if the
     /// record verifies: magic, length, key and checksum). A mismatch is
     /// [`BackingError::Checksum`], never data.
+    ///
+    /// The disk read runs with no lock held: the record's place is looked
+    /// up under the table's read lock, the lock is dropped for the I/O, and
+    /// the read is trusted only if no segment was freed in between (a freed
+    /// segment is the only way a live record's bytes can be overwritten:
+    /// appends go past a segment's end, compaction copies before it frees).
+    /// If one was, the read is retried; after a few tries it falls back to
+    /// holding the read lock across the I/O, so progress is guaranteed.
     pub fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<()> {
-        out.clear();
-        READ_WINDOW.with_borrow_mut(|w| {
+        const LOCK_FREE_TRIES: u32 = 8;
+        for _ in 0..LOCK_FREE_TRIES {
             let st = self.state.read();
             let (_, e) = st.lookup(id)?;
+            let reuse = st.reuse;
+            drop(st);
+            let r = self.read_at_place(id, key, e, out);
+            if self.state.read().reuse == reuse {
+                return r;
+            }
+            self.c.read_retries.fetch_add(1, Relaxed);
+        }
+        let st = self.state.read();
+        let (_, e) = st.lookup(id)?;
+        self.read_at_place(id, key, e, out)
+    }
+
+    /// Read and verify the record `id` assumed to be at `e`'s place.
+    fn read_at_place(&self, id: RecordId, key: u64, e: Entry, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        READ_WINDOW.with_borrow_mut(|w| {
             let abs = e.seg as u64 * SEG + e.off as u64;
             let n = RECORD_HEADER_SIZE + e.len as usize;
             // Read the epoch before any I/O: a window filled while a write
             // was in flight carries the old epoch and is never trusted.
             let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
-            // Hold the read lock across the I/O so compaction cannot move
-            // the record and reuse its space under us.
             if !w.covers(self.id, epoch, abs, n) {
                 // Read ahead from the record's block to the end of its
                 // segment, at most READAHEAD bytes, at least the record.
@@ -497,7 +526,6 @@ impl BackingStore {
                 (w.store, w.epoch, w.lo, w.len) = (self.id, epoch, lo, got);
             }
             let rec = &w.buf.get(w.len)[(abs - w.lo) as usize..][..n];
-            drop(st);
             let Some((_, payload)) = verify(rec, e.len, Some(key)) else {
                 // Never trust this window again: a retry reads the disk.
                 w.len = 0;
@@ -567,6 +595,7 @@ impl BackingStore {
             records_written: self.c.records_written.load(Relaxed),
             records_read: self.c.records_read.load(Relaxed),
             segments_compacted: self.c.segments_compacted.load(Relaxed),
+            read_retries: self.c.read_retries.load(Relaxed),
             metadata_bytes: metadata_bytes as u64,
         }
     }

@@ -522,3 +522,70 @@ fn readahead_window_is_not_trusted_after_a_write() {
         assert_eq!(read(&s, id_c, 3).unwrap(), c);
     }
 }
+
+/// Start reading `id` on another thread, and return once that read is
+/// held at the disk (reads stay held until `hold_reads(false)`).
+fn read_stuck(
+    s: &Arc<BackingStore>,
+    f: &FaultyFile<MemFile>,
+    id: RecordId,
+    key: u64,
+) -> std::thread::JoinHandle<Result<Vec<u8>, BackingError>> {
+    f.hold_reads(true);
+    let s = Arc::clone(s);
+    let reader = std::thread::spawn(move || read(&s, id, key));
+    assert!(f.wait_held(1, std::time::Duration::from_secs(10)), "the read reached the disk");
+    reader
+}
+
+/// A read waiting on the disk holds no lock: appends, frees and stats go
+/// on meanwhile. Before, the table's read lock was held across `pread`, so
+/// the append below waited for the stuck read.
+#[test]
+fn a_stuck_read_blocks_no_one() {
+    let (s, f) = faulty(false);
+    let s = Arc::new(s);
+    let p = common::payload(3000, 1, 0);
+    let id = write_one(&s, 1, &p);
+    let reader = read_stuck(&s, &f, id, 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = {
+        let s = Arc::clone(&s);
+        std::thread::spawn(move || {
+            let q = common::payload(2000, 2, 1);
+            let id2 = write_one(&s, 2, &q);
+            s.free(id2).unwrap();
+            let _ = s.stats();
+            tx.send(()).unwrap();
+        })
+    };
+    let done = rx.recv_timeout(std::time::Duration::from_secs(10));
+    f.hold_reads(false);
+    writer.join().unwrap();
+    assert!(done.is_ok(), "an append and a free waited for a stuck read");
+    assert_eq!(reader.join().unwrap().unwrap(), p);
+}
+
+/// A segment freed while a lock-free read is on the disk makes the read
+/// start again (its bytes might have been reused), and it still returns
+/// the right payload.
+#[test]
+fn a_read_racing_a_freed_segment_is_retried() {
+    let (s, f) = faulty(false);
+    let s = Arc::new(s);
+    // Fill segment 0 with records that will be freed, then one in segment 1.
+    let filler = common::payload(4000, 3, 0);
+    let mut doomed = Vec::new();
+    while s.stats().file_bytes < SEG {
+        doomed.push(write_one(&s, 9, &filler));
+    }
+    let p = common::payload(1500, 4, 2);
+    let id = write_one(&s, 7, &p);
+    let reader = read_stuck(&s, &f, id, 7);
+    for d in doomed {
+        s.free(d).unwrap();
+    }
+    f.hold_reads(false);
+    assert_eq!(reader.join().unwrap().unwrap(), p);
+    assert!(s.stats().read_retries >= 1, "{:?}", s.stats());
+}

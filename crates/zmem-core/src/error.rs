@@ -18,6 +18,10 @@ pub enum ZmemError {
     Alloc(AllocError),
     #[error("stored object for key {key:#x} could not be decompressed: {source}")]
     Corrupt { key: u64, source: CompressError },
+    #[error("the allocator cannot read the object of key {key:#x}: {source} (an index entry names a freed object: a zmem bug, please report it)")]
+    ObjectUnreadable { key: u64, source: AllocError },
+    #[error("internal inconsistency at key {key:#x}: {what} (a zmem bug, please report it)")]
+    Inconsistent { key: u64, what: String },
     #[error("compressor error: {0}")]
     Compress(#[from] CompressError),
     #[error("bad configuration: {0}")]

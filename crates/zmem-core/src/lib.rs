@@ -35,8 +35,12 @@
 //!   blocks) rather than one tree per device: stores and loads from many
 //!   threads do not meet on one lock, and runs of keys cost 12 bytes each;
 //!   a key without neighbours costs a whole block.
-//! * Loads decompress under the key's shard lock: it is what keeps the object
-//!   alive without per-object reference counts on the hot path.
+//! * Loads of objects in RAM decompress under the key's shard lock: it is
+//!   what keeps the object alive without per-object reference counts on the
+//!   hot path. Loads of written-back pages read the disk with no lock held.
+//! * With a backing store, a background thread (the shrinker) writes the
+//!   coldest objects back ahead of need; only a store that meets a full pool
+//!   waits for it, and only a store that needs new memory is ever refused.
 //! * `mem_used_total` is honest: allocator pages, allocator metadata, the
 //!   index and the dedup table are all counted, from real capacities.
 

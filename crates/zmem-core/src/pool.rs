@@ -1,23 +1,66 @@
-//! The pool: sharded index, same-filled pages, dedup, compression, allocation.
+//! The pool: the index, same-filled pages, dedup, compression, allocation.
+//!
+//! # The index and its entries
+//! Keys (page numbers from every frontend) hash to one of N shards (64 by
+//! default); whole 16-key blocks go to one shard, so a run of keys shares a
+//! lock and a block. A shard is a mutex over a [`BlockIndex`] and the
+//! counters of the entries it holds. An entry is 12 bytes (`entry.rs`):
+//! `Obj(handle, len, alg)` for an object in RAM, `Same(word)` for a page of
+//! one repeated word (no memory), `Dedup(hash)` for a page whose object is
+//! shared through the dedup table, `Backed(record)` for a page on the
+//! backing file. The dedup table (64 shards, chosen by content hash) maps a
+//! hash to a [`DedupRec`]: where the shared object lives (RAM or a record),
+//! its encoding and its reference count.
+//!
+//! # Store
+//! same-filled? -> `Same`, no memory, never refused. Dedup on and an equal
+//! page already stored? -> one more reference, no memory, never refused.
+//! Otherwise compress (no lock held), then take new memory: only this step
+//! passes admission (`max_pool`), so a pool at its limit still takes zero
+//! pages, duplicates, in-place rewrites and discards. The old entry is
+//! released after the shard lock is dropped.
+//!
+//! # Load
+//! Under the key's shard lock: fill a same-filled page, or decompress the
+//! object straight from span memory (the lock is what keeps the object
+//! alive: an overwrite or invalidate must take it first). A written-back page
+//! is different: the record's id is noted, **every lock is dropped** for the
+//! disk read, and the entry is checked again afterwards before the page is
+//! brought back to RAM. A record freed in between (the key was overwritten)
+//! makes the load start again.
+//!
+//! # Lock order
+//! index shard -> dedup shard -> allocator class -> backing store table.
+//! Nothing waits for the disk or for the shrinker while holding a shard
+//! lock: a store over the hard limit waits for room before it takes one.
+//!
+//! # Trade-offs
+//! * Decompressing under the shard lock costs a little concurrency on one
+//!   shard, and saves a reference count per object on the hot path.
+//! * Dedup hashes every page (xxh3, ~20 GB/s) and confirms byte for byte,
+//!   and costs a table entry per shared object; it pays where pages repeat.
+//! * With a backing store, the in-place rewrite is off: tiered entries carry
+//!   LRU state that a rewrite would have to reset.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicBool;
-use std::time::Instant;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocConfig, Handle, ZsPool};
+use zmem_backing::{BackingError, BackingStore};
 use zmem_compress::{Algorithm, CompressError, Compressor};
 
 use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW, TAG_RAW_INCOMP};
 use crate::error::{Result, ZmemError};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
 use crate::stats::{Counters, Stats};
-use crate::tier::Tier;
-use zmem_backing::BackingStore;
+use crate::tier::{Tier, WritebackMode};
 
 /// Where a stored page lives (see [`Pool::residency`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,9 +200,10 @@ impl Shard {
     }
 }
 
-/// A place in a shard's LRU: the key, when it was queued (a pool-wide
-/// sequence number, so shards can be compared), and the generation of the
-/// entry it was queued for (an overwritten key leaves a stale item behind).
+/// A place in an LRU: the key (for a dedup shard's LRU, the content hash),
+/// when it was queued (a pool-wide sequence number, so queues can be
+/// compared), and the generation of the entry it was queued for (an
+/// overwritten key leaves a stale item behind).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LruItem {
     pub key: u64,
@@ -167,57 +211,121 @@ pub(crate) struct LruItem {
     pub gen: u8,
 }
 
-/// A shared object: one allocation referenced by `refs` index entries.
-#[derive(Clone, Copy)]
-struct DedupRec {
-    handle: Handle,
-    info: ObjInfo,
-    refs: u32,
+/// Where a shared object lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loc {
+    Ram(Handle),
+    /// A record id in the backing store; the record's key is the hash.
+    Backed(u64),
+}
+
+/// A shared object: one allocation (or one record) referenced by `refs`
+/// index entries. Every key that shares it follows it to the backing file
+/// and back: their entries name the hash, not the place.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DedupRec {
+    pub loc: Loc,
+    pub info: ObjInfo,
+    pub refs: u32,
+    /// Matches the record to its LRU item (tier only).
+    pub gen: u8,
+    /// Set by a load or a new sharer: one more round in RAM.
+    pub referenced: bool,
+    /// Last access, seconds since the pool was created (zram's ac_time).
+    pub ac: u32,
 }
 
 #[derive(Default)]
-struct DedupShard {
+pub(crate) struct DedupShard {
     /// Content hash (xxh3-64 of the original page) -> shared object.
-    map: Map<DedupRec>,
-    compr_bytes: u64,
-    huge_pages: u64,
+    pub map: Map<DedupRec>,
+    /// Writeback tier only: store order of the shard's objects in RAM.
+    pub lru: VecDeque<LruItem>,
+    pub next_gen: u8,
+    /// Bytes and huge pages of the shard's objects in RAM.
+    pub compr_bytes: u64,
+    pub huge_pages: u64,
     /// Sum of (refs - 1): pages that cost no allocation thanks to sharing.
-    dup_pages: u64,
+    pub dup_pages: u64,
     /// Compressed bytes those pages would otherwise have taken (zram's dup_data_size).
-    dup_bytes: u64,
+    pub dup_bytes: u64,
+    /// Shared objects on the backing store, and the pages that refer to them.
+    pub backed_records: u64,
+    pub backed_refs: u64,
+}
+
+impl DedupShard {
+    /// A shared object enters or leaves RAM: move its counts.
+    pub(crate) fn account_ram(&mut self, rec: &DedupRec, into_ram: bool) {
+        let (len, huge) = (rec.info.len as u64, rec.info.is_huge() as u64);
+        if into_ram {
+            self.compr_bytes += len;
+            self.huge_pages += huge;
+        } else {
+            self.compr_bytes -= len;
+            self.huge_pages -= huge;
+        }
+    }
+    pub(crate) fn account_backed(&mut self, rec: &DedupRec, on_disk: bool) {
+        if on_disk {
+            self.backed_records += 1;
+            self.backed_refs += rec.refs as u64;
+        } else {
+            self.backed_records -= 1;
+            self.backed_refs -= rec.refs as u64;
+        }
+    }
 }
 
 const DEDUP_SHARDS: usize = 64;
 const SCRATCH_LEN: usize = 2 * PAGE_SIZE;
+/// A load whose record was freed or moved while it read starts again, at
+/// most this many times.
+const LOAD_TRIES: u32 = 8;
 
 thread_local! {
     /// Per-thread compression buffer (zswap's per-CPU `dstmem`).
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; SCRATCH_LEN]);
+    /// Per-thread buffer for an object read from the backing store.
+    pub(crate) static OBJ: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(PAGE_SIZE));
 }
 
 /// A thread-safe compressed page store with the frontswap/cleancache contract.
 ///
 /// Locks: one mutex per index shard (chosen by key), one per dedup shard
 /// (chosen by content hash), and the allocator's per-class locks. Order:
-/// index shard -> dedup shard -> allocator class. Compression runs with no
-/// lock held; decompression runs under the key's shard lock, which is what
-/// keeps an object alive while it is read.
+/// index shard -> dedup shard -> allocator class -> backing store. Compression
+/// runs with no lock held; decompression of an object in RAM runs under the
+/// key's shard lock; disk reads run with no lock held.
+///
+/// A pool with a backing store owns one background thread, the shrinker
+/// (zswap's `shrink_worker`): stores that take the pool over its high mark
+/// wake it, and it writes the coldest objects back until the pool is under
+/// its accept threshold. Only a store that would take the pool over
+/// `max_pool` waits for it. Dropping the pool stops and joins the thread.
 pub struct Pool {
+    e: Arc<Engine>,
+    shrinker: Option<JoinHandle<()>>,
+}
+
+/// The pool's state, shared with its shrinker thread.
+pub(crate) struct Engine {
     pub(crate) cfg: PoolConfig,
     compressor: AtomicU64,
     pub(crate) alloc: ZsPool,
     pub(crate) shards: Box<[Mutex<Shard>]>,
     shard_bits: u32,
-    dedup: Option<Box<[Mutex<DedupShard>]>>,
+    pub(crate) dedup: Option<Box<[Mutex<DedupShard>]>>,
     pub(crate) counters: Counters,
     /// Allocator pages allowed (u64::MAX: no max_pool).
     pub(crate) max_pool_pages: AtomicU64,
-    /// zswap's `zswap_pool_reached_full`: set at max_pool, cleared below the accept threshold.
-    pub(crate) pool_full: AtomicBool,
+    /// zswap's `zswap_pool_reached_full`: set at max_pool, cleared below the
+    /// accept threshold (pools without a backing store).
+    pool_full: AtomicBool,
     /// The writeback tier, if the pool has a backing store.
     pub(crate) tier: Option<Tier>,
     /// Time zero for access times.
-    pub(crate) epoch: Instant,
+    epoch: Instant,
 }
 
 fn encode_compressor(c: Compressor) -> u64 {
@@ -236,13 +344,146 @@ impl Pool {
     }
 
     /// A pool that writes its coldest pages back to `backing` when it
-    /// reaches `cfg.max_pool` (zswap with a swap device, zram with a
-    /// `backing_dev`), and on request ([`Pool::writeback`]).
+    /// nears `cfg.max_pool` (zswap with a swap device, zram with a
+    /// `backing_dev`), and on request ([`Pool::writeback`]). Starts the
+    /// shrinker thread.
     pub fn with_backing(cfg: PoolConfig, backing: BackingStore) -> Result<Pool> {
         Self::build(cfg, Some(Tier::new(backing)))
     }
 
     fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Pool> {
+        let e = Arc::new(Engine::build(cfg, tier)?);
+        let shrinker = match e.tier {
+            Some(_) => {
+                let worker = Arc::clone(&e);
+                let h = std::thread::Builder::new()
+                    .name("zmem-shrink".into())
+                    .spawn(move || crate::tier::shrinker_main(&worker))
+                    .map_err(|err| ZmemError::Config(format!("cannot start the shrinker thread: {err}")))?;
+                Some(h)
+            }
+            None => None,
+        };
+        Ok(Pool { e, shrinker })
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.e.cfg
+    }
+
+    /// The compressor used for new stores.
+    pub fn compressor(&self) -> Compressor {
+        self.e.compressor()
+    }
+
+    /// Switch the compressor for new stores; existing objects keep theirs.
+    pub fn set_compressor(&self, c: Compressor) {
+        self.e.compressor.store(encode_compressor(c), Relaxed);
+    }
+
+    /// Change zram's `mem_limit` (None: unlimited).
+    pub fn set_mem_limit(&self, limit: Option<u64>) {
+        self.e.alloc.set_limit(limit);
+        self.e.counters.mem_limit.store(limit.unwrap_or(0), Relaxed);
+    }
+
+    /// Change zswap's `max_pool` (None: no limit).
+    pub fn set_max_pool(&self, bytes: Option<u64>) {
+        self.e
+            .max_pool_pages
+            .store(bytes.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64).max(1)), Relaxed);
+        self.e.pool_full.store(false, Relaxed);
+        self.e.kick_shrinker();
+    }
+
+    /// Store `page` (4096 bytes) under `key`, replacing any previous page.
+    ///
+    /// On error the key keeps its previous contents, if it had any. Only a
+    /// page that needs new memory can be refused for want of room
+    /// ([`ZmemError::PoolFull`]): same-filled pages, duplicates and in-place
+    /// rewrites always go in.
+    pub fn store(&self, key: u64, page: &[u8]) -> Result<()> {
+        self.e.store(key, page)
+    }
+
+    /// Load the page stored under `key` into `buf` (4096 bytes).
+    pub fn load(&self, key: u64, buf: &mut [u8]) -> Result<()> {
+        self.e.load(key, buf)
+    }
+
+    /// Where the page under `key` lives, if there is one.
+    pub fn residency(&self, key: u64) -> Option<Residency> {
+        self.e.residency(key)
+    }
+
+    /// Whether `key` holds a page.
+    pub fn contains(&self, key: u64) -> bool {
+        self.e.shard(key).lock().index.contains(key)
+    }
+
+    /// Drop the page stored under `key` (zram's slot free, frontswap's
+    /// invalidate_page). Returns whether there was one.
+    pub fn invalidate(&self, key: u64) -> bool {
+        self.e.invalidate(key)
+    }
+
+    /// Drop every page whose key lies in `range` (frontswap's invalidate_area,
+    /// a block device's discard). Returns how many pages were dropped.
+    pub fn invalidate_range(&self, range: Range<u64>) -> u64 {
+        self.e.invalidate_range(range)
+    }
+
+    /// Number of stored pages.
+    pub fn len(&self) -> usize {
+        self.e.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Move objects out of sparse spans and give emptied spans back to the
+    /// OS (zram's `compact`). Returns pages freed.
+    pub fn compact(&self) -> u64 {
+        self.e.alloc.compact()
+    }
+
+    /// A consistent-enough snapshot of every counter (each shard is read under its lock).
+    pub fn stats(&self) -> Stats {
+        self.e.stats()
+    }
+
+    /// zram's `writeback`: write back the pages `mode` names, at most
+    /// `limit_pages` of them (zram's `writeback_limit`). A shared object
+    /// counts once. Runs while the shrinker is idle. Returns pages written.
+    pub fn writeback(&self, mode: WritebackMode, limit_pages: Option<u64>) -> Result<u64> {
+        self.e.writeback(mode, limit_pages)
+    }
+
+    /// Wait (up to `timeout`) until the shrinker has nothing left to do:
+    /// the pool is under its high mark, or the shrinker's last round gave up.
+    /// Returns whether it settled in time. Immediate without a backing store.
+    pub fn settle(&self, timeout: std::time::Duration) -> bool {
+        match &self.e.tier {
+            Some(t) => t.settle(timeout),
+            None => true,
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let (Some(h), Some(t)) = (self.shrinker.take(), &self.e.tier) {
+            t.stop();
+            if h.join().is_err() {
+                tracing::error!("the shrinker thread panicked; pages it was writing back stayed in RAM");
+            }
+        }
+    }
+}
+
+impl Engine {
+    fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Engine> {
         if !(1..=100).contains(&cfg.accept_threshold_percent) {
             return Err(ZmemError::Config(format!(
                 "accept_threshold_percent {} must be between 1 and 100",
@@ -275,7 +516,7 @@ impl Pool {
         });
         let counters = Counters::default();
         counters.mem_limit.store(cfg.mem_limit.unwrap_or(0), Relaxed);
-        Ok(Pool {
+        Ok(Engine {
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
             max_pool_pages: AtomicU64::new(
                 cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64)),
@@ -292,31 +533,8 @@ impl Pool {
         })
     }
 
-    pub fn config(&self) -> &PoolConfig {
-        &self.cfg
-    }
-
-    /// The compressor used for new stores.
-    pub fn compressor(&self) -> Compressor {
+    fn compressor(&self) -> Compressor {
         decode_compressor(self.compressor.load(Relaxed))
-    }
-
-    /// Switch the compressor for new stores; existing objects keep theirs.
-    pub fn set_compressor(&self, c: Compressor) {
-        self.compressor.store(encode_compressor(c), Relaxed);
-    }
-
-    /// Change zram's `mem_limit` (None: unlimited).
-    pub fn set_mem_limit(&self, limit: Option<u64>) {
-        self.alloc.set_limit(limit);
-        self.counters.mem_limit.store(limit.unwrap_or(0), Relaxed);
-    }
-
-    /// Change zswap's `max_pool` (None: no limit).
-    pub fn set_max_pool(&self, bytes: Option<u64>) {
-        self.max_pool_pages
-            .store(bytes.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64).max(1)), Relaxed);
-        self.pool_full.store(false, Relaxed);
     }
 
     /// Seconds since the pool was created (the unit of access times).
@@ -334,53 +552,68 @@ impl Pool {
         &self.shards[i]
     }
 
-    fn dedup_shard(d: &[Mutex<DedupShard>], hash: u64) -> &Mutex<DedupShard> {
+    pub(crate) fn dedup_shard(d: &[Mutex<DedupShard>], hash: u64) -> &Mutex<DedupShard> {
         &d[(hash as usize) % d.len()]
     }
 
-    /// Store `page` (4096 bytes) under `key`, replacing any previous page.
-    ///
-    /// On error the key keeps its previous contents, if it had any.
-    pub fn store(&self, key: u64, page: &[u8]) -> Result<()> {
+    fn store(&self, key: u64, page: &[u8]) -> Result<()> {
         if page.len() != PAGE_SIZE {
+            self.counters.invalid_io.fetch_add(1, Relaxed);
             return Err(ZmemError::BadPageSize { len: page.len() });
         }
-        self.admit()?;
-        let old = if let Some(pattern) = same_filled(page) {
-            self.publish(key, Entry::same(pattern))
-        } else if let Some(d) = &self.dedup {
+        match self.store_inner(key, page) {
+            Ok(old) => {
+                self.counters.stores.fetch_add(1, Relaxed);
+                if let Some(o) = old {
+                    self.release(o);
+                }
+                self.kick_shrinker();
+                Ok(())
+            }
+            Err(e) => {
+                self.counters.failed_writes.fetch_add(1, Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Store, returning the replaced entry (to be released by the caller).
+    fn store_inner(&self, key: u64, page: &[u8]) -> Result<Option<Entry>> {
+        if let Some(pattern) = same_filled(page) {
+            return Ok(self.publish(key, Entry::same(pattern)));
+        }
+        if let Some(d) = &self.dedup {
             let new = self.store_dedup(d, page)?;
-            self.publish(key, new)
-        } else {
-            self.encode(page, |bytes, info| {
-                let mut s = self.shard(key).lock();
-                // A page stored again whose object keeps its size class is
-                // rewritten in place under the key's shard lock (which keeps
-                // readers out): no allocation, no free. Not in tiered pools,
-                // whose entries carry LRU state.
-                if self.tier.is_none() {
-                    if let Some(old) = s.index.get(key) {
-                        if let Slot::Obj(h, _) = old.slot() {
-                            if self.alloc.rewrite(h, bytes)? {
-                                let new = Entry::obj(h, info);
-                                s.account(old, false);
-                                s.account(new, true);
-                                s.index.set(key, new);
-                                return Ok(None);
-                            }
-                        }
+            return Ok(self.publish(key, new));
+        }
+        if self.tier.is_some() {
+            // May wait for the shrinker, so before any lock is taken.
+            self.admit()?;
+            return self.encode(page, |bytes, info| {
+                let h = self.alloc_write(bytes)?;
+                Ok(self.publish(key, Entry::obj(h, info)))
+            });
+        }
+        self.encode(page, |bytes, info| {
+            let mut s = self.shard(key).lock();
+            // A page stored again whose object keeps its size class is
+            // rewritten in place under the key's shard lock (which keeps
+            // readers out): no allocation, no free, no admission.
+            if let Some(old) = s.index.get(key) {
+                if let Slot::Obj(h, _) = old.slot() {
+                    if self.alloc.rewrite(h, bytes).map_err(|e| self.alloc_failed(e))? {
+                        let new = Entry::obj(h, info);
+                        s.account(old, false);
+                        s.account(new, true);
+                        s.index.set(key, new);
+                        return Ok(None);
                     }
                 }
-                let h = self.alloc.alloc_write(bytes)?;
-                Ok(self.publish_locked(&mut s, key, Entry::obj(h, info)))
-            })??
-        };
-        self.counters.stores.fetch_add(1, Relaxed);
-        if let Some(o) = old {
-            self.release(o);
-        }
-        self.after_store();
-        Ok(())
+            }
+            self.admit()?;
+            let h = self.alloc_write(bytes)?;
+            Ok(self.publish_locked(&mut s, key, Entry::obj(h, info)))
+        })
     }
 
     /// Put `new` under `key`; returns the entry it replaced, to be released
@@ -406,34 +639,23 @@ impl Pool {
         old
     }
 
-    /// zswap's admission check. Without a backing store: refuse stores at
-    /// `max_pool`, and keep refusing until the pool is back under the accept
-    /// threshold (hysteresis, so it does not flap at the limit). With one:
-    /// make room by writeback, and refuse only if that cannot.
+    /// zswap's admission check, made only by a store that needs new memory.
+    /// Without a backing store: refuse at `max_pool`, and keep refusing
+    /// until the pool is back under the accept threshold (hysteresis, so it
+    /// does not flap at the limit). With one: wait for the shrinker to make
+    /// room (never call this with a lock held), and refuse only if it cannot.
     fn admit(&self) -> Result<()> {
         let max = self.max_pool_pages.load(Relaxed);
         if max == u64::MAX {
             return Ok(());
         }
         let used = self.alloc.pages_used();
-        if self.tier.is_some() {
-            // Other threads may fill what a shrink frees: try a few rounds,
-            // and refuse only when writeback fails or finds nothing to write.
-            let mut used = used;
-            for _ in 0..8 {
-                if used < max {
-                    return Ok(());
-                }
-                match self.shrink(true) {
-                    Ok((_, true)) => break,
-                    Ok((_, false)) => used = self.alloc.pages_used(),
-                    Err(_) => break,
-                }
-            }
-            if self.alloc.pages_used() < max {
+        if let Some(t) = &self.tier {
+            if used < max {
                 return Ok(());
             }
-            return Err(self.reject_full(max));
+            self.counters.pool_limit_hit.fetch_add(1, Relaxed);
+            return self.wait_for_room(t, max);
         }
         if self.pool_full.load(Relaxed) {
             if used * 100 < max * self.cfg.accept_threshold_percent as u64 {
@@ -444,42 +666,26 @@ impl Pool {
         }
         if used >= max {
             self.pool_full.store(true, Relaxed);
+            self.counters.pool_limit_hit.fetch_add(1, Relaxed);
             return Err(self.reject_full(max));
         }
         Ok(())
     }
 
-    fn reject_full(&self, max_pages: u64) -> ZmemError {
-        self.counters.pool_limit_hit.fetch_add(1, Relaxed);
+    pub(crate) fn reject_full(&self, max_pages: u64) -> ZmemError {
         self.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
         ZmemError::PoolFull { limit_bytes: max_pages * PAGE_SIZE as u64 }
     }
 
-    /// After a store: a pool with a backing store over `max_pool` writes back
-    /// its coldest pages down to the accept threshold, so the page just stored
-    /// stays in RAM (no LRU inversion).
-    fn after_store(&self) {
-        if self.tier.is_some() && self.alloc.pages_used() > self.max_pool_pages.load(Relaxed) {
-            self.counters.pool_limit_hit.fetch_add(1, Relaxed);
-            if let Err(e) = self.shrink(false) {
-                self.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
-                tracing::warn!("writeback failed, pool stays over max_pool: {e}");
-            }
-        }
-    }
-
-    /// Compress `page` and hand the bytes to be stored to `f`, with their encoding.
-    fn encode<R>(
-        &self,
-        page: &[u8],
-        f: impl FnOnce(&[u8], ObjInfo) -> std::result::Result<R, zmem_alloc::AllocError>,
-    ) -> Result<std::result::Result<R, ZmemError>> {
+    /// Compress `page` and hand the bytes to be stored to `f`, with their
+    /// encoding. `f` runs with the thread's scratch buffer borrowed.
+    fn encode<R>(&self, page: &[u8], f: impl FnOnce(&[u8], ObjInfo) -> Result<R>) -> Result<R> {
         let c = self.compressor();
-        let res = SCRATCH.with(|s| {
+        SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             let info = match c.compress(page, &mut s[..]) {
                 Ok(n) if n < self.cfg.huge_threshold => {
-                    return Ok(f(&s[..n], ObjInfo::compressed(c.algorithm, n)));
+                    return f(&s[..n], ObjInfo::compressed(c.algorithm, n));
                 }
                 Ok(n) if n < PAGE_SIZE => ObjInfo::raw(),
                 Ok(_) | Err(CompressError::DoesNotFit { .. }) => ObjInfo::raw_incompressible(),
@@ -492,14 +698,17 @@ impl Pool {
                 self.counters.reject_compress_poor.fetch_add(1, Relaxed);
                 return Err(ZmemError::CompressPoor);
             }
-            Ok(f(page, info))
-        })?;
-        Ok(res.map_err(|e| self.alloc_failed(e)))
+            f(page, info)
+        })
     }
 
     /// Compress `page` into a new object.
     fn encode_new(&self, page: &[u8]) -> Result<(Handle, ObjInfo)> {
-        self.encode(page, |bytes, info| self.alloc.alloc_write(bytes).map(|h| (h, info)))?
+        self.encode(page, |bytes, info| Ok((self.alloc_write(bytes)?, info)))
+    }
+
+    pub(crate) fn alloc_write(&self, bytes: &[u8]) -> Result<Handle> {
+        self.alloc.alloc_write(bytes).map_err(|e| self.alloc_failed(e))
     }
 
     fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
@@ -512,153 +721,274 @@ impl Pool {
         ZmemError::from(e)
     }
 
+    /// Find an equal page already stored and share it, or store this one as
+    /// a new shared object. A hash match only names a candidate: it is
+    /// compared byte for byte (read from the backing file, with no lock
+    /// held, if it was written back).
     fn store_dedup(&self, d: &[Mutex<DedupShard>], page: &[u8]) -> Result<Entry> {
         let hash = xxhash_rust::xxh3::xxh3_64(page);
-        let mut ds = Self::dedup_shard(d, hash).lock();
-        if let Some(rec) = ds.map.get(&hash).copied() {
-            // A hash match only names a candidate: confirm byte for byte.
-            let equal = SCRATCH.with(|s| {
-                let mut s = s.borrow_mut();
-                let out = &mut s[..PAGE_SIZE];
-                self.read_object(rec.handle, rec.info, out).map(|()| out == page)
-            });
-            match equal {
-                Ok(true) => {
-                    let r = ds.map.get_mut(&hash).expect("present under the same lock");
-                    r.refs += 1;
-                    ds.dup_pages += 1;
-                    ds.dup_bytes += rec.info.len as u64;
-                    self.counters.dedup_hits.fetch_add(1, Relaxed);
-                    return Ok(Entry::dedup(hash, rec.info));
-                }
-                Ok(false) | Err(_) => {
-                    // A true 64-bit collision (or an unreadable candidate):
-                    // store this page unshared.
+        let shard = Self::dedup_shard(d, hash);
+        // A tiered pool may wait for room: never with the dedup lock held.
+        let mut admitted = false;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut ds = shard.lock();
+            let Some(rec) = ds.map.get(&hash).copied() else {
+                if self.tier.is_some() && !admitted {
                     drop(ds);
-                    self.counters.dedup_collisions.fetch_add(1, Relaxed);
-                    let (h, info) = self.encode_new(page)?;
-                    return Ok(Entry::obj(h, info));
+                    self.admit()?;
+                    admitted = true;
+                    continue;
                 }
-            }
-        }
-        let (handle, info) = self.encode_new(page)?;
-        ds.map.insert(hash, DedupRec { handle, info, refs: 1 });
-        ds.compr_bytes += info.len as u64;
-        ds.huge_pages += info.is_huge() as u64;
-        Ok(Entry::dedup(hash, info))
-    }
-
-    /// Drop one reference to what `e` points at, freeing the object with its last user.
-    pub(crate) fn release(&self, e: Entry) {
-        match e.slot() {
-            Slot::Same(_) => {}
-            Slot::Backed(id, _) => {
+                if self.tier.is_none() {
+                    self.admit()?;
+                }
+                let (handle, info) = self.encode_new(page)?;
+                let gen = ds.next_gen;
+                ds.next_gen = gen.wrapping_add(1);
+                let rec = DedupRec { loc: Loc::Ram(handle), info, refs: 1, gen, referenced: false, ac: self.now() };
+                ds.map.insert(hash, rec);
+                ds.account_ram(&rec, true);
                 if let Some(t) = &self.tier {
-                    t.free_record(id);
+                    t.enqueue_shared(&mut ds, hash, gen);
                 }
-            }
-            Slot::Obj(h, _) => {
-                // The handle came from our own allocator and is unreachable now.
-                let _ = self.alloc.free(h);
-            }
-            Slot::Dedup(hash, _) => {
-                let Some(d) = &self.dedup else { return };
-                let mut ds = Self::dedup_shard(d, hash).lock();
-                let Some(rec) = ds.map.get_mut(&hash) else { return };
-                if rec.refs > 1 {
-                    rec.refs -= 1;
-                    let len = rec.info.len as u64;
-                    ds.dup_pages -= 1;
-                    ds.dup_bytes -= len;
-                } else {
-                    let rec = *rec;
-                    ds.map.remove(&hash);
-                    ds.compr_bytes -= rec.info.len as u64;
-                    ds.huge_pages -= rec.info.is_huge() as u64;
-                    let _ = self.alloc.free(rec.handle);
-                }
-            }
-        }
-    }
-
-    pub(crate) fn read_object(&self, h: Handle, info: ObjInfo, out: &mut [u8]) -> std::result::Result<(), CompressError> {
-        let r = self.alloc.read(h, |obj| decode(info, &obj[..info.len as usize], out));
-        match r {
-            Ok(r) => r,
-            Err(e) => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: format!("allocator: {e}") }),
-        }
-    }
-
-    /// Load the page stored under `key` into `buf` (4096 bytes).
-    pub fn load(&self, key: u64, buf: &mut [u8]) -> Result<()> {
-        if buf.len() != PAGE_SIZE {
-            return Err(ZmemError::BadPageSize { len: buf.len() });
-        }
-        let mut s = self.shard(key).lock();
-        if let Some(t) = &self.tier {
-            // zswap's referenced bit and zram's ac_time, only where a
-            // writeback tier will read them.
-            let Some(slot) = s.index.access(key, self.now()) else {
-                return Err(ZmemError::NotFound { key });
+                return Ok(Entry::dedup(hash, info));
             };
-            let e = *slot;
-            if matches!(e.slot(), Slot::Obj(..)) {
-                *slot = e.with_referenced(true);
+            let equal = match rec.loc {
+                Loc::Ram(h) => self.object_equals(h, rec.info, page),
+                Loc::Backed(id) => {
+                    drop(ds);
+                    let equal = self.record_equals(id, hash, rec.info, page);
+                    ds = shard.lock();
+                    let now = ds.map.get(&hash).map(|r| (r.loc, r.gen));
+                    if now != Some((rec.loc, rec.gen)) {
+                        if tries < LOAD_TRIES {
+                            // Promoted, freed or replaced while we read: look again.
+                            continue;
+                        }
+                        false
+                    } else {
+                        equal
+                    }
+                }
+            };
+            if equal {
+                let now = self.now();
+                let r = ds.map.get_mut(&hash).expect("checked under this lock");
+                r.refs += 1;
+                r.referenced = true;
+                r.ac = now;
+                let backed = matches!(r.loc, Loc::Backed(_));
+                ds.dup_pages += 1;
+                ds.dup_bytes += rec.info.len as u64;
+                ds.backed_refs += backed as u64;
+                self.counters.dedup_hits.fetch_add(1, Relaxed);
+                return Ok(Entry::dedup(hash, rec.info));
             }
-            if let Slot::Backed(id, info) = e.slot() {
-                let r = self.load_backed(t, &mut s, key, id, info, buf);
-                drop(s);
-                self.counters.loads.fetch_add(1, Relaxed);
-                return r;
+            // A true 64-bit collision (or an unreadable candidate): store
+            // this page unshared.
+            drop(ds);
+            self.counters.dedup_collisions.fetch_add(1, Relaxed);
+            if !admitted {
+                self.admit()?;
             }
+            let (h, info) = self.encode_new(page)?;
+            return Ok(Entry::obj(h, info));
         }
-        let Some(e) = s.index.get(key) else {
-            return Err(ZmemError::NotFound { key });
-        };
-        let res = match e.slot() {
-            Slot::Same(p) => {
-                fill_pattern(buf, p);
-                Ok(())
-            }
-            Slot::Obj(h, info) => self.read_object(h, info, buf),
-            Slot::Dedup(hash, info) => match &self.dedup {
-                Some(d) => match Self::dedup_shard(d, hash).lock().map.get(&hash) {
-                    Some(rec) => self.read_object(rec.handle, info, buf),
-                    None => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: "shared object missing".into() }),
-                },
-                None => Err(CompressError::Corrupt { alg: Algorithm::Lz4, msg: "dedup entry in a pool without dedup".into() }),
-            },
-            Slot::Backed(..) => Err(CompressError::Corrupt {
-                alg: Algorithm::Lz4,
-                msg: "written-back entry in a pool without a backing store".into(),
-            }),
-        };
-        drop(s);
-        self.counters.loads.fetch_add(1, Relaxed);
-        res.map_err(|source| {
-            self.counters.decompress_fail.fetch_add(1, Relaxed);
-            ZmemError::Corrupt { key, source }
+    }
+
+    /// Whether the object `h` decodes to `page`.
+    fn object_equals(&self, h: Handle, info: ObjInfo, page: &[u8]) -> bool {
+        SCRATCH.with_borrow_mut(|s| {
+            let out = &mut s[..PAGE_SIZE];
+            self.read_object(0, h, info, out).is_ok() && out == page
         })
     }
 
-    /// Where the page under `key` lives, if there is one.
-    pub fn residency(&self, key: u64) -> Option<Residency> {
+    /// Whether the written-back shared object `id` decodes to `page`.
+    fn record_equals(&self, id: u64, hash: u64, info: ObjInfo, page: &[u8]) -> bool {
+        let Some(t) = &self.tier else { return false };
+        OBJ.with_borrow_mut(|obj| {
+            SCRATCH.with_borrow_mut(|s| {
+                let out = &mut s[..PAGE_SIZE];
+                self.read_record(t, hash, id, info, obj, out).is_ok() && out == page
+            })
+        })
+    }
+
+    /// Drop one reference to what `e` points at, freeing the object with its
+    /// last user. A failure here (a stale handle or record: a bug) cannot be
+    /// returned to anyone; it is counted (`free_fail`) and logged.
+    pub(crate) fn release(&self, e: Entry) {
+        let r = match e.slot() {
+            Slot::Same(_) => Ok(()),
+            Slot::Backed(id, _) => match &self.tier {
+                Some(t) => t.store.free(zmem_backing::RecordId::from_raw(id)).map_err(|e| e.to_string()),
+                None => Err("a written-back entry in a pool without a backing store".into()),
+            },
+            Slot::Obj(h, _) => self.alloc.free(h).map_err(|e| e.to_string()),
+            Slot::Dedup(hash, _) => self.release_shared(hash),
+        };
+        if let Err(msg) = r {
+            self.free_failed(&msg);
+        }
+    }
+
+    pub(crate) fn free_failed(&self, msg: &str) {
+        self.counters.free_fail.fetch_add(1, Relaxed);
+        self.counters.warn.warn(|| format!("could not free a page's storage: {msg}"));
+    }
+
+    fn release_shared(&self, hash: u64) -> std::result::Result<(), String> {
+        let Some(d) = &self.dedup else {
+            return Err("a shared-page entry in a pool without dedup".into());
+        };
+        let mut g = Self::dedup_shard(d, hash).lock();
+        let ds = &mut *g;
+        let Some(rec) = ds.map.get_mut(&hash) else {
+            return Err(format!("shared object {hash:#x} is missing from the dedup table"));
+        };
+        let backed = matches!(rec.loc, Loc::Backed(_));
+        if rec.refs > 1 {
+            rec.refs -= 1;
+            ds.dup_pages -= 1;
+            ds.dup_bytes -= rec.info.len as u64;
+            ds.backed_refs -= backed as u64;
+            return Ok(());
+        }
+        let rec = *rec;
+        ds.map.remove(&hash);
+        match rec.loc {
+            Loc::Ram(h) => {
+                ds.account_ram(&rec, false);
+                drop(g);
+                self.alloc.free(h).map_err(|e| e.to_string())
+            }
+            Loc::Backed(id) => {
+                ds.account_backed(&rec, false);
+                drop(g);
+                match &self.tier {
+                    Some(t) => t.store.free(zmem_backing::RecordId::from_raw(id)).map_err(|e| e.to_string()),
+                    None => Err("a written-back shared object in a pool without a backing store".into()),
+                }
+            }
+        }
+    }
+
+    /// Decode the object `h` into `out`. `key` names the page in errors.
+    pub(crate) fn read_object(&self, key: u64, h: Handle, info: ObjInfo, out: &mut [u8]) -> Result<()> {
+        match self.alloc.read(h, |obj| decode(key, info, &obj[..info.len as usize], out)) {
+            Ok(r) => r,
+            Err(source) => Err(ZmemError::ObjectUnreadable { key, source }),
+        }
+    }
+
+    fn load(&self, key: u64, buf: &mut [u8]) -> Result<()> {
+        if buf.len() != PAGE_SIZE {
+            self.counters.invalid_io.fetch_add(1, Relaxed);
+            return Err(ZmemError::BadPageSize { len: buf.len() });
+        }
+        let r = self.load_inner(key, buf);
+        self.counters.loads.fetch_add(1, Relaxed);
+        match &r {
+            Ok(()) | Err(ZmemError::NotFound { .. }) => {}
+            Err(e) => {
+                if matches!(e, ZmemError::Corrupt { .. }) {
+                    self.counters.decompress_fail.fetch_add(1, Relaxed);
+                }
+                self.counters.failed_reads.fetch_add(1, Relaxed);
+            }
+        }
+        r
+    }
+
+    fn load_inner(&self, key: u64, buf: &mut [u8]) -> Result<()> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let s = self.shard(key).lock();
+            let (s, e) = self.access(s, key)?;
+            let r = match e.slot() {
+                Slot::Same(p) => {
+                    fill_pattern(buf, p);
+                    return Ok(());
+                }
+                Slot::Obj(h, info) => return self.read_object(key, h, info, buf),
+                Slot::Dedup(hash, _) => {
+                    let d = self.dedup.as_ref().ok_or(ZmemError::Inconsistent {
+                        key,
+                        what: "a shared-page entry in a pool without dedup".into(),
+                    })?;
+                    let mut ds = Self::dedup_shard(d, hash).lock();
+                    let now = self.now();
+                    let tiered = self.tier.is_some();
+                    let rec = ds.map.get_mut(&hash).ok_or_else(|| ZmemError::Inconsistent {
+                        key,
+                        what: format!("shared object {hash:#x} is missing from the dedup table"),
+                    })?;
+                    if tiered {
+                        rec.referenced = true;
+                        rec.ac = now;
+                    }
+                    let (loc, info) = (rec.loc, rec.info);
+                    match loc {
+                        Loc::Ram(h) => return self.read_object(key, h, info, buf),
+                        Loc::Backed(id) => {
+                            drop(ds);
+                            drop(s);
+                            self.load_backed_shared(key, hash, id, info, buf)
+                        }
+                    }
+                }
+                Slot::Backed(id, info) => {
+                    drop(s);
+                    self.load_backed(key, id, info, buf)
+                }
+            };
+            match r {
+                // Freed or moved while we read (the key was overwritten, or
+                // the page was brought back by another load): look again.
+                Err(ZmemError::Backing(BackingError::InvalidRecord { .. })) if tries < LOAD_TRIES => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// Look `key` up under its shard lock; a tiered pool also records the
+    /// access (zswap's referenced bit, zram's ac_time).
+    fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64) -> Result<(MutexGuard<'a, Shard>, Entry)> {
+        let e = if self.tier.is_some() {
+            let Some(slot) = s.index.access(key, self.now()) else {
+                return Err(ZmemError::NotFound { key });
+            };
+            if matches!(slot.slot(), Slot::Obj(..)) {
+                *slot = slot.with_referenced(true);
+            }
+            *slot
+        } else {
+            s.index.get(key).ok_or(ZmemError::NotFound { key })?
+        };
+        Ok((s, e))
+    }
+
+    fn residency(&self, key: u64) -> Option<Residency> {
         let e = self.shard(key).lock().index.get(key)?;
         Some(match e.slot() {
             Slot::Obj(..) => Residency::Ram,
             Slot::Same(_) => Residency::SameFilled,
-            Slot::Dedup(..) => Residency::Shared,
+            Slot::Dedup(hash, _) => {
+                let d = self.dedup.as_ref()?;
+                match Self::dedup_shard(d, hash).lock().map.get(&hash)?.loc {
+                    Loc::Ram(_) => Residency::Shared,
+                    Loc::Backed(_) => Residency::Backed,
+                }
+            }
             Slot::Backed(..) => Residency::Backed,
         })
     }
 
-    /// Whether `key` holds a page.
-    pub fn contains(&self, key: u64) -> bool {
-        self.shard(key).lock().index.contains(key)
-    }
-
-    /// Drop the page stored under `key`. Returns whether there was one.
-    pub fn invalidate(&self, key: u64) -> bool {
+    fn invalidate(&self, key: u64) -> bool {
         let old = {
             let mut s = self.shard(key).lock();
             let old = s.index.remove(key);
@@ -670,15 +1000,14 @@ impl Pool {
         match old {
             Some(o) => {
                 self.release(o);
+                self.counters.notify_free.fetch_add(1, Relaxed);
                 true
             }
             None => false,
         }
     }
 
-    /// Drop every page whose key lies in `range` (frontswap's invalidate_area,
-    /// a block device's discard). Returns how many pages were dropped.
-    pub fn invalidate_range(&self, range: Range<u64>) -> u64 {
+    fn invalidate_range(&self, range: Range<u64>) -> u64 {
         let span = range.end.saturating_sub(range.start);
         if span <= self.len() as u64 {
             return range.filter(|&k| self.invalidate(k)).count() as u64;
@@ -698,26 +1027,15 @@ impl Pool {
                 self.release(o);
             }
         }
+        self.counters.notify_free.fetch_add(dropped, Relaxed);
         dropped
     }
 
-    /// Number of stored pages.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().index.len()).sum()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Move objects out of sparse spans and give emptied spans back to the
-    /// OS (zram's `compact`). Returns pages freed.
-    pub fn compact(&self) -> u64 {
-        self.alloc.compact()
-    }
-
-    /// A consistent-enough snapshot of every counter (each shard is read under its lock).
-    pub fn stats(&self) -> Stats {
+    fn stats(&self) -> Stats {
         let mut st = Stats::default();
         let mut index_bytes = 0;
         for s in self.shards.iter() {
@@ -730,7 +1048,9 @@ impl Pool {
             index_bytes += s.index.heap_bytes();
             st.lru_bytes += (s.lru.capacity() * std::mem::size_of::<LruItem>()) as u64;
         }
-        st.stored_pages -= st.bd_count;
+        // Pages whose data is on the backing store: their own records, and
+        // the pages that share a written-back object.
+        let mut backed_pages = st.bd_count;
         index_bytes += (self.shards.len() * std::mem::size_of::<Mutex<Shard>>()) as u64;
         let mut dedup_bytes = 0;
         if let Some(d) = &self.dedup {
@@ -740,10 +1060,14 @@ impl Pool {
                 st.huge_pages += ds.huge_pages;
                 st.dup_pages += ds.dup_pages;
                 st.dup_data_size += ds.dup_bytes;
+                st.bd_count += ds.backed_records;
+                backed_pages += ds.backed_refs;
                 dedup_bytes += map_bytes(ds.map.capacity(), std::mem::size_of::<(u64, DedupRec)>());
+                st.lru_bytes += (ds.lru.capacity() * std::mem::size_of::<LruItem>()) as u64;
             }
             dedup_bytes += (d.len() * std::mem::size_of::<Mutex<DedupShard>>()) as u64;
         }
+        st.stored_pages -= backed_pages;
         let a = self.alloc.stats();
         st.orig_data_size = st.stored_pages * PAGE_SIZE as u64;
         st.pool_pages = a.pages_used;
@@ -778,15 +1102,19 @@ impl Pool {
     }
 }
 
-/// Turn a stored object (`obj`, its exact bytes) back into a page.
-pub(crate) fn decode(info: ObjInfo, obj: &[u8], out: &mut [u8]) -> std::result::Result<(), CompressError> {
+/// Turn a stored object (`obj`, its exact bytes) back into a page. `key`
+/// names the page in errors.
+pub(crate) fn decode(key: u64, info: ObjInfo, obj: &[u8], out: &mut [u8]) -> Result<()> {
     if info.tag == TAG_RAW || info.tag == TAG_RAW_INCOMP {
         if obj.len() != PAGE_SIZE {
-            return Err(CompressError::WrongLength { alg: Algorithm::Lz4, got: obj.len(), expected: PAGE_SIZE });
+            return Err(ZmemError::Inconsistent {
+                key,
+                what: format!("a raw page's object is {} bytes, not 4096", obj.len()),
+            });
         }
         out.copy_from_slice(obj);
-        Ok(())
-    } else {
-        zmem_compress::decompress(Algorithm::from_tag(info.tag)?, obj, out)
+        return Ok(());
     }
+    let r = Algorithm::from_tag(info.tag).and_then(|alg| zmem_compress::decompress(alg, obj, out));
+    r.map_err(|source| ZmemError::Corrupt { key, source })
 }

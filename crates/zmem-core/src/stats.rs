@@ -19,6 +19,13 @@ pub(crate) struct Counters {
     pub dedup_collisions: AtomicU64,
     pub mem_used_max: AtomicU64,
     pub mem_limit: AtomicU64,
+    pub failed_reads: AtomicU64,
+    pub failed_writes: AtomicU64,
+    pub invalid_io: AtomicU64,
+    pub notify_free: AtomicU64,
+    pub free_fail: AtomicU64,
+    /// Warnings from paths that cannot return an error (frees, the shrinker).
+    pub warn: RateLimited,
 }
 
 impl Counters {
@@ -33,6 +40,56 @@ impl Counters {
         st.reject_reclaim_fail = self.reject_reclaim_fail.load(Relaxed);
         st.dedup_hits = self.dedup_hits.load(Relaxed);
         st.dedup_collisions = self.dedup_collisions.load(Relaxed);
+        st.failed_reads = self.failed_reads.load(Relaxed);
+        st.failed_writes = self.failed_writes.load(Relaxed);
+        st.invalid_io = self.invalid_io.load(Relaxed);
+        st.notify_free = self.notify_free.load(Relaxed);
+        st.free_fail = self.free_fail.load(Relaxed);
+        st.warnings_suppressed = self.warn.suppressed_total();
+    }
+}
+
+/// A warning that may repeat at high rate (a failing disk under a swap
+/// storm): logged at most once per interval, with the count of the ones
+/// suppressed since.
+pub(crate) struct RateLimited {
+    last: parking_lot::Mutex<Option<std::time::Instant>>,
+    suppressed: AtomicU64,
+    suppressed_total: AtomicU64,
+}
+
+impl Default for RateLimited {
+    fn default() -> Self {
+        RateLimited {
+            last: parking_lot::Mutex::new(None),
+            suppressed: AtomicU64::new(0),
+            suppressed_total: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RateLimited {
+    const INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub fn warn(&self, msg: impl FnOnce() -> String) {
+        let now = std::time::Instant::now();
+        {
+            let mut last = self.last.lock();
+            if last.is_some_and(|t| now.duration_since(t) < Self::INTERVAL) {
+                self.suppressed.fetch_add(1, Relaxed);
+                self.suppressed_total.fetch_add(1, Relaxed);
+                return;
+            }
+            *last = Some(now);
+        }
+        match self.suppressed.swap(0, Relaxed) {
+            0 => tracing::warn!("{}", msg()),
+            n => tracing::warn!("{} ({n} similar warnings suppressed in the last {}s)", msg(), Self::INTERVAL.as_secs()),
+        }
+    }
+
+    pub fn suppressed_total(&self) -> u64 {
+        self.suppressed_total.load(Relaxed)
     }
 }
 
@@ -119,6 +176,20 @@ pub struct Stats {
     pub objs_used: u64,
     pub stores: u64,
     pub loads: u64,
+
+    // zram io_stat
+    /// Loads that failed (an error other than "not stored").
+    pub failed_reads: u64,
+    /// Stores that failed (refused or errored; the old page stayed).
+    pub failed_writes: u64,
+    /// Requests with a bad page size.
+    pub invalid_io: u64,
+    /// Pages freed by invalidation (zram's slot-free notifications and discards).
+    pub notify_free: u64,
+    /// Frees that failed (a stale handle or record: a bug, counted and logged).
+    pub free_fail: u64,
+    /// Repeated warnings not logged because of the rate limit.
+    pub warnings_suppressed: u64,
 }
 
 impl Stats {
@@ -134,6 +205,15 @@ impl Stats {
             self.same_pages,
             self.pages_compacted,
             self.huge_pages
+        )
+    }
+
+    /// zram's `/sys/block/zramX/io_stat` line: failed_reads failed_writes
+    /// invalid_io notify_free.
+    pub fn io_stat(&self) -> String {
+        format!(
+            "{:>8} {:>8} {:>8} {:>8}",
+            self.failed_reads, self.failed_writes, self.invalid_io, self.notify_free
         )
     }
 

@@ -1,57 +1,82 @@
 //! The writeback tier: an LRU with second chance over the pool's objects,
-//! and compressed writeback to a backing file (zmem-backing).
+//! a background shrinker, and compressed writeback to a backing file
+//! (zmem-backing).
 //!
 //! # Design
-//! zswap keeps every entry on an LRU; when its pool is full the shrinker
-//! walks the LRU from the cold end, rotating entries a load has marked
-//! referenced (one more round in RAM) and writing the rest back to swap.
-//! zram instead writes back on request (`writeback` of idle, huge or
-//! incompressible pages, under a `writeback_limit` budget). zmem does both,
-//! with two differences:
+//! zswap keeps every entry on an LRU; when its pool is full a worker
+//! (`shrink_worker`) walks the LRU from the cold end, rotating entries a
+//! load has marked referenced (one more round in RAM) and writing the rest
+//! back to swap. zram instead writes back on request (`writeback` of idle,
+//! huge or incompressible pages, under a `writeback_limit` budget). zmem
+//! does both, with two differences:
 //!
 //! * **Compressed writeback.** The object goes to the file as it is in RAM,
 //!   packed with its neighbours in one write, so a written-back page costs
 //!   its compressed size in I/O, not 4 KiB.
-//! * **No LRU inversion.** A store that takes the pool over `max_pool` is
-//!   accepted; the cold end of the LRU makes room for it. zswap instead
-//!   rejects the new (hot) page to the swap device while old cold pages stay.
+//! * **No LRU inversion.** A store that meets a full pool is not sent to the
+//!   disk while cold pages stay in RAM (zswap's behaviour when it rejects):
+//!   it waits for the shrinker to push the cold end out, then goes in.
+//!
+//! # The shrinker thread and the three marks
+//! `max_pool` is a limit, as zswap's is. Below it sit two marks: the
+//! **high mark**, halfway between the accept threshold and `max_pool`, and
+//! the **accept threshold** (`accept_threshold_percent` of `max_pool`). A
+//! store that leaves the pool at or over the high mark wakes the shrinker
+//! (one atomic flag; no lock unless it was asleep), which writes back from
+//! the cold end until the pool is under the accept threshold. So under a
+//! steady stream the shrinker runs ahead and stores never wait; only a
+//! store that would take the pool over `max_pool` waits (with no lock held)
+//! for the shrinker's progress, and is refused (`PoolFull`) only when the
+//! shrinker has tried and cannot make room: the disk fails or is full, or
+//! nothing in RAM can be written back. A round that fails backs off for
+//! 100 ms before the next, so a dead disk is not hammered.
 //!
 //! # LRU
-//! Each index shard keeps a FIFO of [`LruItem`]s in store order; items carry
-//! a pool-wide sequence number so the shrinker can start from the shard
-//! whose oldest item is oldest overall, and the generation of the entry they
-//! were queued for, so an overwritten or invalidated key leaves a stale item
-//! that is simply skipped (and swept when stale items outnumber live ones).
-//! A load sets the entry's referenced bit; the shrinker clears it and
-//! re-queues the item at the hot end instead of writing it back. All of this
-//! happens under the shard lock the store or load already holds: no extra
-//! lock on the hot path, and none at all in pools without a backing store.
+//! Each index shard keeps a FIFO of [`LruItem`]s in store order, and so does
+//! each dedup shard for its shared objects (a shared object is written back
+//! once, and every key that refers to it follows it: their entries name
+//! the hash, and the dedup record says where the object is). Items carry a
+//! pool-wide sequence number so the shrinker starts from the queue whose
+//! oldest item is oldest overall, and the generation of what they were
+//! queued for, so an overwritten or invalidated key leaves a stale item that
+//! is skipped (and swept when stale items outnumber live ones). A load sets
+//! the referenced bit (the entry's, or the shared record's); the shrinker
+//! clears it and re-queues the item at the hot end instead of writing it
+//! back. All of this happens under the shard lock the store or load already
+//! holds.
 //!
 //! # Loads of written-back pages
-//! A load reads the record (its checksum is verified: a mismatch is an
-//! error, never data), decompresses it, and — if the pool is under its
-//! accept threshold — brings the object back into RAM and frees the record:
-//! the page has just proved hot. Otherwise it is served from the file and
-//! stays there (zram's behaviour for pages on its backing device).
+//! A load notes the record id under the shard lock, drops every lock,
+//! reads the record (its checksum is verified: a mismatch is an error,
+//! never data) and decompresses it. Then, if the pool is under its accept
+//! threshold and the entry still names that record, it brings the object
+//! back into RAM and frees the record: the page has just proved hot.
+//! Otherwise it is served from the file and stays there (zram's behaviour
+//! for pages on its backing device).
 //!
-//! Deduplicated objects (shared by several keys) and same-filled pages (which
-//! hold no memory) are never written back.
+//! Same-filled pages hold no memory and are never written back.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex};
 use zmem_alloc::Handle;
 use zmem_backing::{BackingStore, RecordId};
 
-use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
+use crate::entry::{Entry, ObjInfo, Slot};
 use crate::error::{Result, ZmemError};
-use crate::pool::{decode, LruItem, Pool, Shard};
+use crate::pool::{DedupRec, DedupShard, Engine, Loc, LruItem, Shard, OBJ};
 use crate::stats::Stats;
 
 /// Pages written back per batch (one write to the file).
 const BATCH: usize = 64;
+/// How long a store over `max_pool` waits for the shrinker to make room.
+const ADMIT_WAIT: Duration = Duration::from_secs(10);
+/// Pause after a shrinker round that failed, before the next.
+const BACKOFF: Duration = Duration::from_millis(100);
 
-/// What [`Pool::writeback`] writes back (zram's `writeback` modes).
+/// What [`Pool::writeback`](crate::Pool::writeback) writes back (zram's
+/// `writeback` modes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WritebackMode {
     /// Pages not accessed for at least this many seconds.
@@ -64,23 +89,101 @@ pub enum WritebackMode {
     All,
 }
 
+impl WritebackMode {
+    fn picks(self, info: ObjInfo, ac: u32, now: u32) -> bool {
+        match self {
+            WritebackMode::Idle(secs) => now.saturating_sub(ac) >= secs,
+            WritebackMode::Huge => info.is_huge(),
+            WritebackMode::Incompressible => info.is_incompressible(),
+            WritebackMode::All => true,
+        }
+    }
+}
+
+/// The shrinker's state, under [`Tier::ctl`].
+#[derive(Default)]
+struct Ctl {
+    stop: bool,
+    running: bool,
+    /// Rounds completed.
+    rounds: u64,
+    /// The last round ended with the pool still at `max_pool`: the disk
+    /// failed, or nothing was left to write back.
+    last_failed: bool,
+    /// A store is waiting for room: cut a backoff short.
+    urgent: bool,
+}
+
 pub(crate) struct Tier {
     pub store: BackingStore,
     seq: AtomicU32,
-    shrinking: Mutex<()>,
+    /// Held by whoever writes back: a shrinker round or an explicit writeback.
+    writing: Mutex<()>,
+    ctl: Mutex<Ctl>,
+    /// Wakes the shrinker.
+    wake: Condvar,
+    /// Wakes stores waiting for room: after every batch and every round.
+    progress: Condvar,
+    /// A store asked for a round (checked and cleared by the shrinker).
+    wanted: AtomicBool,
     written_back: AtomicU64,
     promoted: AtomicU64,
     writeback_fail: AtomicU64,
 }
 
+/// Where a batch of victims comes from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Index(&'a Mutex<Shard>),
+    Shared(&'a Mutex<DedupShard>),
+}
+
 /// An object picked for writeback, and where its bytes sit in the batch.
 struct Victim {
+    /// Index of its queue in the batch's sources.
+    src: usize,
+    /// The page's key, or a shared object's hash.
     key: u64,
+    /// The index entry (keys only).
     entry: Entry,
     handle: Handle,
     info: ObjInfo,
+    /// The generation it was picked at (shared objects only).
+    gen: u8,
+    /// Its referenced bit when picked (shared objects only): set later
+    /// means a load or a new sharer came while the write ran.
+    referenced: bool,
+    /// The LRU item popped for it (the shrinker; explicit writeback pops none).
     item: Option<LruItem>,
     off: usize,
+}
+
+/// A batch being gathered from one queue: take items while the batch has
+/// room and the queue's head is at least as old as `bound` (the next
+/// queue's head), and always at least one.
+struct Pick<'b> {
+    t: &'b Tier,
+    now: u32,
+    bound: Option<u32>,
+    src: usize,
+    victims: &'b mut Vec<Victim>,
+    buf: &'b mut Vec<u8>,
+    examined: usize,
+}
+
+impl Pick<'_> {
+    /// The next item to pop from `lru`, if this queue should give one.
+    fn next(&mut self, lru: &std::collections::VecDeque<LruItem>) -> Option<LruItem> {
+        if self.victims.len() >= BATCH || self.examined >= 4 * BATCH {
+            return None;
+        }
+        let item = *lru.front()?;
+        if self.examined > 0 && self.bound.is_some_and(|b| self.now.wrapping_sub(item.seq) < b) {
+            return None;
+        }
+        self.examined += 1;
+        Some(item)
+    }
 }
 
 impl Tier {
@@ -88,14 +191,18 @@ impl Tier {
         Tier {
             store,
             seq: AtomicU32::new(0),
-            shrinking: Mutex::new(()),
+            writing: Mutex::new(()),
+            ctl: Mutex::new(Ctl::default()),
+            wake: Condvar::new(),
+            progress: Condvar::new(),
+            wanted: AtomicBool::new(false),
             written_back: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             writeback_fail: AtomicU64::new(0),
         }
     }
 
-    fn next_seq(&self) -> u32 {
+    pub fn next_seq(&self) -> u32 {
         self.seq.fetch_add(1, Relaxed)
     }
 
@@ -109,6 +216,17 @@ impl Tier {
             s.lru.push_back(LruItem { key, seq: self.next_seq(), gen });
         }
         e
+    }
+
+    /// Queue a shared object (new, or back in RAM) at the hot end of its
+    /// dedup shard's LRU.
+    pub fn enqueue_shared(&self, ds: &mut DedupShard, hash: u64, gen: u8) {
+        ds.lru.push_back(LruItem { key: hash, seq: self.next_seq(), gen });
+        if ds.lru.len() > 2 * ds.map.len() + 64 {
+            let map = &ds.map;
+            ds.lru.retain(|it| map.get(&it.key).is_some_and(|r| r.gen == it.gen && matches!(r.loc, Loc::Ram(_))));
+            ds.lru.shrink_to(ds.lru.len() * 2 + 64);
+        }
     }
 
     /// Sweep stale items once they outnumber the shard's entries.
@@ -125,10 +243,39 @@ impl Tier {
         s.lru.shrink_to(s.lru.len() * 2 + 64);
     }
 
-    pub fn free_record(&self, id: u64) {
-        if let Err(e) = self.store.free(RecordId::from_raw(id)) {
-            tracing::warn!("freeing backing record {id:#x}: {e}");
+    /// Ask the shrinker for a round (cheap when it is already asked).
+    pub fn kick(&self) {
+        if !self.wanted.swap(true, Release) {
+            let _c = self.ctl.lock();
+            self.wake.notify_one();
         }
+    }
+
+    pub fn stop(&self) {
+        self.ctl.lock().stop = true;
+        self.wake.notify_all();
+        self.progress.notify_all();
+    }
+
+    fn stopping(&self) -> bool {
+        self.ctl.lock().stop
+    }
+
+    fn note_progress(&self) {
+        let _c = self.ctl.lock();
+        self.progress.notify_all();
+    }
+
+    /// Wait until the shrinker is idle and not asked for another round.
+    pub fn settle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut c = self.ctl.lock();
+        while c.running || self.wanted.load(Acquire) {
+            if c.stop || self.progress.wait_until(&mut c, deadline).timed_out() {
+                return !(c.running || self.wanted.load(Acquire));
+            }
+        }
+        true
     }
 
     pub fn fill_stats(&self, st: &mut Stats) {
@@ -146,13 +293,53 @@ impl Tier {
     }
 }
 
-impl Pool {
+/// The shrinker thread: sleep until asked, run a round, report, repeat.
+pub(crate) fn shrinker_main(e: &Engine) {
+    let Some(t) = &e.tier else { return };
+    loop {
+        {
+            let mut c = t.ctl.lock();
+            while !c.stop && !t.wanted.load(Acquire) {
+                t.wake.wait(&mut c);
+            }
+            if c.stop {
+                return;
+            }
+            c.running = true;
+        }
+        t.wanted.store(false, Release);
+        let r = e.shrink_round(t);
+        let failed = match &r {
+            Ok((_, exhausted)) => *exhausted && e.alloc.pages_used() >= e.max_pool_pages.load(Relaxed),
+            Err(err) => {
+                e.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
+                e.counters.warn.warn(|| format!("writeback failed; the pool stays near its limit: {err}"));
+                true
+            }
+        };
+        let mut c = t.ctl.lock();
+        c.running = false;
+        c.rounds += 1;
+        c.last_failed = failed;
+        t.progress.notify_all();
+        if failed {
+            // Do not hammer a failing disk on behalf of the high mark: pause,
+            // unless a store is waiting for room (it gets one more try) or
+            // the pool is dropped.
+            let until = Instant::now() + BACKOFF;
+            while !c.stop && !c.urgent && !t.wake.wait_until(&mut c, until).timed_out() {}
+        }
+        c.urgent = false;
+    }
+}
+
+impl Engine {
     fn tier(&self) -> Result<&Tier> {
         self.tier.as_ref().ok_or(ZmemError::NoBackingStore)
     }
 
-    /// Allocator pages at which a shrink stops (accept threshold of max_pool).
-    fn accept_pages(&self) -> u64 {
+    /// Allocator pages under which a written-back page may come back to RAM.
+    pub(crate) fn accept_pages(&self) -> u64 {
         let max = self.max_pool_pages.load(Relaxed);
         if max == u64::MAX {
             return u64::MAX;
@@ -160,27 +347,73 @@ impl Pool {
         max * self.cfg.accept_threshold_percent as u64 / 100
     }
 
-    /// zswap's shrinker: write back from the cold end of the LRU until the
-    /// pool is under the accept threshold. One shrinker runs at a time: with
-    /// `wait`, a caller that finds one running waits for it (and then has
-    /// little or nothing left to do); without, it returns at once.
-    /// Returns (pages written back, whether the LRU ran out of candidates).
-    pub(crate) fn shrink(&self, wait: bool) -> Result<(u64, bool)> {
-        let t = self.tier()?;
-        let _running = if wait {
-            t.shrinking.lock()
-        } else {
-            match t.shrinking.try_lock() {
-                Some(g) => g,
-                None => return Ok((0, false)),
+    /// Where a shrinker round stops: the accept threshold, and always below
+    /// `max_pool`, so a round always leaves room for a waiting store.
+    fn shrink_target(&self) -> u64 {
+        let max = self.max_pool_pages.load(Relaxed);
+        self.accept_pages().min(max.saturating_sub(1))
+    }
+
+    /// Where a store wakes the shrinker: halfway from the target to max_pool.
+    fn high_pages(&self) -> u64 {
+        let max = self.max_pool_pages.load(Relaxed);
+        if max == u64::MAX {
+            return u64::MAX;
+        }
+        let target = self.shrink_target();
+        target + (max - target) / 2
+    }
+
+    /// After a store: wake the shrinker if the pool is at its high mark.
+    pub(crate) fn kick_shrinker(&self) {
+        if let Some(t) = &self.tier {
+            if self.alloc.pages_used() >= self.high_pages() {
+                t.kick();
             }
-        };
-        let target = self.accept_pages();
+        }
+    }
+
+    /// A store that needs new memory found the pool at `max` pages: wait
+    /// for the shrinker to make room. Called with no lock held. Refuses
+    /// when a round that ended while we waited could not get under the
+    /// limit (the disk failed, or nothing is left to write back), or after
+    /// [`ADMIT_WAIT`]. A waiting store cuts the shrinker's backoff short, so
+    /// a disk that failed once is tried again for it.
+    pub(crate) fn wait_for_room(&self, t: &Tier, max: u64) -> Result<()> {
+        let deadline = Instant::now() + ADMIT_WAIT;
+        let mut c = t.ctl.lock();
+        let start = c.rounds;
+        loop {
+            if self.alloc.pages_used() < max {
+                return Ok(());
+            }
+            let gave_up = c.last_failed && !c.running && c.rounds > start;
+            if c.stop || gave_up || Instant::now() >= deadline {
+                break;
+            }
+            c.urgent = true;
+            t.wanted.store(true, Release);
+            t.wake.notify_all();
+            let until = (Instant::now() + Duration::from_millis(20)).min(deadline);
+            t.progress.wait_until(&mut c, until);
+        }
+        drop(c);
+        Err(self.reject_full(max))
+    }
+
+    /// One shrinker round: write back from the cold end of the LRUs until
+    /// the pool is under its target. Returns (pages written back, whether
+    /// the LRUs ran out of candidates).
+    fn shrink_round(&self, t: &Tier) -> Result<(u64, bool)> {
+        let _writing = t.writing.lock();
+        let target = self.shrink_target();
         let mut total = 0;
         let mut batches = 0u32;
         let mut exhausted = false;
-        while self.alloc.pages_used() > target {
-            let (written, examined) = self.writeback_lru_batch(t)?;
+        while self.alloc.pages_used() > target && !t.stopping() {
+            let r = self.writeback_lru_batch(t);
+            t.note_progress();
+            let (written, examined) = r?;
             total += written;
             batches += 1;
             if examined == 0 {
@@ -199,73 +432,125 @@ impl Pool {
         Ok((total, exhausted))
     }
 
-    /// One batch from the shard whose oldest item is oldest. Returns
-    /// (pages written back, LRU items examined).
+    /// One batch: the globally coldest objects across every LRU (index
+    /// shards and dedup shards), merged by sequence number. Queue heads are
+    /// read once into a heap; the coldest queue gives items until its next
+    /// one is younger than the next queue's head. Returns (pages written
+    /// back, LRU items examined).
     fn writeback_lru_batch(&self, t: &Tier) -> Result<(u64, usize)> {
-        let now = t.seq.load(Relaxed);
-        let mut oldest: Option<(usize, u32)> = None;
-        for (i, sh) in self.shards.iter().enumerate() {
-            if let Some(front) = sh.lock().lru.front() {
-                let age = now.wrapping_sub(front.seq);
-                if oldest.is_none_or(|(_, a)| age > a) {
-                    oldest = Some((i, age));
-                }
+        // Ages count from a point ahead of now, so items re-queued during
+        // this batch (newer sequence numbers) are the youngest, not wrapped.
+        let now = t.seq.load(Relaxed).wrapping_add(1 << 30);
+        let age = |it: &LruItem| now.wrapping_sub(it.seq);
+        let sources: Vec<Source<'_>> = self
+            .shards
+            .iter()
+            .map(Source::Index)
+            .chain(self.dedup.iter().flat_map(|d| d.iter()).map(Source::Shared))
+            .collect();
+        let mut heads = std::collections::BinaryHeap::new();
+        for (i, src) in sources.iter().enumerate() {
+            let front = match src {
+                Source::Index(sh) => sh.lock().lru.front().map(age),
+                Source::Shared(ds) => ds.lock().lru.front().map(age),
+            };
+            if let Some(a) = front {
+                heads.push((a, i));
             }
         }
-        let Some((i, _)) = oldest else { return Ok((0, 0)) };
-        let shard = &self.shards[i];
         let mut buf = Vec::with_capacity(BATCH * 2048);
         let mut victims = Vec::with_capacity(BATCH);
         let mut examined = 0;
-        {
-            let mut s = shard.lock();
-            let mut budget = s.lru.len();
-            while victims.len() < BATCH && budget > 0 {
-                budget -= 1;
-                let Some(item) = s.lru.pop_front() else { break };
-                examined += 1;
-                let Some(e) = s.index.get(item.key) else { continue };
-                let Slot::Obj(handle, info) = e.slot() else { continue };
-                if e.gen() != item.gen {
-                    continue;
+        while victims.len() < BATCH && examined < 16 * BATCH {
+            let Some((_, i)) = heads.pop() else { break };
+            let bound = heads.peek().map(|&(a, _)| a);
+            let mut pick = Pick { t, now, bound, src: i, victims: &mut victims, buf: &mut buf, examined: 0 };
+            let front = match sources[i] {
+                Source::Index(sh) => {
+                    let mut s = sh.lock();
+                    self.pick_cold_keys(&mut s, &mut pick);
+                    s.lru.front().map(age)
                 }
-                if e.referenced() {
-                    // Second chance: back to the hot end, unreferenced.
-                    s.index.set(item.key, e.with_referenced(false));
-                    s.lru.push_back(LruItem { seq: t.next_seq(), ..item });
-                    continue;
+                Source::Shared(ds) => {
+                    let mut g = ds.lock();
+                    self.pick_cold_shared(&mut g, &mut pick);
+                    g.lru.front().map(age)
                 }
-                let off = buf.len();
-                if self.alloc.read(handle, |obj| buf.extend_from_slice(&obj[..info.len as usize])).is_err() {
-                    continue;
-                }
-                victims.push(Victim { key: item.key, entry: e, handle, info, item: Some(item), off });
+            };
+            examined += pick.examined;
+            if let Some(a) = front {
+                heads.push((a, i));
             }
         }
         if victims.is_empty() {
             return Ok((0, examined));
         }
-        Ok((self.commit(t, shard, victims, &buf)?, examined))
+        Ok((self.commit(t, &sources, victims, &buf)?, examined))
+    }
+
+    /// Pop cold objects from a shard's LRU into the batch, copying their
+    /// bytes; referenced ones get a second chance at the hot end.
+    fn pick_cold_keys(&self, s: &mut Shard, p: &mut Pick<'_>) {
+        while let Some(item) = p.next(&s.lru) {
+            s.lru.pop_front();
+            let Some(e) = s.index.get(item.key) else { continue };
+            let Slot::Obj(handle, info) = e.slot() else { continue };
+            if e.gen() != item.gen {
+                continue;
+            }
+            if e.referenced() {
+                s.index.set(item.key, e.with_referenced(false));
+                s.lru.push_back(LruItem { seq: p.t.next_seq(), ..item });
+                continue;
+            }
+            let Some(off) = self.copy_out(handle, info, p.buf) else { continue };
+            let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
+            p.victims.push(v);
+        }
+    }
+
+    /// [`pick_cold_keys`](Self::pick_cold_keys) for a dedup shard's shared objects.
+    fn pick_cold_shared(&self, ds: &mut DedupShard, p: &mut Pick<'_>) {
+        while let Some(item) = p.next(&ds.lru) {
+            ds.lru.pop_front();
+            let Some(rec) = ds.map.get_mut(&item.key) else { continue };
+            let Loc::Ram(handle) = rec.loc else { continue };
+            if rec.gen != item.gen {
+                continue;
+            }
+            if rec.referenced {
+                rec.referenced = false;
+                ds.lru.push_back(LruItem { seq: p.t.next_seq(), ..item });
+                continue;
+            }
+            let (info, gen) = (rec.info, rec.gen);
+            let Some(off) = self.copy_out(handle, info, p.buf) else { continue };
+            let v = Victim { src: p.src, key: item.key, entry: Entry::EMPTY, handle, info, gen, referenced: false, item: Some(item), off };
+            p.victims.push(v);
+        }
     }
 
     /// Write the victims' bytes to the backing store in one batch, then swap
-    /// each entry that is still unchanged for a written-back one and free its
-    /// object. On a write error nothing changes: every victim stays in RAM.
-    fn commit(&self, t: &Tier, shard: &Mutex<Shard>, victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
+    /// each that is still unchanged for its record and free its object. On
+    /// a write error nothing changes: every victim stays in RAM and on its
+    /// LRU (where a load during the write put it: the hot end).
+    fn commit(&self, t: &Tier, sources: &[Source<'_>], victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
         let recs: Vec<(u64, &[u8])> = victims
             .iter()
             .map(|v| (v.key, &buf[v.off..v.off + v.info.len as usize]))
             .collect();
+        let mut by_src: Vec<usize> = victims.iter().map(|v| v.src).collect();
+        by_src.sort_unstable();
+        by_src.dedup();
         let ids = match t.store.write_batch(&recs) {
             Ok(ids) => ids,
             Err(e) => {
                 t.writeback_fail.fetch_add(1, Relaxed);
-                let mut s = shard.lock();
-                for v in victims.iter().rev() {
-                    if let Some(item) = v.item {
-                        if s.index.get(v.key) == Some(v.entry) {
-                            s.lru.push_front(item);
-                        }
+                for &i in &by_src {
+                    let mine = victims.iter().filter(|v| v.src == i);
+                    match sources[i] {
+                        Source::Index(sh) => requeue_keys(t, &mut sh.lock(), mine),
+                        Source::Shared(ds) => requeue_shared(t, &mut ds.lock(), mine),
                     }
                 }
                 return Err(ZmemError::Backing(e));
@@ -273,124 +558,289 @@ impl Pool {
         };
         let mut freed = Vec::with_capacity(victims.len());
         let mut stale = Vec::new();
-        {
-            let mut s: MutexGuard<'_, Shard> = shard.lock();
-            for (v, id) in victims.iter().zip(ids) {
-                if s.index.get(v.key) == Some(v.entry) {
-                    let b = Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen());
-                    s.account(v.entry, false);
-                    s.account(b, true);
-                    s.index.set(v.key, b);
-                    freed.push(v.handle);
-                } else {
-                    // Overwritten, invalidated or loaded while we wrote. A
-                    // load only set the referenced bit: the object is still
-                    // here and keeps its place in the LRU, at the hot end.
-                    stale.push(id);
-                    if let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) {
-                        if now.gen() == item.gen && matches!(now.slot(), Slot::Obj(..)) {
-                            s.lru.push_back(LruItem { seq: t.next_seq(), ..item });
-                        }
-                    }
-                }
+        for &i in &by_src {
+            let mine = victims.iter().zip(&ids).filter(|(v, _)| v.src == i);
+            match sources[i] {
+                Source::Index(sh) => settle_keys(t, &mut sh.lock(), mine, &mut freed, &mut stale),
+                Source::Shared(ds) => settle_shared(t, &mut ds.lock(), mine, &mut freed, &mut stale),
             }
         }
         let n = freed.len() as u64;
         for h in freed {
-            let _ = self.alloc.free(h);
+            if let Err(e) = self.alloc.free(h) {
+                self.free_failed(&e.to_string());
+            }
         }
         for id in stale {
-            t.free_record(id.to_raw());
+            if let Err(e) = t.store.free(id) {
+                self.free_failed(&e.to_string());
+            }
         }
         t.written_back.fetch_add(n, Relaxed);
         Ok(n)
     }
 
     /// zram's `writeback`: write back the pages `mode` names, at most
-    /// `limit_pages` of them (zram's `writeback_limit`). Returns pages written.
-    pub fn writeback(&self, mode: WritebackMode, limit_pages: Option<u64>) -> Result<u64> {
+    /// `limit_pages` of them. Excludes the shrinker while it runs. One pass
+    /// over each shard picks the candidates, so the cost is O(entries)
+    /// whatever the number of batches.
+    pub(crate) fn writeback(&self, mode: WritebackMode, limit_pages: Option<u64>) -> Result<u64> {
         let t = self.tier()?;
+        let _writing = t.writing.lock();
         let now = self.now();
         let mut budget = limit_pages.unwrap_or(u64::MAX);
+        let cap = |budget: u64| usize::try_from(budget).unwrap_or(usize::MAX);
         let mut total = 0;
         for shard in self.shards.iter() {
-            while budget > 0 {
-                let mut buf = Vec::new();
-                let mut victims = Vec::new();
-                {
-                    let s = shard.lock();
-                    let want = (budget.min(BATCH as u64)) as usize;
-                    for (key, e, ac) in s.index.iter() {
-                        if victims.len() >= want {
-                            break;
-                        }
-                        let Slot::Obj(handle, info) = e.slot() else { continue };
-                        let pick = match mode {
-                            WritebackMode::Idle(secs) => now.saturating_sub(ac) >= secs,
-                            WritebackMode::Huge => info.is_huge(),
-                            WritebackMode::Incompressible => info.is_incompressible(),
-                            WritebackMode::All => true,
-                        };
-                        if !pick {
-                            continue;
-                        }
-                        let off = buf.len();
-                        if self.alloc.read(handle, |obj| buf.extend_from_slice(&obj[..info.len as usize])).is_ok() {
-                            victims.push(Victim { key, entry: e, handle, info, item: None, off });
+            let picked: Vec<(u64, Entry)> = {
+                let s = shard.lock();
+                let obj = |e: Entry, ac| matches!(e.slot(), Slot::Obj(_, info) if mode.picks(info, ac, now));
+                s.index.iter().filter(|&(_, e, ac)| obj(e, ac)).map(|(k, e, _)| (k, e)).take(cap(budget)).collect()
+            };
+            total += self.writeback_in_batches(t, Source::Index(shard), &picked, &mut budget, |chunk, victims, buf| {
+                let s = shard.lock();
+                for &(key, e) in chunk {
+                    let Slot::Obj(handle, info) = e.slot() else { continue };
+                    if s.index.get(key) == Some(e) {
+                        if let Some(off) = self.copy_out(handle, info, buf) {
+                            victims.push(Victim { src: 0, key, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
                         }
                     }
                 }
-                if victims.is_empty() {
-                    break;
+            })?;
+        }
+        for ds in self.dedup.iter().flat_map(|d| d.iter()) {
+            let picked: Vec<(u64, u8)> = {
+                let g = ds.lock();
+                let ram = |r: &DedupRec| matches!(r.loc, Loc::Ram(_)) && mode.picks(r.info, r.ac, now);
+                g.map.iter().filter(|(_, r)| ram(r)).map(|(&h, r)| (h, r.gen)).take(cap(budget)).collect()
+            };
+            total += self.writeback_in_batches(t, Source::Shared(ds), &picked, &mut budget, |chunk, victims, buf| {
+                let g = ds.lock();
+                for &(hash, gen) in chunk {
+                    let Some(r) = g.map.get(&hash).filter(|r| r.gen == gen) else { continue };
+                    let Loc::Ram(handle) = r.loc else { continue };
+                    if let Some(off) = self.copy_out(handle, r.info, buf) {
+                        let (info, referenced) = (r.info, r.referenced);
+                        victims.push(Victim { src: 0, key: hash, entry: Entry::EMPTY, handle, info, gen, referenced, item: None, off });
+                    }
                 }
-                let n = self.commit(t, shard, victims, &buf)?;
-                if n == 0 {
-                    break;
-                }
-                total += n;
-                budget = budget.saturating_sub(n);
-            }
+            })?;
         }
         self.alloc.compact();
         Ok(total)
     }
 
-    /// Serve a load from the backing store, promoting the page back to RAM
-    /// when the pool has room. Called with the key's shard locked.
-    pub(crate) fn load_backed(
+    /// Write back one queue's `picked` candidates in batches, within
+    /// `budget`: `gather` re-checks a chunk under the queue's lock and
+    /// copies the objects still there.
+    fn writeback_in_batches<C>(
         &self,
         t: &Tier,
-        s: &mut MutexGuard<'_, Shard>,
-        key: u64,
-        id: u64,
-        info: ObjInfo,
-        buf: &mut [u8],
-    ) -> Result<()> {
-        let mut obj = Vec::with_capacity(PAGE_SIZE);
-        t.store.read(RecordId::from_raw(id), key, &mut obj).map_err(ZmemError::Backing)?;
-        if obj.len() != info.len as usize {
-            self.counters.decompress_fail.fetch_add(1, Relaxed);
-            return Err(ZmemError::Corrupt {
-                key,
-                source: zmem_compress::CompressError::WrongLength {
-                    alg: zmem_compress::Algorithm::Lz4,
-                    got: obj.len(),
-                    expected: info.len as usize,
-                },
-            });
-        }
-        decode(info, &obj, buf).map_err(|source| {
-            self.counters.decompress_fail.fetch_add(1, Relaxed);
-            ZmemError::Corrupt { key, source }
-        })?;
-        if self.alloc.pages_used() < self.accept_pages() {
-            if let Ok(h) = self.alloc.alloc_write(&obj) {
-                // Replaces `e`, whose record is freed right here.
-                self.publish_locked(s, key, Entry::obj(h, info));
-                t.free_record(id);
-                t.promoted.fetch_add(1, Relaxed);
+        src: Source<'_>,
+        picked: &[C],
+        budget: &mut u64,
+        gather: impl Fn(&[C], &mut Vec<Victim>, &mut Vec<u8>),
+    ) -> Result<u64> {
+        let mut total = 0;
+        for chunk in picked.chunks(BATCH) {
+            if *budget == 0 {
+                break;
+            }
+            let chunk = &chunk[..chunk.len().min(usize::try_from(*budget).unwrap_or(usize::MAX))];
+            let (mut victims, mut buf) = (Vec::new(), Vec::new());
+            gather(chunk, &mut victims, &mut buf);
+            if !victims.is_empty() {
+                let n = self.commit(t, &[src], victims, &buf)?;
+                total += n;
+                *budget = budget.saturating_sub(n);
             }
         }
-        Ok(())
+        Ok(total)
+    }
+
+    /// Append object `h`'s bytes to a batch buffer; returns where they start.
+    fn copy_out(&self, h: Handle, info: ObjInfo, buf: &mut Vec<u8>) -> Option<usize> {
+        let off = buf.len();
+        self.alloc.read(h, |obj| buf.extend_from_slice(&obj[..info.len as usize])).ok().map(|()| off)
+    }
+
+    /// Read the record `id` (written under `rkey`: the page's key, or a
+    /// shared object's hash) into `obj` and decode it into `buf`. No lock
+    /// may be held.
+    pub(crate) fn read_record(&self, t: &Tier, rkey: u64, id: u64, info: ObjInfo, obj: &mut Vec<u8>, buf: &mut [u8]) -> Result<()> {
+        t.store.read(RecordId::from_raw(id), rkey, obj).map_err(ZmemError::Backing)?;
+        if obj.len() != info.len as usize {
+            return Err(ZmemError::Inconsistent {
+                key: rkey,
+                what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len),
+            });
+        }
+        crate::pool::decode(rkey, info, obj, buf)
+    }
+
+    /// Serve a load of `key` from its record `id`, read with no lock held;
+    /// then bring the object back to RAM if the pool has room and the entry
+    /// still names this record.
+    pub(crate) fn load_backed(&self, key: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
+        let t = self.tier.as_ref().ok_or_else(|| ZmemError::Inconsistent {
+            key,
+            what: "a written-back entry in a pool without a backing store".into(),
+        })?;
+        OBJ.with_borrow_mut(|obj| {
+            self.read_record(t, key, id, info, obj, buf)?;
+            if self.alloc.pages_used() >= self.accept_pages() {
+                return Ok(());
+            }
+            let old = {
+                let mut s = self.shard(key).lock();
+                if s.index.get(key).map(|e| e.slot()) != Some(Slot::Backed(id, info)) {
+                    return Ok(());
+                }
+                let Ok(h) = self.alloc.alloc_write(obj) else { return Ok(()) };
+                self.publish_locked(&mut s, key, Entry::obj(h, info))
+            };
+            if let Some(o) = old {
+                // The record the page came from.
+                self.release(o);
+            }
+            t.promoted.fetch_add(1, Relaxed);
+            Ok(())
+        })
+    }
+
+    /// [`load_backed`](Self::load_backed) for a page whose shared object
+    /// `hash` was written back as record `id`.
+    pub(crate) fn load_backed_shared(&self, key: u64, hash: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
+        let (Some(t), Some(d)) = (self.tier.as_ref(), self.dedup.as_ref()) else {
+            return Err(ZmemError::Inconsistent { key, what: "a written-back shared object without dedup or a backing store".into() });
+        };
+        OBJ.with_borrow_mut(|obj| {
+            self.read_record(t, hash, id, info, obj, buf).map_err(|e| match e {
+                // Name the page, not the hash, in what the caller sees.
+                ZmemError::Corrupt { source, .. } => ZmemError::Corrupt { key, source },
+                e => e,
+            })?;
+            if self.alloc.pages_used() >= self.accept_pages() {
+                return Ok(());
+            }
+            {
+                let mut g = Self::dedup_shard(d, hash).lock();
+                let ds = &mut *g;
+                let Some(rec) = ds.map.get_mut(&hash) else { return Ok(()) };
+                if rec.loc != Loc::Backed(id) {
+                    return Ok(());
+                }
+                let Ok(h) = self.alloc.alloc_write(obj) else { return Ok(()) };
+                let before = *rec;
+                rec.loc = Loc::Ram(h);
+                rec.gen = ds.next_gen;
+                ds.next_gen = ds.next_gen.wrapping_add(1);
+                let (after, gen) = (*rec, rec.gen);
+                ds.account_backed(&before, false);
+                ds.account_ram(&after, true);
+                t.enqueue_shared(ds, hash, gen);
+            }
+            if let Err(e) = t.store.free(RecordId::from_raw(id)) {
+                self.free_failed(&e.to_string());
+            }
+            t.promoted.fetch_add(1, Relaxed);
+            Ok(())
+        })
+    }
+}
+
+/// After a failed write: put each victim that is still unchanged back on
+/// its LRU: at the cold end, or at the hot end if a load referenced it
+/// while the write ran (before, such an entry lost its item for good and
+/// was pinned in RAM).
+fn requeue_keys<'v>(t: &Tier, s: &mut Shard, victims: impl DoubleEndedIterator<Item = &'v Victim>) {
+    for v in victims.rev() {
+        let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) else { continue };
+        if now.gen() != item.gen || now.slot() != v.entry.slot() {
+            continue; // overwritten or gone: its new entry has its own item
+        }
+        if now.referenced() {
+            s.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+        } else {
+            s.lru.push_front(item);
+        }
+    }
+}
+
+fn requeue_shared<'v>(t: &Tier, ds: &mut DedupShard, victims: impl DoubleEndedIterator<Item = &'v Victim>) {
+    for v in victims.rev() {
+        let (Some(item), Some(rec)) = (v.item, ds.map.get(&v.key)) else { continue };
+        if rec.gen != v.gen || rec.loc != Loc::Ram(v.handle) {
+            continue;
+        }
+        if rec.referenced {
+            ds.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+        } else {
+            ds.lru.push_front(item);
+        }
+    }
+}
+
+/// After a successful write: swap each unchanged entry for its record.
+/// Collects the handles to free and the records nobody took (the key was
+/// overwritten, invalidated or loaded while we wrote).
+fn settle_keys<'v>(
+    t: &Tier,
+    s: &mut Shard,
+    done: impl Iterator<Item = (&'v Victim, &'v RecordId)>,
+    freed: &mut Vec<Handle>,
+    stale: &mut Vec<RecordId>,
+) {
+    for (v, &id) in done {
+        if s.index.get(v.key) == Some(v.entry) {
+            let b = Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen());
+            s.account(v.entry, false);
+            s.account(b, true);
+            s.index.set(v.key, b);
+            freed.push(v.handle);
+            continue;
+        }
+        stale.push(id);
+        // A load only set the referenced bit: the object is still here and
+        // keeps its place in the LRU, at the hot end.
+        if let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) {
+            if now.gen() == item.gen && now.slot() == v.entry.slot() {
+                s.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+            }
+        }
+    }
+}
+
+fn settle_shared<'v>(
+    t: &Tier,
+    ds: &mut DedupShard,
+    done: impl Iterator<Item = (&'v Victim, &'v RecordId)>,
+    freed: &mut Vec<Handle>,
+    stale: &mut Vec<RecordId>,
+) {
+    for (v, &id) in done {
+        let Some(rec) = ds.map.get_mut(&v.key) else {
+            stale.push(id);
+            continue;
+        };
+        if rec.gen != v.gen || rec.loc != Loc::Ram(v.handle) {
+            stale.push(id);
+            continue;
+        }
+        if rec.referenced && !v.referenced {
+            // Loaded or shared again while we wrote: stays, at the hot end.
+            stale.push(id);
+            if let Some(item) = v.item {
+                ds.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+            }
+            continue;
+        }
+        let before = *rec;
+        rec.loc = Loc::Backed(id.to_raw());
+        let after = *rec;
+        ds.account_ram(&before, false);
+        ds.account_backed(&after, true);
+        freed.push(v.handle);
     }
 }

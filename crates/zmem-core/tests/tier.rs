@@ -62,7 +62,8 @@ fn without_backing_the_limit_rejects_with_hysteresis() {
 #[test]
 fn lru_keeps_the_newest_and_the_hot() {
     let file = mem_file();
-    let p = tiered(MIB, Arc::clone(&file));
+    let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
+    let p = Pool::with_backing(PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, ..PoolConfig::default() }, store).unwrap();
     let hot = 3u64;
     let mut buf = vec![0u8; PAGE];
     let n = 2000u64;
@@ -72,21 +73,27 @@ fn lru_keeps_the_newest_and_the_hot() {
             p.load(hot, &mut buf).unwrap();
         }
     }
+    assert!(p.settle(std::time::Duration::from_secs(30)), "the shrinker settles");
     let st = p.stats();
+    let in_ram = (0..n).filter(|&k| p.residency(k) == Some(Residency::Ram)).count();
+    eprintln!("in RAM {in_ram}; {st:?}");
     assert!(st.written_back_pages > n / 2, "{st:?}");
-    assert!(st.pool_pages * 4096 <= MIB + 64 * 4096, "pool {} pages", st.pool_pages);
+    assert!(st.pool_pages * 4096 <= MIB, "pool {} pages", st.pool_pages);
     assert_eq!(p.residency(hot), Some(Residency::Ram), "a hot page stays in RAM");
     assert_eq!(st.bd_reads, 0, "the hot page never had to come back from the file");
-    // The newest tenth is in RAM, the oldest tenth (but the hot page) on the file.
-    for k in n - n / 10..n {
-        assert_eq!(p.residency(k), Some(Residency::Ram), "new key {k}");
-    }
+    // LRU order: every page in RAM (but the hot one) is newer than every
+    // page on the file, the newest are in RAM and the oldest tenth on file.
+    let newest_backed = (0..n).filter(|&k| p.residency(k) == Some(Residency::Backed)).max().unwrap();
+    let oldest_in_ram = (0..n).filter(|&k| k != hot && p.residency(k) == Some(Residency::Ram)).min().unwrap();
+    assert!(newest_backed < oldest_in_ram, "backed {newest_backed} is newer than in-RAM {oldest_in_ram}");
+    assert!(in_ram >= 64, "only {in_ram} pages in RAM");
     for k in (0..n / 10).filter(|&k| k != hot) {
         assert_eq!(p.residency(k), Some(Residency::Backed), "old key {k}");
     }
     // Compressed writeback: the file got far less than 4 KiB per page.
     assert!(st.backing_bytes_written < st.written_back_pages * 4096 * 6 / 10, "{st:?}");
-    assert_eq!(st.bd_writes, st.written_back_pages);
+    // A record written for a page loaded during its write is dropped.
+    assert!(st.bd_writes >= st.written_back_pages && st.bd_writes <= st.written_back_pages + 64, "{st:?}");
     // Everything reads back right, from RAM or from the file.
     for k in 0..n {
         p.load(k, &mut buf).unwrap();
@@ -148,10 +155,12 @@ fn failing_writes_keep_pages_in_ram_and_correct() {
         acked.insert(k);
         k += 1;
     }
+    assert!(p.settle(std::time::Duration::from_secs(30)), "the shrinker settles");
     let before = p.stats();
     // The next write fails with EIO, and after it the disk is full (every
     // write comes back short): writeback can't make room.
     file.fail_nth_write(1);
+    file.set_space_limit(Some(0));
     for _ in 0..1000 {
         // The failed writeback either leaves this store over the limit
         // (accepted) or, met at admission, refuses it; never anything else.
@@ -167,8 +176,7 @@ fn failing_writes_keep_pages_in_ram_and_correct() {
             break;
         }
     }
-    assert_eq!(p.stats().writeback_fail, 1, "the EIO was seen");
-    file.set_space_limit(Some(0));
+    assert!(p.stats().writeback_fail >= 1, "the EIO was seen");
     let mut refused = 0;
     for j in k..k + 200 {
         match p.store(j, &compressible(j)) {

@@ -162,6 +162,7 @@ impl Info {
             "requests": ss.requests,
             "request_errors": ss.request_errors,
             "mm_stat": st.mm_stat(),
+            "io_stat": st.io_stat(),
             "stats": st,
         })
     }

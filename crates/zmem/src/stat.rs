@@ -3,7 +3,7 @@
 //! Asks the server's control socket for `stats` (one JSON line) and prints
 //! a table: export, algorithm, disk size, data (uncompressed), compressed,
 //! total memory used, ratio (data / total), same-filled, deduplicated and
-//! huge pages, connections; then zram's `mm_stat` line.
+//! huge pages, connections; then zram's `mm_stat` and `io_stat` lines.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -119,6 +119,12 @@ pub fn render(v: &Value) -> String {
         "{head}\n{row}\nmm_stat: {}\n",
         v["mm_stat"].as_str().unwrap_or("")
     );
+    if let Some(io) = v["io_stat"].as_str() {
+        out += &format!("io_stat: {io}\n");
+    }
+    if g("free_fail") > 0 {
+        out += &format!("free_fail: {} (frees that failed: a bug, see the server's log)\n", g("free_fail"));
+    }
     if g("max_pool_bytes") > 0 {
         out += &format!(
             "max_pool: {} (accept below {}%), pool_limit_hit {}, reject_reclaim_fail {}\n",
@@ -175,6 +181,7 @@ mod tests {
             "export": "", "algorithm": "lz4", "disksize": 1u64 << 30,
             "connections": {"active": 2},
             "mm_stat": "1 2 3",
+            "io_stat": "0 1 2 3",
             "stats": {"orig_data_size": 8192, "compr_data_size": 100, "mem_used_total": 4096,
                       "same_pages": 1, "dup_pages": 0, "huge_pages": 0}
         });
@@ -183,5 +190,6 @@ mod tests {
         assert!(lines[0].starts_with("EXPORT"));
         assert!(lines[1].contains("1G") && lines[1].contains("2.00") && lines[1].contains("lz4"));
         assert_eq!(lines[2], "mm_stat: 1 2 3");
+        assert_eq!(lines[3], "io_stat: 0 1 2 3");
     }
 }
