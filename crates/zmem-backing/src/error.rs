@@ -31,6 +31,10 @@ pub enum BackingError {
     /// Payloads are compressed pages: at most one page.
     #[error("record payload of {len} bytes exceeds the 4096-byte page size (store an incompressible page raw, as 4096 bytes)")]
     TooLarge { len: usize },
+    /// The path names something that must not be used as a backing store
+    /// (a link, a device that is not a block device, data that is not ours).
+    #[error("refusing to use {} as a backing store: {why}", path.display())]
+    Refused { path: std::path::PathBuf, why: String },
     /// Appending would grow the file past its size cap, even after
     /// compaction.
     #[error("backing file reached its limit of {limit_bytes} bytes even after compaction (raise the limit, free records, or stop writeback)")]

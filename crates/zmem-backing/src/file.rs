@@ -3,7 +3,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::io::Seek;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -51,7 +52,19 @@ impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
     }
 }
 
-/// A real file, opened with `O_DIRECT` when the filesystem allows it.
+/// What [`OsFile::open`] does with data already at the path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Existing {
+    /// Use an empty file or device, or one that already holds a zmem
+    /// backing store (a restart); refuse anything else.
+    #[default]
+    Refuse,
+    /// Overwrite whatever is there (the user asked for it: `--force`).
+    Overwrite,
+}
+
+/// A real file or block device, opened with `O_DIRECT` when the filesystem
+/// allows it.
 ///
 /// Written-back pages were evicted from RAM to save memory; reading them
 /// through the page cache would put them straight back in RAM (and write
@@ -59,65 +72,111 @@ impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
 /// some FUSE and network filesystems) get buffered I/O instead, and
 /// [`OsFile::open`] says why.
 ///
-/// The file is created with mode `0600`: it holds (compressed) process
-/// memory. Every I/O error it returns names the file.
+/// A new file is created with mode `0600` (it holds compressed process
+/// memory), an existing one is set to `0600`. Symbolic links are never
+/// followed, and anything but a regular file or a block device is refused:
+/// a backing store on `/dev/null` would acknowledge writes and lose them.
+/// Every I/O error it returns names the file.
 #[derive(Debug)]
 pub struct OsFile {
     file: File,
     path: PathBuf,
     direct: bool,
+    /// A block device's size (its length cannot change).
+    device_bytes: Option<u64>,
 }
 
+/// Bytes read to recognise an existing zmem backing store: a record header
+/// and the largest payload.
+const SNIFF: usize = 2 * PAGE_SIZE;
+
 impl OsFile {
-    /// Create (or truncate) the file at `path`. Tries `O_DIRECT` first and
-    /// checks that an aligned write and read really work; if not, reopens it
-    /// for buffered I/O and returns the reason as the second element.
-    pub fn open(path: &Path) -> Result<(OsFile, Option<String>), BackingError> {
+    /// Open the backing store at `path`: create a regular file there, or use
+    /// an existing regular file (truncated) or block device, as `existing`
+    /// allows. Tries `O_DIRECT` first; if that does not work, uses buffered
+    /// I/O and returns the reason as the second element. Either way an
+    /// aligned write and read-back must work before the file is used.
+    pub fn open(path: &Path, existing: Existing) -> Result<(OsFile, Option<String>), BackingError> {
+        let refuse = |why: String| BackingError::Refused { path: path.to_owned(), why };
+        let io_err = |op: &'static str, e: io::Error| BackingError::Io {
+            op,
+            source: io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        };
+        let create = match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+            Err(e) => return Err(io_err("stat", e)),
+            Ok(m) => {
+                check_kind(m.file_type()).map_err(refuse)?;
+                false
+            }
+        };
+        // A filesystem without O_DIRECT may create the file and then fail
+        // the open: the buffered retry then opens what was just created.
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
-            o.read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
+            o.read(true).write(true);
+            if create && direct {
+                o.create_new(true).mode(0o600);
+            } else if create {
+                o.create(true).mode(0o600);
             }
+            o.custom_flags(libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 });
             o.open(path)
         };
-        let why = match open(true) {
-            Ok(file) => {
-                let f = OsFile {
-                    file,
-                    path: path.to_owned(),
-                    direct: true,
-                };
-                match f.probe_direct() {
-                    Ok(()) => return Ok((f, None)),
-                    Err(e) => format!("an O_DIRECT write/read test on it failed: {e}"),
-                }
+        let (file, why) = match open(true) {
+            Ok(f) => (f, None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(refuse(symlink_why())),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let f = open(false).map_err(|e2| match e2.raw_os_error() {
+                    Some(libc::ELOOP) => refuse(symlink_why()),
+                    _ => io_err("open", e2),
+                })?;
+                (f, Some(format!("opening it with O_DIRECT failed: {e}")))
             }
-            Err(e) => format!("opening it with O_DIRECT failed: {e}"),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                return Err(refuse("it was created by someone else while zmem was opening it".into()))
+            }
+            Err(e) => return Err(io_err("open", e)),
         };
-        let file = open(false).map_err(|e| BackingError::Io {
-            op: "open",
-            source: io::Error::new(e.kind(), format!("{}: {e}", path.display())),
-        })?;
-        let msg = format!(
-            "O_DIRECT is not available for {} ({why}); using buffered I/O, so written-back pages \
-             will also occupy the page cache. Put the backing file on a filesystem that supports \
-             O_DIRECT (ext4, xfs, btrfs) to avoid double caching.",
-            path.display()
-        );
-        tracing::warn!("{msg}");
-        Ok((
-            OsFile {
-                file,
-                path: path.to_owned(),
-                direct: false,
-            },
-            Some(msg),
-        ))
+        // What was opened is what was checked (nothing swapped it since).
+        let meta = file.metadata().map_err(|e| io_err("stat", e))?;
+        check_kind(meta.file_type()).map_err(refuse)?;
+        let device_bytes = if meta.file_type().is_block_device() {
+            Some((&file).seek(io::SeekFrom::End(0)).map_err(|e| io_err("seek", e))?)
+        } else {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| io_err("chmod", e))?;
+            None
+        };
+        let mut f = OsFile { file, path: path.to_owned(), direct: why.is_none(), device_bytes };
+        if !create && existing == Existing::Refuse {
+            f.check_unused().map_err(|why| match why {
+                Ok(why) => refuse(why),
+                Err(e) => io_err("read", e),
+            })?;
+        }
+        let why = match (why, f.probe()) {
+            (None, Ok(())) => None,
+            (None, Err(e)) if f.device_bytes.is_none() => {
+                // O_DIRECT opened but does not work here: buffered instead.
+                f.file = open(false).map_err(|e| io_err("open", e))?;
+                f.direct = false;
+                f.probe().map_err(|e| io_err("probe", e))?;
+                Some(format!("an O_DIRECT write/read test on it failed: {e}"))
+            }
+            (_, Err(e)) => return Err(io_err("probe", e)),
+            (why, Ok(())) => why,
+        };
+        if let Some(why) = &why {
+            let msg = format!(
+                "O_DIRECT is not available for {} ({why}); using buffered I/O, so written-back pages \
+                 will also occupy the page cache. Put the backing file on a filesystem that supports \
+                 O_DIRECT (ext4, xfs, btrfs) to avoid double caching.",
+                path.display()
+            );
+            tracing::warn!("{msg}");
+            return Ok((f, Some(msg)));
+        }
+        Ok((f, None))
     }
 
     /// The path the file was opened at.
@@ -125,19 +184,64 @@ impl OsFile {
         &self.path
     }
 
-    fn probe_direct(&self) -> io::Result<()> {
+    /// A block device's size in bytes (`None` for a regular file).
+    pub fn device_bytes(&self) -> Option<u64> {
+        self.device_bytes
+    }
+
+    /// An existing file or device may be used if it is empty (all zeros at
+    /// its start, for a device) or starts with a zmem record (our own store,
+    /// from an earlier run). `Ok(why)` says why not.
+    fn check_unused(&self) -> Result<(), Result<String, io::Error>> {
+        let len = match self.device_bytes {
+            Some(n) => n,
+            None => self.file.metadata().map_err(Err)?.len(),
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let mut buf = MmapMut::map_anon(SNIFF).map_err(Err)?;
+        let want = SNIFF.min(len as usize);
+        let mut got = 0;
+        while got < want {
+            match self.file.read_at(&mut buf[got..], got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Err(e)),
+            }
+        }
+        let head = &buf[..got];
+        if crate::store::is_record_start(head) {
+            return Ok(());
+        }
+        let what = if self.device_bytes.is_some() { "a block device whose first sectors hold data" } else { "a non-empty file" };
+        if self.device_bytes.is_some() && head.iter().all(|&b| b == 0) {
+            return Ok(());
+        }
+        Err(Ok(format!(
+            "it is {what} ({len} bytes) that is not a zmem backing store; pass --force to overwrite it"
+        )))
+    }
+
+    /// Write a page at offset 0 and read it back: the file must really keep
+    /// what it is given (the regular file is then emptied again).
+    fn probe(&self) -> io::Result<()> {
         let mut buf = MmapMut::map_anon(PAGE_SIZE)?;
-        buf[..8].copy_from_slice(b"zmemtest");
+        buf[..16].copy_from_slice(b"zmem-probe-page!");
         let n = self.file.write_at(&buf, 0)?;
         if n != PAGE_SIZE {
-            return Err(io::Error::other("short O_DIRECT write"));
+            return Err(io::Error::other("short probe write"));
         }
         buf.fill(0);
         let n = self.file.read_at(&mut buf, 0)?;
-        if n != PAGE_SIZE || &buf[..8] != b"zmemtest" {
-            return Err(io::Error::other(
-                "O_DIRECT read did not return what was written",
-            ));
+        if n != PAGE_SIZE || &buf[..16] != b"zmem-probe-page!" {
+            return Err(io::Error::other("a probe read did not return what was written"));
+        }
+        if self.device_bytes.is_some() {
+            buf.fill(0);
+            self.file.write_at(&buf, 0)?;
+            return Ok(());
         }
         self.file.set_len(0)
     }
@@ -145,6 +249,31 @@ impl OsFile {
     fn ctx(&self, e: io::Error) -> io::Error {
         io::Error::new(e.kind(), format!("{}: {e}", self.path.display()))
     }
+}
+
+fn symlink_why() -> String {
+    "it is a symbolic link; name the file itself (links are not followed)".into()
+}
+
+/// A backing store is a regular file or a block device, nothing else.
+fn check_kind(ft: std::fs::FileType) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let what = if ft.is_file() || ft.is_block_device() {
+        return Ok(());
+    } else if ft.is_symlink() {
+        return Err(symlink_why());
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(format!("it is {what}; a backing store must be a regular file or a block device"))
 }
 
 impl BlockFile for OsFile {
@@ -158,6 +287,10 @@ impl BlockFile for OsFile {
         self.file.sync_data().map_err(|e| self.ctx(e))
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
+        if self.device_bytes.is_some() {
+            // A device keeps its size; space past `len` is simply unused.
+            return Ok(());
+        }
         self.file.set_len(len).map_err(|e| self.ctx(e))
     }
     fn direct(&self) -> bool {

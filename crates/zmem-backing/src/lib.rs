@@ -80,7 +80,10 @@
 //! file (`O_DIRECT` when the filesystem allows, buffered otherwise, and it
 //! tells you why); [`MemFile`] and [`FaultyFile`] are test doubles. The
 //! store keeps no on-disk index: like swap, the file's contents mean
-//! nothing after a restart, and [`BackingStore::open`] truncates it.
+//! nothing after a restart, and [`BackingStore::open`] truncates it. It
+//! opens only a regular file or a block device, never through a symbolic
+//! link, and refuses one that holds data other than a zmem store unless
+//! told to overwrite it ([`Existing`]).
 //!
 //! # Size limit
 //! An optional limit caps the file length, in whole segments. Appends may
@@ -96,7 +99,7 @@ mod file;
 mod store;
 
 pub use error::BackingError;
-pub use file::{BlockFile, FaultyFile, MemFile, OsFile};
+pub use file::{BlockFile, Existing, FaultyFile, MemFile, OsFile};
 pub use store::{BackingStore, RECORD_HEADER_SIZE, SEGMENT_SIZE};
 
 /// Largest payload (and the page size zmem stores).

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::{Mutex, RwLock};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::file::{BlockFile, OsFile};
+use crate::file::{BlockFile, Existing, OsFile};
 use crate::{BackingError, BackingStats, RecordId, PAGE_SIZE};
 
 /// Size of one segment of the backing file. A batch of 64 incompressible
@@ -327,6 +327,13 @@ fn put_record(dst: &mut [u8], key: u64, payload: &[u8]) {
     dst[16..16 + payload.len()].copy_from_slice(payload);
 }
 
+/// Whether `buf` starts with a well-formed record (magic, length and
+/// checksum agree): the start of a zmem backing store.
+pub(crate) fn is_record_start(buf: &[u8]) -> bool {
+    let Some(len) = buf.get(2..4).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes) else { return false };
+    len as usize <= PAGE_SIZE && verify(buf, len, None).is_some()
+}
+
 /// Check a record's header against what the table says; returns
 /// `(key, payload)`.
 fn verify(rec: &[u8], len: u16, key: Option<u64>) -> Option<(u64, &[u8])> {
@@ -391,12 +398,24 @@ impl BackingStore {
         }
     }
 
-    /// Create (truncate) a backing file at `path` with [`OsFile::open`] and
-    /// build a store on it. The second element says why `O_DIRECT` is not
-    /// in use, if it is not.
-    pub fn open(path: &Path, limit_bytes: Option<u64>) -> Result<(BackingStore, Option<String>)> {
-        let (f, why) = OsFile::open(path)?;
-        Ok((BackingStore::new(Box::new(f), limit_bytes), why))
+    /// Open a backing file or block device at `path` with [`OsFile::open`]
+    /// (see [`Existing`] for what may already be there) and build a store
+    /// on it. A block device caps the limit at its size. The second element
+    /// says why `O_DIRECT` is not in use, if it is not.
+    pub fn open(path: &Path, limit_bytes: Option<u64>, existing: Existing) -> Result<(BackingStore, Option<String>)> {
+        let (f, why) = OsFile::open(path, existing)?;
+        let limit = match (f.device_bytes(), limit_bytes) {
+            (Some(dev), Some(l)) => Some(l.min(dev)),
+            (Some(dev), None) => Some(dev),
+            (None, l) => l,
+        };
+        if limit.is_some_and(|l| l < SEG) {
+            return Err(BackingError::Refused {
+                path: path.to_owned(),
+                why: format!("it can hold at most {} bytes; a backing store needs at least one {SEGMENT_SIZE}-byte segment", limit.unwrap_or(0)),
+            });
+        }
+        Ok((BackingStore::new(Box::new(f), limit), why))
     }
 
     /// Whether the file does `O_DIRECT` I/O.

@@ -151,11 +151,7 @@ fn write_attr(dev: &str, attr: &str, value: &str) -> Result<(), Unavailable> {
         .map_err(|e| unavail(format!("cannot write {value:?} to {}: {e}", p.display())))
 }
 
-fn effective_uid() -> Option<u32> {
-    let status = fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_ascii_whitespace().nth(2)?.parse().ok()
-}
+use crate::ci::effective_uid;
 
 /// Is `/sys/block/<dev>` unused: disksize 0, initstate 0, not swapped on,
 /// not mounted?
@@ -570,7 +566,7 @@ mod tests {
     #[test]
     fn kernel_zram_round_trip() {
         if let Some(r) = skip_reason() {
-            eprintln!("skipping kernel_zram_round_trip: {r}");
+            crate::ci::skip(&format!("kernel_zram_round_trip: {r}"));
             return;
         }
         let data = mixed_data();
@@ -597,7 +593,7 @@ mod tests {
     #[test]
     fn kernel_zram_unknown_algorithm_resets() {
         if let Some(r) = skip_reason() {
-            eprintln!("skipping kernel_zram_unknown_algorithm_resets: {r}");
+            crate::ci::skip(&format!("kernel_zram_unknown_algorithm_resets: {r}"));
             return;
         }
         let e = run(&vec![1u8; PAGE_SIZE * 4], "no-such-algo").unwrap_err();

@@ -4,7 +4,10 @@
 //!   the anonymous memory of a live process, or a built-in default process.
 //! * [`kernel_zram`] — the kernel yardstick: push the same pages through a
 //!   real `/dev/zramN` device and report what the kernel achieved.
+//! * [`ci`] — skipping a test where a feature is missing, and failing
+//!   instead under CI, where nothing may be missing.
 
+pub mod ci;
 pub mod kernel_zram;
 pub mod pages;
 

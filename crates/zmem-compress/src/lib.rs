@@ -82,6 +82,8 @@ pub enum CompressError {
     UnknownAlgorithm(String),
     #[error("bad zstd level `{0}`: use an integer from 1 to 22 (for example zstd:3)")]
     BadLevel(String),
+    #[error("{alg} takes no level (`{spec}`): write `{alg}`, or use zstd:LEVEL for a tunable compressor")]
+    NoLevel { alg: Algorithm, spec: String },
     #[error("unknown algorithm tag {0} in a stored object (corrupt index entry?)")]
     UnknownTag(u8),
     #[error("compressed output does not fit in {capacity} bytes")]
@@ -200,7 +202,7 @@ impl FromStr for Compressor {
                 let lvl: i32 = l.parse().map_err(|_| CompressError::BadLevel(l.to_string()))?;
                 Compressor::zstd(lvl)
             }
-            (_, Some(l)) => Err(CompressError::BadLevel(format!("{l} (only zstd takes a level)"))),
+            (a, Some(_)) => Err(CompressError::NoLevel { alg: a, spec: s.trim().to_string() }),
             (a, None) => Ok(Compressor::new(a)),
         }
     }
@@ -319,7 +321,10 @@ mod tests {
         assert_eq!("lzo-rle".parse::<Compressor>().unwrap().algorithm, Algorithm::Lzo);
         assert!(matches!("brotli".parse::<Compressor>(), Err(CompressError::UnknownAlgorithm(_))));
         assert!(matches!("zstd:99".parse::<Compressor>(), Err(CompressError::BadLevel(_))));
-        assert!(matches!("lz4:3".parse::<Compressor>(), Err(CompressError::BadLevel(_))));
+        let e = "lz4:3".parse::<Compressor>().unwrap_err();
+        assert!(matches!(e, CompressError::NoLevel { alg: Algorithm::Lz4, .. }), "{e:?}");
+        assert!(!e.to_string().contains("zstd level"), "{e}");
+        assert!(matches!("lzo:1".parse::<Compressor>(), Err(CompressError::NoLevel { alg: Algorithm::Lzo, .. })));
         assert!(Algorithm::from_tag(9).is_err());
         for a in Algorithm::ALL {
             assert_eq!(Algorithm::from_tag(a.tag()).unwrap(), a);

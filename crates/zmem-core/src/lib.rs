@@ -53,9 +53,9 @@ mod tier;
 
 pub use error::{Result, ZmemError};
 pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
-pub use stats::Stats;
+pub use stats::{RateLimited, Stats};
 pub use tier::WritebackMode;
-pub use zmem_backing::{BackingError, BackingStore};
+pub use zmem_backing::{BackingError, BackingStore, Existing};
 pub use zmem_compress::{Algorithm, Compressor};
 
 /// Size of every page the pool stores.

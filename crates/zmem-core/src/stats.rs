@@ -52,7 +52,7 @@ impl Counters {
 /// A warning that may repeat at high rate (a failing disk under a swap
 /// storm): logged at most once per interval, with the count of the ones
 /// suppressed since.
-pub(crate) struct RateLimited {
+pub struct RateLimited {
     last: parking_lot::Mutex<Option<std::time::Instant>>,
     suppressed: AtomicU64,
     suppressed_total: AtomicU64,
@@ -71,6 +71,7 @@ impl Default for RateLimited {
 impl RateLimited {
     const INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
+    /// Log `msg()` as a warning, unless one was logged in the last 10 s.
     pub fn warn(&self, msg: impl FnOnce() -> String) {
         let now = std::time::Instant::now();
         {
@@ -88,6 +89,7 @@ impl RateLimited {
         }
     }
 
+    /// Warnings not logged because of the limit, since the start.
     pub fn suppressed_total(&self) -> u64 {
         self.suppressed_total.load(Relaxed)
     }

@@ -204,6 +204,12 @@ pub struct ServerStats {
     pub requests: u64,
     pub request_errors: u64,
     pub connections_dropped: u64,
+    /// Panics caught in connection threads or request execution (each a
+    /// bug: the connection was dropped). Tests assert this stays 0.
+    pub panics: u64,
+    /// Warnings (bad clients, failed accepts) not logged: at most one is
+    /// logged per 10 s, so a flood of garbage connections cannot fill a disk.
+    pub warnings_suppressed: u64,
 }
 
 /// An NBD server for one export.
@@ -217,6 +223,8 @@ pub struct Server {
     requests: AtomicU64,
     request_errors: AtomicU64,
     dropped: AtomicU64,
+    panics: AtomicU64,
+    warn: zmem_core::RateLimited,
 }
 
 /// Removes a connection from the registry when it ends, however it ends.
@@ -248,6 +256,8 @@ impl Server {
             requests: AtomicU64::new(0),
             request_errors: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
+            warn: zmem_core::RateLimited::default(),
         }
     }
 
@@ -266,6 +276,8 @@ impl Server {
             requests: self.requests.load(Ordering::Relaxed),
             request_errors: self.request_errors.load(Ordering::Relaxed),
             connections_dropped: self.dropped.load(Ordering::Relaxed),
+            panics: self.panics.load(Ordering::Relaxed),
+            warnings_suppressed: self.warn.suppressed_total(),
         }
     }
 
@@ -295,16 +307,14 @@ impl Server {
                     }
                     Err(e) => {
                         // e.g. EMFILE: back off instead of spinning.
-                        tracing::warn!("nbd: accept failed: {e}");
+                        self.warn.warn(|| format!("nbd: accept failed: {e}"));
                         std::thread::sleep(Duration::from_millis(100));
                         continue;
                     }
                 };
                 if handles.len() >= self.cfg.max_connections {
-                    tracing::warn!(
-                        "nbd: refusing connection: {} connections already open",
-                        handles.len()
-                    );
+                    let open = handles.len();
+                    self.warn.warn(|| format!("nbd: refusing connection: {open} connections already open"));
                     continue;
                 }
                 let h = std::thread::Builder::new()
@@ -317,6 +327,7 @@ impl Server {
                         }));
                         if r.is_err() {
                             self.dropped.fetch_add(1, Ordering::Relaxed);
+                            self.panics.fetch_add(1, Ordering::Relaxed);
                             tracing::error!(
                                 "nbd: internal error (panic) in a connection; it was dropped"
                             );
@@ -324,7 +335,7 @@ impl Server {
                     });
                 match h {
                     Ok(h) => handles.push(h),
-                    Err(e) => tracing::warn!("nbd: cannot start a connection thread: {e}"),
+                    Err(e) => self.warn.warn(|| format!("nbd: cannot start a connection thread: {e}")),
                 }
             };
             // Stop reading requests: readers see EOF, workers drain, replies go out.
@@ -366,7 +377,7 @@ impl Server {
             }
             Err(e) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("nbd: connection {id}: {e}; dropping this connection");
+                self.warn.warn(|| format!("nbd: connection {id}: {e}; dropping this connection"));
             }
         }
         res
@@ -422,6 +433,7 @@ impl Server {
                                 if ran.is_err() {
                                     // Never leave a request unanswered with the
                                     // connection up: end this connection.
+                                    self.panics.fetch_add(1, Ordering::Relaxed);
                                     tracing::error!(
                                         "nbd: internal error (panic) executing {:?}; dropping this connection",
                                         job.req
@@ -447,7 +459,7 @@ impl Server {
                     });
                 match spawned {
                     Ok(_) => workers += 1,
-                    Err(e) => tracing::warn!("nbd: cannot start a worker thread: {e}"),
+                    Err(e) => self.warn.warn(|| format!("nbd: cannot start a worker thread: {e}")),
                 }
             }
             drop(rx);
@@ -564,6 +576,7 @@ impl Server {
                     r.consume(plen);
                 }
                 if ran.is_err() {
+                    self.panics.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(
                         "nbd: internal error (panic) executing {req:?}; dropping this connection"
                     );

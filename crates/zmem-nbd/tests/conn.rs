@@ -560,6 +560,11 @@ fn random_transmission_garbage_never_panics() {
         writer.join().unwrap();
         let _ = h.join().expect("connection thread must not panic");
     }
+    // The server catches panics in request execution (so a bug costs one
+    // connection, not the server); count them, so this test can see one.
+    let st = srv.stats();
+    assert_eq!(st.panics, 0, "panics caught while serving garbage: {st:?}");
+    assert!(st.requests > 0, "the garbage reached request execution: {st:?}");
 }
 
 #[test]

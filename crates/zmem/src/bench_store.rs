@@ -266,7 +266,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut new_pool = || -> anyhow::Result<Pool> {
         Ok(match &backing_path {
             Some(p) => {
-                let (store, why) = zmem_core::BackingStore::open(p, None)
+                let (store, why) = zmem_core::BackingStore::open(p, None, zmem_core::Existing::Refuse)
                     .with_context(|| format!("opening backing file {}", p.display()))?;
                 if let Some(why) = why {
                     if !a.json {

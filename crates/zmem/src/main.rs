@@ -50,12 +50,26 @@ enum BenchCmd {
     Blockdev(bench_blockdev::Args),
 }
 
+/// Colour in log lines only for a terminal that can show it: never in a
+/// file or a pipe, nor with `TERM=dumb` or `NO_COLOR` set.
+fn log_colours(stderr_is_terminal: bool, term: Option<&str>, no_color: bool) -> bool {
+    stderr_is_terminal && !no_color && term.is_some_and(|t| !t.is_empty() && t != "dumb")
+}
+
 fn main() {
+    use std::io::IsTerminal;
+    let term = std::env::var("TERM").ok();
+    let ansi = log_colours(
+        std::io::stderr().is_terminal(),
+        term.as_deref(),
+        std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()),
+    );
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ZMEM_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -69,5 +83,18 @@ fn main() {
     if let Err(e) = res {
         eprintln!("zmem: error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn colours_only_on_a_capable_terminal() {
+        use super::log_colours;
+        assert!(log_colours(true, Some("xterm-256color"), false));
+        assert!(!log_colours(false, Some("xterm-256color"), false), "file or pipe");
+        assert!(!log_colours(true, Some("dumb"), false));
+        assert!(!log_colours(true, None, false));
+        assert!(!log_colours(true, Some("xterm"), true), "NO_COLOR");
     }
 }

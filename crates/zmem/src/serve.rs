@@ -52,10 +52,15 @@ pub struct Args {
     /// zswap's accept_threshold_percent.
     #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub accept_threshold: u8,
-    /// Backing file for writeback (created or truncated; O_DIRECT where the
-    /// file system allows). Cold pages go there compressed.
+    /// Backing store for writeback: a regular file (created with mode 0600)
+    /// or a block device; O_DIRECT where the file system allows. Cold pages
+    /// go there compressed. An existing file or device that holds data other
+    /// than a zmem store is refused unless --force is given.
     #[arg(long)]
     pub backing: Option<PathBuf>,
+    /// Overwrite whatever the --backing file or device holds.
+    #[arg(long, requires = "backing")]
+    pub force: bool,
     /// Cap on the backing file's size (e.g. 4G).
     #[arg(long, value_parser = parse_size, requires = "backing")]
     pub backing_limit: Option<u64>,
@@ -66,9 +71,37 @@ pub struct Args {
     /// of the default socket]; `none` disables it.
     #[arg(long)]
     pub control: Option<PathBuf>,
-    /// Worker threads per connection.
-    #[arg(long, default_value_t = 4)]
-    pub workers: usize,
+    /// Worker threads per connection (for requests over 128 KiB).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=MAX_WORKERS as i64))]
+    pub workers: u16,
+    /// Let this group (a name or a gid) use the device: its socket is made
+    /// mode 0660 and owned by the group. Without it the socket is 0600, for
+    /// the server's user only.
+    #[arg(long, value_parser = parse_group)]
+    pub group: Option<u32>,
+}
+
+/// Upper bound for --workers: each connection may run this many threads.
+pub const MAX_WORKERS: u16 = 64;
+
+/// The largest device: NBD clients read the size as a signed 64-bit number.
+pub const MAX_SIZE: u64 = (i64::MAX as u64) & !511;
+
+/// A group name (looked up in /etc/group) or a numeric gid.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").map_err(|e| format!("reading /etc/group: {e}"))?;
+    groups
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            Some((f.next()?, f.nth(1)?))
+        })
+        .find(|(name, _)| *name == s)
+        .and_then(|(_, gid)| gid.parse().ok())
+        .ok_or_else(|| format!("no group named `{s}` in /etc/group (give a name from it, or a numeric gid)"))
 }
 
 /// Where sockets go by default.
@@ -92,8 +125,10 @@ fn stop() -> &'static AtomicBool {
 }
 
 /// Bind a Unix socket at `path`, replacing a stale socket file (nobody
-/// listening) but refusing to touch a live one or a non-socket file.
-fn bind_unix(path: &Path, mode: Option<u32>) -> anyhow::Result<UnixListener> {
+/// listening) but refusing to touch a live one or a non-socket file. The
+/// socket is created with `mode` whatever the umask (no window where it is
+/// more open), and, with `group`, owned by that group.
+fn bind_unix(path: &Path, mode: u32, group: Option<u32>) -> anyhow::Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             bail!(
@@ -107,17 +142,15 @@ fn bind_unix(path: &Path, mode: Option<u32>) -> anyhow::Result<UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
-    let l = match mode {
-        Some(m) => {
-            // Create the socket with the final permissions (no window where
-            // it is more open), then set them explicitly as well.
-            let r = crate::sys::with_umask(!m & 0o777, || UnixListener::bind(path));
-            let l = r.with_context(|| format!("binding {}", path.display()))?;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(m))?;
-            l
-        }
-        None => UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?,
-    };
+    // Bind under a umask that leaves only the owner's bits (the group's
+    // come after the chown), then set the final mode explicitly.
+    let r = crate::sys::with_umask((!mode & 0o777) | 0o070, || UnixListener::bind(path));
+    let l = r.with_context(|| format!("binding {}", path.display()))?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("giving {} to group {gid}", path.display()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(l)
 }
 
@@ -159,6 +192,8 @@ impl Info {
                 "total": ss.connections_total,
                 "dropped": ss.connections_dropped,
             },
+            "panics": ss.panics,
+            "warnings_suppressed": ss.warnings_suppressed,
             "requests": ss.requests,
             "request_errors": ss.request_errors,
             "mm_stat": st.mm_stat(),
@@ -247,6 +282,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.size
         );
     }
+    if a.size > MAX_SIZE {
+        bail!("--size must be at most {MAX_SIZE} bytes (8 EiB): NBD clients read the size as a signed 64-bit number");
+    }
     if a.export_name.len() > 4096 || a.export_name.contains('\0') {
         bail!("--export-name must be at most 4096 bytes without NUL");
     }
@@ -261,7 +299,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let pool = match &a.backing {
         Some(path) => {
-            let (store, why) = zmem_core::BackingStore::open(path, a.backing_limit)
+            let existing = if a.force { zmem_core::Existing::Overwrite } else { zmem_core::Existing::Refuse };
+            let (store, why) = zmem_core::BackingStore::open(path, a.backing_limit, existing)
                 .with_context(|| format!("opening backing file {}", path.display()))?;
             if let Some(why) = why {
                 eprintln!("zmem: {why}");
@@ -272,7 +311,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let cfg = ServerConfig {
-        workers_per_conn: a.workers.max(1),
+        workers_per_conn: a.workers.into(),
         ..Default::default()
     };
     let server = Arc::new(Server::new(export, a.export_name.clone(), cfg));
@@ -293,7 +332,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .socket
                 .clone()
                 .unwrap_or_else(|| runtime_dir().join("zmem.sock"));
-            let u = bind_unix(&path, None)?;
+            let mode = if a.group.is_some() { 0o660 } else { 0o600 };
+            let u = bind_unix(&path, mode, a.group)?;
             cleanup.push(path.clone());
             (
                 Listener::Unix(u),
@@ -308,7 +348,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let control = match &control_path {
         Some(p) => {
-            let l = bind_unix(p, Some(0o600))?;
+            let l = bind_unix(p, 0o600, None)?;
             cleanup.push(p.clone());
             Some(l)
         }
@@ -374,6 +414,14 @@ mod tests {
     }
 
     #[test]
+    fn groups_by_name_or_number() {
+        assert_eq!(parse_group("0"), Ok(0));
+        assert_eq!(parse_group("root"), Ok(0));
+        let e = parse_group("no-such-group-zmem").unwrap_err();
+        assert!(e.contains("/etc/group"), "{e}");
+    }
+
+    #[test]
     fn listen_forms() {
         assert_eq!(parse_listen("10809").unwrap(), "127.0.0.1:10809");
         assert_eq!(parse_listen("0.0.0.0:1").unwrap(), "0.0.0.0:1");
@@ -387,18 +435,24 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("file");
         std::fs::write(&f, b"x").unwrap();
-        assert!(bind_unix(&f, None).is_err());
+        assert!(bind_unix(&f, 0o600, None).is_err());
         let s = d.path().join("s");
-        let l = bind_unix(&s, Some(0o600)).unwrap();
+        let l = bind_unix(&s, 0o600, None).unwrap();
         assert_eq!(
             std::fs::metadata(&s).unwrap().permissions().mode() & 0o777,
             0o600
         );
         assert!(
-            bind_unix(&s, None).is_err(),
+            bind_unix(&s, 0o600, None).is_err(),
             "live socket must not be replaced"
         );
         drop(l);
-        bind_unix(&s, None).unwrap();
+        // Whatever the umask, the mode asked for.
+        let l = crate::sys::with_umask(0, || bind_unix(&s, 0o600, None)).unwrap();
+        assert_eq!(std::fs::metadata(&s).unwrap().permissions().mode() & 0o777, 0o600);
+        drop(l);
+        let gid = std::fs::metadata(d.path()).map(|m| std::os::unix::fs::MetadataExt::gid(&m)).unwrap();
+        bind_unix(&s, 0o660, Some(gid)).unwrap();
+        assert_eq!(std::fs::metadata(&s).unwrap().permissions().mode() & 0o777, 0o660);
     }
 }

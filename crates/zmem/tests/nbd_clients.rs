@@ -241,7 +241,12 @@ fn stat_table_bad_input_and_clean_shutdown() {
         lines[2].starts_with("mm_stat:") && lines[2].split_whitespace().count() == 9,
         "{table}"
     );
+    assert!(
+        lines[3].starts_with("io_stat:") && lines[3].split_whitespace().count() == 5,
+        "{table}"
+    );
     let st = s.stats();
+    assert_eq!(st["panics"], 0, "{st}");
     assert_eq!(st["stats"]["mem_limit"], 64 << 20);
     assert!(st["connections"]["dropped"].as_u64().unwrap() >= 1, "{st}");
 
@@ -259,6 +264,8 @@ fn stat_table_bad_input_and_clean_shutdown() {
     );
     // No panics anywhere.
     assert!(!s.log_text().contains("panicked"), "{}", s.log_text());
+    // Log lines in a file carry no colour codes.
+    assert!(!s.log_text().contains('\x1b'), "ANSI codes in the log file: {:?}", s.log_text());
 }
 
 #[test]
