@@ -18,6 +18,14 @@
 //! A protocol violation we cannot answer (wrong magic, an oversized WRITE
 //! whose payload we will not buffer, unknown client flags, a truncated
 //! message) is logged as one line and drops that connection only.
+//!
+//! No client can starve the others: the handshake has a deadline, a
+//! request must arrive whole and a reply be taken within `io_timeout` once
+//! begun (idle time between requests is free), bytes in flight are capped
+//! per connection and server-wide, worker threads come from one server-wide
+//! pool, and at the connection limit a connection still in its handshake is
+//! evicted for a new one. Every holder of the server-wide byte budget gives
+//! it back within `io_timeout`, which is what makes waiting for it safe.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -31,7 +39,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::export::Export;
-use crate::negotiate::{negotiate, read_exact_or, ExportInfo};
+use crate::negotiate::{negotiate, ExportInfo};
 use crate::proto::*;
 
 /// A connected client, over a Unix socket or TCP.
@@ -54,6 +62,65 @@ impl Stream {
             Stream::Unix(s) => s.shutdown(how),
             Stream::Tcp(s) => s.shutdown(how),
         }
+    }
+
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+/// A stream whose reads and writes must all finish by `deadline`: each
+/// operation gets the time that is left as its socket timeout, so a client
+/// that trickles one byte at a time cannot stretch a phase past it.
+struct Deadline<'a> {
+    s: &'a mut Stream,
+    deadline: Instant,
+    what: &'static str,
+}
+
+impl Deadline<'_> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} took too long", self.what)));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.s.set_read_timeout(Some(self.left()?))?;
+        self.s.read(b).map_err(|e| timed_out(e, self.what))
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.s.set_write_timeout(Some(self.left()?))?;
+        self.s.write(b).map_err(|e| timed_out(e, self.what))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.s.flush()
+    }
+}
+
+/// Socket timeouts surface as WouldBlock; call them what they are.
+fn timed_out(e: io::Error, what: &str) -> io::Error {
+    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+        io::Error::new(io::ErrorKind::TimedOut, format!("{what} took too long"))
+    } else {
+        e
     }
 }
 
@@ -140,8 +207,22 @@ pub struct ServerConfig {
     /// Cap on READ/WRITE bytes in flight per connection (a single request
     /// larger than this still proceeds, alone).
     pub max_inflight_bytes: u64,
-    /// Connections beyond this are closed at once.
+    /// Connections beyond this are closed at once, unless one of those open
+    /// is still in its handshake: the oldest such is dropped to make room.
     pub max_connections: usize,
+    /// A client must finish the handshake within this.
+    pub handshake_timeout: Duration,
+    /// Once a request has begun to arrive, all of it (header and payload)
+    /// must arrive within this; a reply the client does not read within
+    /// this drops the connection. A connection may sit idle between
+    /// requests for as long as it likes (swap and filesystems do).
+    pub io_timeout: Duration,
+    /// READ/WRITE bytes in flight at the workers over all connections.
+    pub max_server_inflight_bytes: u64,
+    /// Worker threads over all connections: a connection gets
+    /// `workers_per_conn` of them while they last, and runs every request
+    /// in its reader thread when none are left.
+    pub max_workers: usize,
     /// On shutdown, how long to wait for connections to drain before
     /// cutting them off.
     pub drain_timeout: Duration,
@@ -154,6 +235,10 @@ impl Default for ServerConfig {
             queue_depth: 16,
             max_inflight_bytes: 64 << 20,
             max_connections: 64,
+            handshake_timeout: Duration::from_secs(10),
+            io_timeout: Duration::from_secs(30),
+            max_server_inflight_bytes: 256 << 20,
+            max_workers: 256,
             drain_timeout: Duration::from_secs(5),
         }
     }
@@ -178,6 +263,88 @@ impl Budget {
         let mut u = self.used.lock();
         *u -= n;
         self.cv.notify_all();
+    }
+    fn new(max: u64) -> Budget {
+        Budget { max, used: Mutex::new(0), cv: Condvar::new() }
+    }
+    fn in_use(&self) -> u64 {
+        *self.used.lock()
+    }
+}
+
+/// Gives bytes back to a budget when dropped.
+struct GiveBack<'a>(&'a Budget, u64);
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        if self.1 > 0 {
+            self.0.release(self.1);
+        }
+    }
+}
+
+/// Gives worker threads back to the server's pool when dropped.
+struct GiveBackWorkers<'a>(&'a AtomicU64, u64);
+
+impl Drop for GiveBackWorkers<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
+}
+
+/// The reader's socket timeout: io_timeout while waiting for a request (a
+/// timeout there just means idle), the time left while a request arrives.
+struct RequestClock {
+    io_timeout: Duration,
+    /// The socket's timeout is currently shorter than io_timeout.
+    short: bool,
+}
+
+impl RequestClock {
+    /// Wait until the next request's first byte is buffered. Returns false
+    /// at end of stream, or once the connection is dead.
+    fn wait_for_request(&mut self, r: &mut BufReader<Stream>, dead: &AtomicBool) -> Result<bool, ProtoError> {
+        if self.short {
+            r.get_ref().set_read_timeout(Some(self.io_timeout))?;
+            self.short = false;
+        }
+        loop {
+            match r.fill_buf() {
+                Ok([]) => return Ok(false),
+                Ok(_) => return Ok(true),
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if dead.load(Ordering::Relaxed) {
+                        return Ok(false);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Fill `buf` from the reader by `deadline`. Bytes already buffered cost
+    /// no system call; a read that must wait gets the time left as its
+    /// timeout.
+    fn read_by(&mut self, r: &mut BufReader<Stream>, buf: &mut [u8], deadline: Instant, what: &'static str) -> Result<(), ProtoError> {
+        let mut got = 0;
+        while got < buf.len() {
+            if r.buffer().is_empty() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what} took too long")).into());
+                }
+                r.get_ref().set_read_timeout(Some(left))?;
+                self.short = true;
+            }
+            match r.read(&mut buf[got..]) {
+                Ok(0) => return Err(ProtoError::Eof(what)),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(timed_out(e, what).into()),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -210,6 +377,13 @@ pub struct ServerStats {
     /// Warnings (bad clients, failed accepts) not logged: at most one is
     /// logged per 10 s, so a flood of garbage connections cannot fill a disk.
     pub warnings_suppressed: u64,
+    /// Connections dropped for a handshake, request or reply that took too
+    /// long, or evicted while still in the handshake to make room.
+    pub timeouts: u64,
+    /// READ/WRITE bytes in flight at the workers now, over all connections.
+    pub inflight_bytes: u64,
+    /// Worker threads running now, over all connections.
+    pub workers: u64,
 }
 
 /// An NBD server for one export.
@@ -217,7 +391,12 @@ pub struct Server {
     export: Arc<Export>,
     info: ExportInfo,
     cfg: ServerConfig,
-    conns: Mutex<HashMap<u64, Stream>>,
+    conns: Mutex<HashMap<u64, Conn>>,
+    /// Bytes in flight at the workers, over all connections.
+    inflight: Budget,
+    /// Worker threads running, over all connections.
+    workers: AtomicU64,
+    timeouts: AtomicU64,
     next_id: AtomicU64,
     total: AtomicU64,
     requests: AtomicU64,
@@ -225,6 +404,13 @@ pub struct Server {
     dropped: AtomicU64,
     panics: AtomicU64,
     warn: zmem_core::RateLimited,
+}
+
+/// A registered connection: its socket (to shut it down) and, while it is
+/// in the handshake, when that began.
+struct Conn {
+    stream: Stream,
+    handshake_since: Option<Instant>,
 }
 
 /// Removes a connection from the registry when it ends, however it ends.
@@ -249,8 +435,10 @@ impl Server {
         Server {
             export,
             info,
-            cfg,
             conns: Mutex::new(HashMap::new()),
+            inflight: Budget::new(cfg.max_server_inflight_bytes.max(1)),
+            workers: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             total: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -258,6 +446,7 @@ impl Server {
             dropped: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             warn: zmem_core::RateLimited::default(),
+            cfg,
         }
     }
 
@@ -278,6 +467,9 @@ impl Server {
             connections_dropped: self.dropped.load(Ordering::Relaxed),
             panics: self.panics.load(Ordering::Relaxed),
             warnings_suppressed: self.warn.suppressed_total(),
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+            inflight_bytes: self.inflight.in_use(),
+            workers: self.workers.load(Ordering::Relaxed),
         }
     }
 
@@ -312,7 +504,7 @@ impl Server {
                         continue;
                     }
                 };
-                if handles.len() >= self.cfg.max_connections {
+                if handles.len() >= self.cfg.max_connections && !self.evict_a_handshake() {
                     let open = handles.len();
                     self.warn.warn(|| format!("nbd: refusing connection: {open} connections already open"));
                     continue;
@@ -352,7 +544,26 @@ impl Server {
 
     fn shutdown_connections(&self, how: Shutdown) {
         for c in self.conns.lock().values() {
-            let _ = c.shutdown(how);
+            let _ = c.stream.shutdown(how);
+        }
+    }
+
+    /// At the connection limit: drop the connection that has been in its
+    /// handshake longest, so clients that connect and say nothing cannot
+    /// lock real ones out. Returns whether there was one.
+    fn evict_a_handshake(&self) -> bool {
+        let conns = self.conns.lock();
+        let oldest = conns
+            .values()
+            .filter_map(|c| c.handshake_since.map(|t| (t, c)))
+            .min_by_key(|(t, _)| *t);
+        match oldest {
+            Some((_, c)) => {
+                let _ = c.stream.shutdown(Shutdown::Both);
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
         }
     }
 
@@ -375,6 +586,11 @@ impl Server {
             {
                 tracing::debug!("nbd: connection {id}: client went away: {e}")
             }
+            Err(ProtoError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                self.warn.warn(|| format!("nbd: connection {id}: {e}; dropping this connection"));
+            }
             Err(e) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 self.warn.warn(|| format!("nbd: connection {id}: {e}; dropping this connection"));
@@ -384,27 +600,45 @@ impl Server {
     }
 
     fn connection(&self, id: u64, mut stream: Stream, stop: &AtomicBool) -> Result<(), ProtoError> {
-        self.conns.lock().insert(id, stream.try_clone()?);
+        let since = Instant::now();
+        let conn = Conn { stream: stream.try_clone()?, handshake_since: Some(since) };
+        self.conns.lock().insert(id, conn);
         let _reg = Registered { server: self, id };
         if stop.load(Ordering::Relaxed) {
             // Registered too late to be shut down by `run`; still answer politely.
             let _ = stream.shutdown(Shutdown::Read);
         }
-        let Some(session) = negotiate(&mut stream, &self.info, stop)? else {
+        let mut hs = Deadline { s: &mut stream, deadline: since + self.cfg.handshake_timeout, what: "the handshake" };
+        let Some(session) = negotiate(&mut hs, &self.info, stop)? else {
             return Ok(()); // NBD_OPT_ABORT
         };
+        if let Some(c) = self.conns.lock().get_mut(&id) {
+            c.handshake_since = None;
+        }
+        // Idle between requests is fine (the reader waits in slices of
+        // io_timeout); a reply the client does not take within it is not.
+        stream.set_write_timeout(Some(self.cfg.io_timeout))?;
+        stream.set_read_timeout(Some(self.cfg.io_timeout))?;
         tracing::debug!("nbd: connection {id}: transmission, {session:?}");
         self.transmission(stream, session)
+    }
+
+    /// Take up to `workers_per_conn` worker threads from the server's pool.
+    fn take_workers(&self) -> usize {
+        let want = self.cfg.workers_per_conn as u64;
+        let max = self.cfg.max_workers as u64;
+        let mut got = 0;
+        let _ = self.workers.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+            got = want.min(max.saturating_sub(w));
+            Some(w + got)
+        });
+        got as usize
     }
 
     fn transmission(&self, stream: Stream, session: Session) -> Result<(), ProtoError> {
         let writer = Mutex::new(stream.try_clone()?);
         let mut reader = BufReader::with_capacity(128 << 10, stream);
-        let budget = Budget {
-            max: self.cfg.max_inflight_bytes,
-            used: Mutex::new(0),
-            cv: Condvar::new(),
-        };
+        let budget = Budget::new(self.cfg.max_inflight_bytes);
         let dead = AtomicBool::new(false);
         let (tx, rx) = crossbeam_channel::bounded::<Job>(self.cfg.queue_depth.max(1));
         // WRITE payload buffers go back to the reader for reuse: large
@@ -412,9 +646,10 @@ impl Server {
         let (recycle_tx, recycle_rx) = crossbeam_channel::bounded::<Vec<u8>>(
             self.cfg.queue_depth + self.cfg.workers_per_conn + 1,
         );
+        let granted = self.take_workers();
         std::thread::scope(|s| {
             let mut workers = 0;
-            for _ in 0..self.cfg.workers_per_conn.max(1) {
+            for _ in 0..granted {
                 let rx = rx.clone();
                 let recycle = recycle_tx.clone();
                 let (writer, budget, dead, session) = (&writer, &budget, &dead, &session);
@@ -442,12 +677,13 @@ impl Server {
                                     let _ = w.shutdown(Shutdown::Both);
                                 } else if let Err(e) = w.write_all(&out) {
                                     if !dead.swap(true, Ordering::Relaxed) {
-                                        tracing::debug!("nbd: reply write failed: {e}");
+                                        self.reply_failed(&e);
                                     }
                                     let _ = w.shutdown(Shutdown::Both);
                                 }
                             }
                             budget.release(cost);
+                            self.inflight.release(cost);
                             if out.capacity() > KEEP_BUFFER {
                                 out = Vec::new();
                             }
@@ -463,12 +699,11 @@ impl Server {
                 }
             }
             drop(rx);
-            if workers == 0 {
-                drop(tx);
-                return Err(ProtoError::Io(io::Error::other(
-                    "no worker thread could be started",
-                )));
-            }
+            // Threads granted but not started go back to the pool now.
+            self.workers.fetch_sub((granted - workers) as u64, Ordering::Relaxed);
+            let _give_back = GiveBackWorkers(&self.workers, workers as u64);
+            // Without workers, the reader runs every request itself.
+            let inline_max = if workers == 0 { u32::MAX } else { INLINE_MAX };
             drop(recycle_tx);
             let mut batch: Vec<u8> = Vec::with_capacity(BATCH_MAX + INLINE_MAX as usize + 64);
             let res = self.read_loop(
@@ -481,12 +716,27 @@ impl Server {
                 &session,
                 &mut batch,
                 &mut Vec::new(),
+                inline_max,
             );
             // Whatever ended the loop, the replies already computed go out.
             self.flush_batch(&mut batch, &writer, &dead);
             drop(tx); // workers drain the queue and exit; the scope joins them
             res
         })
+    }
+
+    /// A reply could not be written: the client went away, or did not take
+    /// it within io_timeout (it stopped reading). Either way the connection
+    /// ends; the second is counted and logged.
+    fn reply_failed(&self, e: &io::Error) {
+        if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.timeouts.fetch_add(1, Ordering::Relaxed);
+            let t = self.cfg.io_timeout;
+            self.warn.warn(|| format!("nbd: a client did not read its replies for {t:?}; dropping this connection"));
+        } else {
+            tracing::debug!("nbd: reply write failed: {e}");
+        }
     }
 
     /// Write the batched replies (one syscall) under the writer lock.
@@ -498,7 +748,7 @@ impl Server {
             let mut w = writer.lock();
             if let Err(e) = w.write_all(batch) {
                 if !dead.swap(true, Ordering::Relaxed) {
-                    tracing::debug!("nbd: reply write failed: {e}");
+                    self.reply_failed(&e);
                 }
                 let _ = w.shutdown(Shutdown::Both);
             }
@@ -515,9 +765,9 @@ impl Server {
     /// proceed concurrently with each other and with the small ones.
     /// `batch` collects replies not yet sent; the caller flushes it after.
     #[allow(clippy::too_many_arguments)]
-    fn read_loop<R: Read>(
+    fn read_loop(
         &self,
-        r: &mut BufReader<R>,
+        r: &mut BufReader<Stream>,
         tx: &crossbeam_channel::Sender<Job>,
         recycled: &crossbeam_channel::Receiver<Vec<u8>>,
         budget: &Budget,
@@ -526,7 +776,9 @@ impl Server {
         session: &Session,
         batch: &mut Vec<u8>,
         payload_buf: &mut Vec<u8>,
+        inline_max: u32,
     ) -> Result<(), ProtoError> {
+        let mut clock = RequestClock { io_timeout: self.cfg.io_timeout, short: false };
         loop {
             if dead.load(Ordering::Relaxed) {
                 return Ok(());
@@ -535,8 +787,14 @@ impl Server {
             if r.buffer().len() < REQUEST_LEN || batch.len() >= BATCH_MAX {
                 self.flush_batch(batch, writer, dead);
             }
+            // Between requests a client may be idle as long as it likes.
+            if r.buffer().is_empty() && !clock.wait_for_request(r, dead)? {
+                return Ok(());
+            }
+            // Once a request begins, all of it must arrive in io_timeout.
+            let deadline = Instant::now() + self.cfg.io_timeout;
             let mut hb = [0u8; REQUEST_LEN];
-            match read_exact_or(r, &mut hb, "transmission") {
+            match clock.read_by(r, &mut hb, deadline, "a request header") {
                 Ok(()) => {}
                 // A client may simply close instead of sending NBD_CMD_DISC.
                 Err(ProtoError::Eof(_)) => return Ok(()),
@@ -555,14 +813,19 @@ impl Server {
             if plen > MAX_PAYLOAD {
                 return Err(ProtoError::PayloadTooLarge { len: plen });
             }
-            if req.len <= INLINE_MAX {
+            if req.len <= inline_max {
                 let plen = plen as usize;
+                // Only a connection without workers runs big requests here:
+                // their buffers count against the server's budget.
+                let cost = if req.len > INLINE_MAX { req.len.min(MAX_PAYLOAD) as u64 } else { 0 };
+                self.inflight.acquire(cost);
+                let _give_back = GiveBack(&self.inflight, cost);
                 // A payload already in the read buffer is used in place.
                 let in_place = r.buffer().len() >= plen;
                 if !in_place {
                     self.flush_batch(batch, writer, dead);
                     payload_buf.resize(plen, 0);
-                    read_exact_or(r, payload_buf, "WRITE payload")?;
+                    clock.read_by(r, payload_buf, deadline, "a WRITE payload")?;
                 }
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     let payload = if in_place {
@@ -594,18 +857,27 @@ impl Server {
                 CMD_READ => req.len.min(MAX_PAYLOAD) as u64,
                 _ => plen as u64,
             };
+            // The connection's budget first, then the server's: every holder
+            // of the server's budget gives it back within io_timeout (a
+            // payload that does not arrive, a reply nobody reads, both drop
+            // their connection), so waiting here is bounded.
             budget.acquire(cost);
+            self.inflight.acquire(cost);
+            let release = || {
+                budget.release(cost);
+                self.inflight.release(cost);
+            };
             let mut payload = Vec::new();
             if plen > 0 {
                 payload = recycled.try_recv().unwrap_or_default();
                 payload.resize(plen as usize, 0);
             }
-            if let Err(e) = read_exact_or(r, &mut payload, "WRITE payload") {
-                budget.release(cost);
+            if let Err(e) = clock.read_by(r, &mut payload, deadline, "a WRITE payload") {
+                release();
                 return Err(e);
             }
             if tx.send(Job { req, payload, cost }).is_err() {
-                budget.release(cost);
+                release();
                 return Ok(());
             }
         }

@@ -79,6 +79,21 @@ pub struct Args {
     /// the server's user only.
     #[arg(long, value_parser = parse_group)]
     pub group: Option<u32>,
+    /// Seconds a client has to finish the NBD handshake.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub handshake_timeout: u32,
+    /// Seconds a request has to arrive whole once it has begun, and a reply
+    /// to be taken by the client; past it the connection is dropped. Idle
+    /// time between requests is not limited.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub io_timeout: u32,
+    /// Connections at most (one still in its handshake is dropped to make
+    /// room for a new one).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_connections: u32,
+    /// Bytes of READ/WRITE data in flight over all connections (e.g. 256M).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub max_inflight: u64,
 }
 
 /// Upper bound for --workers: each connection may run this many threads.
@@ -193,6 +208,9 @@ impl Info {
                 "dropped": ss.connections_dropped,
             },
             "panics": ss.panics,
+            "timeouts": ss.timeouts,
+            "inflight_bytes": ss.inflight_bytes,
+            "workers": ss.workers,
             "warnings_suppressed": ss.warnings_suppressed,
             "requests": ss.requests,
             "request_errors": ss.request_errors,
@@ -310,8 +328,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => Pool::new(cfg)?,
     };
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
+    if a.max_inflight < 1 << 20 {
+        bail!("--max-inflight must be at least 1M, got {}", a.max_inflight);
+    }
     let cfg = ServerConfig {
         workers_per_conn: a.workers.into(),
+        max_connections: a.max_connections as usize,
+        handshake_timeout: Duration::from_secs(a.handshake_timeout.into()),
+        io_timeout: Duration::from_secs(a.io_timeout.into()),
+        max_server_inflight_bytes: a.max_inflight,
+        max_inflight_bytes: a.max_inflight.min(64 << 20),
         ..Default::default()
     };
     let server = Arc::new(Server::new(export, a.export_name.clone(), cfg));
