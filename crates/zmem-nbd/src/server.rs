@@ -323,13 +323,21 @@ impl RequestClock {
         }
     }
 
-    /// Fill `buf` from the reader by `deadline`. Bytes already buffered cost
-    /// no system call; a read that must wait gets the time left as its
-    /// timeout.
-    fn read_by(&mut self, r: &mut BufReader<Stream>, buf: &mut [u8], deadline: Instant, what: &'static str) -> Result<(), ProtoError> {
+    /// Fill `buf` from the reader by `deadline` (set to io_timeout from now
+    /// by the first read of the request that has to wait). Bytes already
+    /// buffered cost no system call; a read that must wait gets the time
+    /// left as its timeout.
+    fn read_by(
+        &mut self,
+        r: &mut BufReader<Stream>,
+        buf: &mut [u8],
+        deadline: &mut Option<Instant>,
+        what: &'static str,
+    ) -> Result<(), ProtoError> {
         let mut got = 0;
         while got < buf.len() {
             if r.buffer().is_empty() {
+                let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.io_timeout);
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what} took too long")).into());
@@ -791,10 +799,11 @@ impl Server {
             if r.buffer().is_empty() && !clock.wait_for_request(r, dead)? {
                 return Ok(());
             }
-            // Once a request begins, all of it must arrive in io_timeout.
-            let deadline = Instant::now() + self.cfg.io_timeout;
+            // Once a request begins, all of it must arrive in io_timeout
+            // (the clock starts at the first read that has to wait).
+            let mut deadline = None;
             let mut hb = [0u8; REQUEST_LEN];
-            match clock.read_by(r, &mut hb, deadline, "a request header") {
+            match clock.read_by(r, &mut hb, &mut deadline, "a request header") {
                 Ok(()) => {}
                 // A client may simply close instead of sending NBD_CMD_DISC.
                 Err(ProtoError::Eof(_)) => return Ok(()),
@@ -818,14 +827,16 @@ impl Server {
                 // Only a connection without workers runs big requests here:
                 // their buffers count against the server's budget.
                 let cost = if req.len > INLINE_MAX { req.len.min(MAX_PAYLOAD) as u64 } else { 0 };
-                self.inflight.acquire(cost);
+                if cost > 0 {
+                    self.inflight.acquire(cost);
+                }
                 let _give_back = GiveBack(&self.inflight, cost);
                 // A payload already in the read buffer is used in place.
                 let in_place = r.buffer().len() >= plen;
                 if !in_place {
                     self.flush_batch(batch, writer, dead);
                     payload_buf.resize(plen, 0);
-                    clock.read_by(r, payload_buf, deadline, "a WRITE payload")?;
+                    clock.read_by(r, payload_buf, &mut deadline, "a WRITE payload")?;
                 }
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     let payload = if in_place {
@@ -872,7 +883,7 @@ impl Server {
                 payload = recycled.try_recv().unwrap_or_default();
                 payload.resize(plen as usize, 0);
             }
-            if let Err(e) = clock.read_by(r, &mut payload, deadline, "a WRITE payload") {
+            if let Err(e) = clock.read_by(r, &mut payload, &mut deadline, "a WRITE payload") {
                 release();
                 return Err(e);
             }
