@@ -872,6 +872,9 @@ impl Server {
             // of the server's budget gives it back within io_timeout (a
             // payload that does not arrive, a reply nobody reads, both drop
             // their connection), so waiting here is bounded.
+            // The request's clock runs while it waits for budget, too: a
+            // client that stalls mid-payload cannot hold its place longer.
+            deadline.get_or_insert_with(|| Instant::now() + self.cfg.io_timeout);
             budget.acquire(cost);
             self.inflight.acquire(cost);
             let release = || {
