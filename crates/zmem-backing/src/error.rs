@@ -35,6 +35,13 @@ pub enum BackingError {
     /// (a link, a device that is not a block device, data that is not ours).
     #[error("refusing to use {} as a backing store: {why}", path.display())]
     Refused { path: std::path::PathBuf, why: String },
+    /// The filesystem could not reserve room for the file to grow, even
+    /// after compaction moved records out of sparse segments.
+    #[error("the backing file's filesystem is full: {source} (free space on it, or set a smaller --backing-limit)")]
+    NoSpace {
+        #[source]
+        source: std::io::Error,
+    },
     /// Appending would grow the file past its size cap, even after
     /// compaction.
     #[error("backing file reached its limit of {limit_bytes} bytes even after compaction (raise the limit, free records, or stop writeback)")]

@@ -28,6 +28,13 @@ pub trait BlockFile: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Truncate or extend the file.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Reserve blocks for `len` bytes at `off` without changing the file's
+    /// length (`fallocate` with `FALLOC_FL_KEEP_SIZE`); `ENOSPC` when the
+    /// filesystem is full. Files that cannot reserve simply do not.
+    fn allocate(&self, off: u64, len: u64) -> io::Result<()> {
+        let _ = (off, len);
+        Ok(())
+    }
     /// `true` if offsets, lengths and buffer addresses passed to
     /// [`read_at`](Self::read_at)/[`write_at`](Self::write_at) must be
     /// multiples of 4096 (`O_DIRECT`).
@@ -46,6 +53,9 @@ impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         (**self).set_len(len)
+    }
+    fn allocate(&self, off: u64, len: u64) -> io::Result<()> {
+        (**self).allocate(off, len)
     }
     fn direct(&self) -> bool {
         (**self).direct()
@@ -293,6 +303,18 @@ impl BlockFile for OsFile {
         }
         self.file.set_len(len).map_err(|e| self.ctx(e))
     }
+    fn allocate(&self, off: u64, len: u64) -> io::Result<()> {
+        if self.device_bytes.is_some() {
+            return Ok(());
+        }
+        let flags = rustix::fs::FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, flags, off, len) {
+            Ok(()) => Ok(()),
+            // Filesystems without fallocate: no reservation, as before.
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => Ok(()),
+            Err(e) => Err(self.ctx(e.into())),
+        }
+    }
     fn direct(&self) -> bool {
         self.direct
     }
@@ -531,6 +553,12 @@ impl<F: BlockFile> BlockFile for FaultyFile<F> {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)
+    }
+    fn allocate(&self, off: u64, len: u64) -> io::Result<()> {
+        match self.faults.lock().space_limit {
+            Some(l) if off + len > l => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            _ => self.inner.allocate(off, len),
+        }
     }
     fn direct(&self) -> bool {
         self.inner.direct()

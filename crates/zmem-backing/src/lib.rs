@@ -90,6 +90,14 @@
 //! fill all but one segment of it; the last is kept for compaction, which
 //! always needs a place to move records to. An append that finds no room
 //! compacts and retries once before failing with [`BackingError::Full`].
+//!
+//! A full *filesystem* is the same problem without a known limit. Whenever
+//! the file grows by a segment for an append, the blocks of that segment
+//! and of one spare after it are reserved (`fallocate`, keeping the file's
+//! length). When the filesystem cannot reserve them, the append compacts:
+//! the live records of sparse segments move into the spare, which was
+//! reserved earlier, and the segments they leave are reused. Only if that
+//! frees nothing does the append fail, with [`BackingError::NoSpace`].
 //! There is no `unsafe` code in this crate.
 
 #![forbid(unsafe_code)]

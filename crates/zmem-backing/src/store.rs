@@ -443,8 +443,9 @@ impl BackingStore {
             rbuf: AlignedBuf::new(SEGMENT_SIZE),
         });
         let plan = match self.plan(&lens, false) {
-            Err(BackingError::Full { .. }) => {
-                // Make room by compacting, then try once more.
+            Err(BackingError::Full { .. } | BackingError::NoSpace { .. }) => {
+                // At the store's limit or the filesystem's: make room by
+                // compacting (into the spare segment), then try once more.
                 if let Err(e) = self.compact_locked(app) {
                     tracing::warn!("compaction to make room failed: {e}");
                 }
@@ -621,6 +622,24 @@ impl BackingStore {
 
     // ---- internals -----------------------------------------------------
 
+    /// [`State::take_segment`], and when that grows the file, reserve the
+    /// new segment's blocks on the filesystem, plus one spare segment for an
+    /// append: the spare is where compaction moves records when the
+    /// filesystem is full, so space freed inside the file can be reused.
+    /// A filesystem that cannot reserve them gives [`BackingError::NoSpace`].
+    fn take_segment(&self, st: &mut State, for_compaction: bool) -> Result<u32> {
+        let before = st.segs.len();
+        let s = st.take_segment(self.limit, for_compaction)?;
+        if st.segs.len() > before {
+            let want = if for_compaction { SEG } else { 2 * SEG };
+            if let Err(source) = self.file.allocate(s as u64 * SEG, want) {
+                st.segs.pop();
+                return Err(BackingError::NoSpace { source });
+            }
+        }
+        Ok(s)
+    }
+
     /// Lay out records (by payload length) at the open segment's tail,
     /// moving to fresh segments as needed. Takes the state lock briefly.
     fn plan(&self, lens: &[usize], for_compaction: bool) -> Result<Plan> {
@@ -633,7 +652,7 @@ impl BackingStore {
         let mut seg = match st.open {
             Some(s) => s,
             None => {
-                let s = st.take_segment(self.limit, for_compaction)?;
+                let s = self.take_segment(&mut st, for_compaction)?;
                 plan.taken.push(s);
                 s
             }
@@ -653,7 +672,7 @@ impl BackingStore {
                         recs: first..i,
                     });
                 }
-                seg = match st.take_segment(self.limit, for_compaction) {
+                seg = match self.take_segment(&mut st, for_compaction) {
                     Ok(s) => s,
                     Err(e) => {
                         drop(st);
