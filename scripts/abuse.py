@@ -216,11 +216,12 @@ def fio(uri, region, args, seconds):
     cmd = [
         "fio", "--name=verify", "--ioengine=nbd", "--uri=" + uri, "--size=%d" % region,
         "--bs=4k", "--iodepth=8", "--verify=crc32c", "--verify_fatal=1",
-        "--output-format=json",
+        "--output-format=json", "--verify_state_save=0",
     ] + args
     if seconds:
         cmd += ["--time_based", "--runtime=%d" % seconds]
-    r = subprocess.run(cmd, capture_output=True, timeout=seconds + 600)
+    # fio writes state files into its working directory: not ours.
+    r = subprocess.run(cmd, capture_output=True, timeout=seconds + 600, cwd=tempfile.gettempdir())
     out = r.stdout.decode(errors="replace")
     try:
         j = json.loads(out[out.index("{"):])["jobs"][0]

@@ -159,10 +159,9 @@ impl OsFile {
         };
         let mut f = OsFile { file, path: path.to_owned(), direct: why.is_none(), device_bytes };
         if !create && existing == Existing::Refuse {
-            f.check_unused().map_err(|why| match why {
-                Ok(why) => refuse(why),
-                Err(e) => io_err("read", e),
-            })?;
+            if let Some(why) = f.check_unused().map_err(|e| io_err("read", e))? {
+                return Err(refuse(why));
+            }
         }
         let why = match (why, f.probe()) {
             (None, Ok(())) => None,
@@ -201,16 +200,16 @@ impl OsFile {
 
     /// An existing file or device may be used if it is empty (all zeros at
     /// its start, for a device) or starts with a zmem record (our own store,
-    /// from an earlier run). `Ok(why)` says why not.
-    fn check_unused(&self) -> Result<(), Result<String, io::Error>> {
+    /// from an earlier run). `Some(why)` says why not.
+    fn check_unused(&self) -> io::Result<Option<String>> {
         let len = match self.device_bytes {
             Some(n) => n,
-            None => self.file.metadata().map_err(Err)?.len(),
+            None => self.file.metadata()?.len(),
         };
         if len == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let mut buf = MmapMut::map_anon(SNIFF).map_err(Err)?;
+        let mut buf = MmapMut::map_anon(SNIFF)?;
         let want = SNIFF.min(len as usize);
         let mut got = 0;
         while got < want {
@@ -218,18 +217,16 @@ impl OsFile {
                 Ok(0) => break,
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Err(e)),
+                Err(e) => return Err(e),
             }
         }
         let head = &buf[..got];
-        if crate::store::is_record_start(head) {
-            return Ok(());
+        let zeroed_device = self.device_bytes.is_some() && head.iter().all(|&b| b == 0);
+        if zeroed_device || crate::store::is_record_start(head) {
+            return Ok(None);
         }
         let what = if self.device_bytes.is_some() { "a block device whose first sectors hold data" } else { "a non-empty file" };
-        if self.device_bytes.is_some() && head.iter().all(|&b| b == 0) {
-            return Ok(());
-        }
-        Err(Ok(format!(
+        Ok(Some(format!(
             "it is {what} ({len} bytes) that is not a zmem backing store; pass --force to overwrite it"
         )))
     }

@@ -90,12 +90,17 @@ struct Deadline<'a> {
 
 impl Deadline<'_> {
     fn left(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} took too long", self.what)));
-        }
-        Ok(left)
+        time_left(self.deadline, self.what)
     }
+}
+
+/// The time left until `deadline`, or a timeout error naming `what`.
+fn time_left(deadline: Instant, what: &str) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what} took too long")));
+    }
+    Ok(left)
 }
 
 impl Read for Deadline<'_> {
@@ -338,11 +343,7 @@ impl RequestClock {
         while got < buf.len() {
             if r.buffer().is_empty() {
                 let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.io_timeout);
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what} took too long")).into());
-                }
-                r.get_ref().set_read_timeout(Some(left))?;
+                r.get_ref().set_read_timeout(Some(time_left(deadline, what)?))?;
                 self.short = true;
             }
             match r.read(&mut buf[got..]) {
