@@ -48,10 +48,14 @@
 //! that grow geometrically (8 spans, then doubling, up to 4 MiB), never one
 //! mapping per span (`vm.max_map_count`). Chunks opt out of transparent huge
 //! pages, so RSS tracks live spans. [`AllocStats::pages_used`] counts the
-//! pages of live spans only, and an optional byte limit
-//! ([`AllocConfig::limit_bytes`]) caps it: an allocation that would need a
-//! new span past the limit fails with [`AllocError::LimitReached`] and
-//! changes nothing.
+//! pages of live spans only. Those pages and every growth of the metadata
+//! tables are charged to a [`Budget`] before they are taken, so an optional
+//! byte limit ([`AllocConfig::limit_bytes`], or a budget shared with the
+//! rest of a pool, [`ZsPool::with_budget`]) caps pages *and* metadata: an
+//! allocation that would take the total past it fails with
+//! [`AllocError::LimitReached`] and changes nothing visible. Compaction
+//! charges a destination page before it writes into it, and stops when it
+//! cannot, so it never takes the pool past its limit either.
 //!
 //! **Concurrency.** There is no global lock. Each class has its own
 //! `RwLock`: allocation, free and each compaction step take it for writing;
@@ -77,10 +81,15 @@
 
 #![deny(unsafe_code)]
 
+mod budget;
 #[allow(unsafe_code)]
 mod mem;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+pub use budget::Budget;
+use budget::grow_charged;
 
 use parking_lot::RwLock;
 
@@ -227,16 +236,6 @@ fn pages_per_span(class_size: usize, max_pages: usize) -> usize {
     best
 }
 
-/// Make room for `more` elements, growing by an eighth rather than doubling:
-/// metadata is charged to the pool from capacities, so slack is memory we
-/// report (and really hold). Amortised cost stays O(1) per element.
-fn grow_gently<T>(v: &mut Vec<T>, more: usize) {
-    if v.capacity() - v.len() < more {
-        let extra = (v.len() / 8).max(more).max(4);
-        v.reserve_exact(extra);
-    }
-}
-
 fn next_gen(gen: u64) -> u64 {
     if gen >= GEN_MASK {
         1
@@ -251,44 +250,22 @@ struct Counters {
     pages_used_max: AtomicU64,
     pages_compacted: AtomicU64,
     spans_released: AtomicU64,
-    /// `u64::MAX` = no limit.
-    limit_bytes: AtomicU64,
+    /// Pages and metadata are charged here before they are taken.
+    budget: Arc<Budget>,
 }
 
 impl Counters {
-    /// Account `pages` more pages of live spans, unless that breaks the limit.
+    /// Account `pages` more pages of live spans, unless the budget refuses.
     fn reserve(&self, pages: u64) -> Result<(), AllocError> {
-        let limit = self.limit_bytes.load(Relaxed);
-        let new = if limit == u64::MAX {
-            self.pages_used.fetch_add(pages, Relaxed) + pages
-        } else {
-            let mut cur = self.pages_used.load(Relaxed);
-            loop {
-                let new = cur + pages;
-                if new.saturating_mul(PAGE_SIZE as u64) > limit {
-                    return Err(AllocError::LimitReached { limit_bytes: limit });
-                }
-                match self
-                    .pages_used
-                    .compare_exchange_weak(cur, new, Relaxed, Relaxed)
-                {
-                    Ok(_) => break new,
-                    Err(actual) => cur = actual,
-                }
-            }
-        };
+        self.budget.try_charge(pages * PAGE_SIZE as u64)?;
+        let new = self.pages_used.fetch_add(pages, Relaxed) + pages;
         self.pages_used_max.fetch_max(new, Relaxed);
         Ok(())
     }
 
-    /// Account pages regardless of the limit (compaction's destination pages).
-    fn force_reserve(&self, pages: u64) {
-        let new = self.pages_used.fetch_add(pages, Relaxed) + pages;
-        self.pages_used_max.fetch_max(new, Relaxed);
-    }
-
     fn unreserve(&self, pages: u64) {
         self.pages_used.fetch_sub(pages, Relaxed);
+        self.budget.uncharge(pages * PAGE_SIZE as u64);
     }
 }
 
@@ -459,13 +436,13 @@ impl ClassState {
     /// Bring a span to life (reuse a released one, or carve a new one).
     /// Returned span is unlinked, has inuse 0 and no touched pages; its
     /// pages are charged as objects are written into them.
-    fn activate_span(&mut self) -> Result<u32, AllocError> {
+    fn activate_span(&mut self, b: &Budget) -> Result<u32, AllocError> {
         let s = if self.heads[G_EMPTY as usize] != NIL {
             let s = self.heads[G_EMPTY as usize];
             self.unlink(s);
             s
         } else {
-            self.carve_span()?
+            self.carve_span(b)?
         };
         self.live_spans += 1;
         Ok(s)
@@ -478,7 +455,9 @@ impl ClassState {
     }
 
     /// Create a brand-new span descriptor, mapping a new chunk if needed.
-    fn carve_span(&mut self) -> Result<u32, AllocError> {
+    /// The descriptor tables' growth is charged to `b` first; a refusal
+    /// leaves the class as it was (a chunk mapped for it stays, unused).
+    fn carve_span(&mut self, b: &Budget) -> Result<u32, AllocError> {
         if self.spans.len() >= MAX_SPANS {
             return Err(AllocError::OutOfMemory("span table full".into()));
         }
@@ -486,6 +465,7 @@ impl ClassState {
             let span_bytes = self.span_bytes();
             let cap = (MAX_CHUNK_BYTES / span_bytes).max(1);
             let n = (FIRST_CHUNK_SPANS << self.chunks.len().min(20)).min(cap);
+            grow_charged(&mut self.chunks, 1, b)?;
             let chunk =
                 Chunk::map(n * span_bytes).map_err(|e| AllocError::OutOfMemory(e.to_string()))?;
             self.chunks.push(chunk);
@@ -493,8 +473,8 @@ impl ClassState {
             self.chunk_next_off = 0;
         }
         let s = self.spans.len() as u32;
-        grow_gently(&mut self.spans, 1);
-        grow_gently(&mut self.backptr, self.objs);
+        grow_charged(&mut self.spans, 1, b)?;
+        grow_charged(&mut self.backptr, self.objs, b)?;
         self.spans.push(SpanMeta {
             chunk: (self.chunks.len() - 1) as u32,
             off: self.chunk_next_off as u32,
@@ -532,16 +512,20 @@ impl ClassState {
         data: &[u8],
         c: &Counters,
     ) -> Result<Handle, AllocError> {
-        // Check everything fallible before mutating anything.
-        if self.handle_free == NIL && self.handles.len() >= MAX_HANDLES {
-            return Err(AllocError::OutOfMemory("handle table full".into()));
+        // Check everything fallible before mutating anything (growing a
+        // table's capacity, charged, is not a change anyone can see).
+        if self.handle_free == NIL {
+            if self.handles.len() >= MAX_HANDLES {
+                return Err(AllocError::OutOfMemory("handle table full".into()));
+            }
+            grow_charged(&mut self.handles, 1, &c.budget)?;
         }
         let partial = self.group_mask & PARTIAL_MASK;
         let s = if partial != 0 {
             // Fullest non-full span first.
             self.heads[(15 - partial.leading_zeros()) as usize]
         } else {
-            self.activate_span()?
+            self.activate_span(&c.budget)?
         };
         let fresh = partial == 0;
         // Charge the pages this object reaches into that were never touched.
@@ -570,7 +554,7 @@ impl ClassState {
             self.handle_free = self.handles[idx as usize] as u32;
             idx
         } else {
-            grow_gently(&mut self.handles, 1);
+            debug_assert!(self.handles.len() < self.handles.capacity());
             self.handles.push(1 << GEN_SHIFT);
             (self.handles.len() - 1) as u32
         };
@@ -641,6 +625,7 @@ impl ClassState {
 
         let mut tmp = [0u8; PAGE_SIZE];
         let mut charged = 0u64;
+        let mut moved = 0usize;
         let size = self.size;
         let base = src as usize * self.objs;
         for slot in 0..self.objs {
@@ -652,15 +637,19 @@ impl ClassState {
             if idx & FREE_BIT != 0 {
                 continue;
             }
-            let dslot = self.pop_slot(dst);
-            let need = self.pages_through(dslot);
+            let need = self.pages_through(self.spans[dst as usize].free_head as usize);
             if need > self.spans[dst as usize].touched {
-                // Compaction frees more than it takes: charge past the limit.
+                // The destination reaches into a page it never touched. At
+                // the limit that page cannot be charged (the source's pages
+                // come back only once it is empty): stop here.
                 let more = (need - self.spans[dst as usize].touched) as u64;
-                c.force_reserve(more);
+                if c.reserve(more).is_err() {
+                    break;
+                }
                 charged += more;
                 self.spans[dst as usize].touched = need;
             }
+            let dslot = self.pop_slot(dst);
             let (sc, so) = self.obj_location(src as usize, slot);
             let (dc, dof) = self.obj_location(dst as usize, dslot);
             tmp[..size].copy_from_slice(self.chunks[sc].bytes(so, size));
@@ -669,6 +658,7 @@ impl ClassState {
                 .copy_from_slice(&tmp[..size]);
             self.backptr[dst as usize * self.objs + dslot] = idx;
             self.push_slot(src, slot);
+            moved += 1;
             let e = &mut self.handles[idx as usize];
             *e = (*e & !((E_SPAN_MASK << E_SPAN_SHIFT) | E_SLOT_MASK))
                 | ((dst as u64) << E_SPAN_SHIFT)
@@ -684,7 +674,9 @@ impl ClassState {
         } else {
             let g = self.group_for(self.spans[src as usize].inuse as usize);
             self.link(src, g);
-            Some((0, charged))
+            // Nothing could move (the budget is spent): stop, or the same
+            // pair would be tried forever.
+            (moved > 0).then_some((0, charged))
         }
     }
 
@@ -723,7 +715,17 @@ pub struct ZsPool {
 }
 
 impl ZsPool {
+    /// A pool with its own budget, limited to `cfg.limit_bytes`.
     pub fn new(cfg: AllocConfig) -> ZsPool {
+        let budget = Arc::new(Budget::new(cfg.limit_bytes));
+        ZsPool::with_budget(cfg, budget)
+    }
+
+    /// A pool that charges its pages and metadata to `budget` (whose limit
+    /// applies; `cfg.limit_bytes` is ignored). The class table, a fixed
+    /// cost, is charged at once, whatever the limit.
+    pub fn with_budget(cfg: AllocConfig, budget: Arc<Budget>) -> ZsPool {
+        budget.force_charge(Self::fixed_bytes());
         let max_pages = cfg.max_span_pages.clamp(1, MAX_SPAN_PAGES);
         let classes = (0..NUM_CLASSES)
             .map(|c| {
@@ -740,9 +742,14 @@ impl ZsPool {
                 pages_used_max: AtomicU64::new(0),
                 pages_compacted: AtomicU64::new(0),
                 spans_released: AtomicU64::new(0),
-                limit_bytes: AtomicU64::new(cfg.limit_bytes.unwrap_or(u64::MAX)),
+                budget,
             },
         }
+    }
+
+    /// Bytes of the class table, held from creation to drop.
+    pub fn fixed_bytes() -> u64 {
+        (NUM_CLASSES * std::mem::size_of::<Padded<RwLock<ClassState>>>()) as u64
     }
 
     /// Size class for an object of `len` bytes (1..=4096), else `None`.
@@ -844,9 +851,13 @@ impl ZsPool {
     /// Change the memory limit. Lowering it below current use frees nothing;
     /// it only makes allocations that need a new span fail.
     pub fn set_limit(&self, limit_bytes: Option<u64>) {
-        self.counters
-            .limit_bytes
-            .store(limit_bytes.unwrap_or(u64::MAX), Relaxed);
+        self.counters.budget.set_limit(limit_bytes);
+    }
+
+    /// The budget pages and metadata are charged to (shared with whoever
+    /// built the pool with [`ZsPool::with_budget`]).
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.counters.budget
     }
 
     /// A statistics snapshot (takes each class's read lock in turn).
@@ -857,8 +868,7 @@ impl ZsPool {
             pages_used_max: c.pages_used_max.load(Relaxed),
             pages_compacted: c.pages_compacted.load(Relaxed),
             spans_released: c.spans_released.load(Relaxed),
-            metadata_bytes: (self.classes.len() * std::mem::size_of::<Padded<RwLock<ClassState>>>())
-                as u64,
+            metadata_bytes: Self::fixed_bytes(),
             ..AllocStats::default()
         };
         for class in self.classes.iter() {
@@ -905,6 +915,16 @@ impl ZsPool {
         self.classes
             .get(i / CLASS_DELTA)
             .map(|c| c.0.read().span_pages)
+    }
+}
+
+impl Drop for ZsPool {
+    /// Give back everything this pool charged, so a shared budget stays true.
+    fn drop(&mut self) {
+        let st = self.stats();
+        self.counters
+            .budget
+            .uncharge(st.pages_used * PAGE_SIZE as u64 + st.metadata_bytes);
     }
 }
 

@@ -58,6 +58,8 @@ fn check_stats(pool: &ZsPool, model: &HashMap<Handle, Vec<u8>>) {
     assert!(st.objs_allocated >= st.objs_used);
     assert_eq!(st.pages_used, pool.pages_used());
     assert!(st.pages_used <= st.pages_used_max);
+    // Everything held is charged, and nothing more.
+    assert_eq!(pool.budget().used(), st.pages_used * 4096 + st.metadata_bytes, "{st:?}");
     if model.is_empty() {
         assert_eq!(st.pages_used, 0);
         assert_eq!(st.objs_allocated, 0);
@@ -314,23 +316,26 @@ fn errors() {
 
 #[test]
 fn limit_reached_changes_nothing() {
+    // Room for ten huge objects and the metadata they need, no more.
+    let probe = ZsPool::default();
+    for i in 0..10u8 {
+        probe.alloc_write(&[i; 4096]).unwrap();
+    }
+    let limit = probe.budget().used();
     let pool = ZsPool::new(AllocConfig {
         max_span_pages: 16,
-        limit_bytes: Some(10 * 4096),
+        limit_bytes: Some(limit),
     });
     let mut hs = Vec::new();
     for i in 0..10u8 {
         hs.push(pool.alloc_write(&[i; 4096]).unwrap());
     }
     let small = pool.alloc_write(&[9; 40]); // needs a new span (48 class, 3 pages)
-    assert!(matches!(
-        small,
-        Err(AllocError::LimitReached { limit_bytes: 40960 })
-    ));
+    assert!(matches!(small, Err(AllocError::LimitReached { limit_bytes }) if limit_bytes == limit));
     let before = pool.stats();
     assert!(matches!(
         pool.alloc_write(&[1; 4096]),
-        Err(AllocError::LimitReached { limit_bytes: 40960 })
+        Err(AllocError::LimitReached { limit_bytes }) if limit_bytes == limit
     ));
     assert_eq!(pool.stats(), before);
     assert_eq!(before.pages_used, 10);
@@ -346,11 +351,64 @@ fn limit_reached_changes_nothing() {
         vec![5; 100]
     );
     assert!(pool.pages_used() > 10);
-    // Objects that fit an existing span succeed even at the limit.
-    pool.set_limit(Some(pool.pages_used() * 4096));
+    // Objects that fit an existing span's touched pages succeed even at the limit.
+    pool.set_limit(Some(pool.budget().used()));
     let more = pool.alloc_write(&[6; 100]).unwrap();
     assert_eq!(pool.read(more, |b| b[0]).unwrap(), 6);
     assert_eq!(pool.stats().pages_used_max, pool.pages_used());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Under a limit, whatever the mix of allocations, frees and
+    /// compactions: the charged total never passes the limit, a refused
+    /// allocation is `LimitReached` and changes nothing, and the books
+    /// match what is held after every step.
+    #[test]
+    fn a_limit_covers_pages_and_metadata(
+        ops in prop::collection::vec(op_strategy(), 1..600),
+        limit_pages in 12u64..64,
+        small_spans in any::<bool>(),
+    ) {
+        let limit = ZsPool::fixed_bytes() + limit_pages * 4096;
+        let pool = ZsPool::new(AllocConfig { max_span_pages: if small_spans { 2 } else { 16 }, limit_bytes: Some(limit) });
+        let mut model: HashMap<Handle, Vec<u8>> = HashMap::new();
+        let mut order: Vec<Handle> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc { len, seed } => {
+                    let data = content(seed, len);
+                    let before = pool.stats();
+                    match pool.alloc_write(&data) {
+                        Ok(h) => {
+                            model.insert(h, data);
+                            order.push(h);
+                        }
+                        Err(AllocError::LimitReached { limit_bytes }) => {
+                            prop_assert_eq!(limit_bytes, limit);
+                            prop_assert_eq!(pool.stats().objs_used, before.objs_used);
+                            prop_assert_eq!(pool.stats().pages_used, before.pages_used);
+                        }
+                        Err(e) => prop_assert!(false, "unexpected {e}"),
+                    }
+                }
+                Op::Free(i) if !order.is_empty() => {
+                    let h = order.swap_remove(i % order.len());
+                    model.remove(&h);
+                    pool.free(h).unwrap();
+                }
+                Op::Compact => {
+                    pool.compact();
+                }
+                _ => {}
+            }
+            check_stats(&pool, &model);
+            prop_assert!(pool.budget().max_used() <= limit, "{} > {limit}", pool.budget().max_used());
+        }
+        for (h, want) in &model {
+            prop_assert_eq!(&read_exact(&pool, *h, want.len()).unwrap(), want);
+        }
+    }
 }
 
 #[test]

@@ -90,6 +90,8 @@ struct State {
     /// live record's old place can hold other bytes. Lock-free readers
     /// compare it before and after their I/O.
     reuse: u64,
+    /// Sum of the segments' `ids` capacities, in bytes.
+    ids_bytes: usize,
 }
 
 impl State {
@@ -119,6 +121,7 @@ impl State {
                 .ok()
                 .filter(|&s| s < NONE - 1)
                 .expect("more than 4 billion live backing records");
+            grow_gently(&mut self.table, 64);
             self.table.push(Entry { gen: 1, ..e });
             s
         };
@@ -130,7 +133,10 @@ impl State {
         let s = &mut self.segs[seg as usize];
         s.live_bytes += (RECORD_HEADER_SIZE + len as usize) as u32;
         s.live_records += 1;
+        let before = s.ids.capacity();
+        grow_gently(&mut s.ids, 64);
         s.ids.push(slot);
+        self.ids_bytes += (s.ids.capacity() - before) * size_of::<u32>();
     }
 
     /// Drop one record's contribution to `seg`; frees the segment if it was
@@ -149,6 +155,7 @@ impl State {
     fn free_segment(&mut self, seg: u32) {
         let s = &mut self.segs[seg as usize];
         debug_assert_eq!(s.live_records, 0);
+        self.ids_bytes -= s.ids.capacity() * size_of::<u32>();
         *s = Segment::new(SegState::Free);
         self.reuse += 1;
         let pos = self.free_segs.partition_point(|&x| x > seg);
@@ -192,8 +199,22 @@ impl State {
                 return Err(BackingError::Full { limit_bytes: limit });
             }
         }
+        grow_gently(&mut self.segs, 8);
         self.segs.push(Segment::new(SegState::Reserved));
+        // Every segment index fits the free list without it growing, so a
+        // free (from any thread) never allocates.
+        let room = self.segs.capacity() - self.free_segs.len();
+        self.free_segs.reserve_exact(room);
         Ok(n as u32)
+    }
+
+    /// Heap bytes of the tables (record table, segments, their id lists,
+    /// the free list).
+    fn metadata_bytes(&self) -> u64 {
+        (self.table.capacity() * size_of::<Entry>()
+            + self.segs.capacity() * size_of::<Segment>()
+            + self.ids_bytes
+            + self.free_segs.capacity() * size_of::<u32>()) as u64
     }
 
     /// Bytes of segments not on the free list.
@@ -213,6 +234,15 @@ impl State {
             (Some(&lo), n) => (lo as usize) + 1 < n,
             _ => false,
         }
+    }
+}
+
+/// Make room for one more element, growing by an eighth (at least `min`)
+/// rather than doubling: these tables are charged to the pool's memory
+/// budget from their capacities, so slack is memory the pool pays for.
+fn grow_gently<T>(v: &mut Vec<T>, min: usize) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 8).max(min));
     }
 }
 
@@ -255,6 +285,9 @@ impl AlignedBuf {
         &mut self.v[self.start..self.start + len.min(self.len)]
     }
 }
+
+/// RAM of the append buffers (a write buffer and a compaction read buffer).
+const APPENDER_BYTES: u64 = 2 * (SEGMENT_SIZE + PAGE_SIZE) as u64;
 
 /// Buffers owned by whoever appends or compacts (one at a time).
 struct Appender {
@@ -359,6 +392,8 @@ pub struct BackingStore {
     state: RwLock<State>,
     /// Serialises appends and compaction; owns their aligned buffers.
     app: Mutex<Option<Appender>>,
+    /// The buffers are made (counted in `metadata_bytes`).
+    app_made: std::sync::atomic::AtomicBool,
     c: Counters,
     /// Identity for readahead windows.
     id: u64,
@@ -392,6 +427,7 @@ impl BackingStore {
                 ..State::default()
             }),
             app: Mutex::new(None),
+            app_made: std::sync::atomic::AtomicBool::new(false),
             c: Counters::default(),
             id: NEXT_STORE_ID.fetch_add(1, Relaxed),
             epoch: AtomicU64::new(1),
@@ -438,10 +474,7 @@ impl BackingStore {
         }
         let lens: Vec<usize> = records.iter().map(|(_, p)| p.len()).collect();
         let mut guard = self.app.lock();
-        let app = guard.get_or_insert_with(|| Appender {
-            wbuf: AlignedBuf::new(SEGMENT_SIZE),
-            rbuf: AlignedBuf::new(SEGMENT_SIZE),
-        });
+        let app = self.appender(&mut guard);
         let plan = match self.plan(&lens, false) {
             Err(BackingError::Full { .. } | BackingError::NoSpace { .. }) => {
                 // At the store's limit or the filesystem's: make room by
@@ -592,20 +625,52 @@ impl BackingStore {
     /// write when the file exceeds twice the live bytes plus a segment.
     pub fn compact(&self) -> Result<u64> {
         let mut guard = self.app.lock();
-        let app = guard.get_or_insert_with(|| Appender {
-            wbuf: AlignedBuf::new(SEGMENT_SIZE),
-            rbuf: AlignedBuf::new(SEGMENT_SIZE),
-        });
+        let app = self.appender(&mut guard);
         self.compact_locked(app)
+    }
+
+    /// RAM the store holds for its tables and its append buffers (once
+    /// the first append has made them). O(1).
+    pub fn metadata_bytes(&self) -> u64 {
+        let buffers = if self.app_made.load(Relaxed) { APPENDER_BYTES } else { 0 };
+        self.state.read().metadata_bytes() + buffers
+    }
+
+    /// An upper bound on how much [`metadata_bytes`](Self::metadata_bytes)
+    /// can grow during one [`write_batch`](Self::write_batch) of `records`
+    /// records, including the compaction it may run: one gentle growth step
+    /// of the record table per 64 records, of the segment table, of the id
+    /// lists of every segment the batch can touch, the ids a compaction
+    /// moves before it frees their old segment, and the append buffers if
+    /// they are not made yet. A caller with a memory budget charges this
+    /// first and settles to the real growth afterwards.
+    pub fn growth_bound(&self, records: usize) -> u64 {
+        let st = self.state.read();
+        let steps = records / 64 + 1;
+        let table = steps * ((st.table.len() + records) / 8 + 64 + records) * size_of::<Entry>();
+        let new_segs = records * (RECORD_HEADER_SIZE + PAGE_SIZE) / SEGMENT_SIZE + 4;
+        let segs = (st.segs.len() / 8 + 8 + new_segs) * (size_of::<Segment>() + size_of::<u32>());
+        let ids_step = (SEGMENT_SIZE / RECORD_HEADER_SIZE) / 8 + 64;
+        let ids = (new_segs * ids_step + records) * size_of::<u32>();
+        // Compaction moves the records of segments less than half full.
+        let moved = SEGMENT_SIZE / 2 / RECORD_HEADER_SIZE;
+        let compaction = (moved + moved / 8 + 2 * ids_step) * size_of::<u32>();
+        let buffers = if self.app_made.load(Relaxed) { 0 } else { APPENDER_BYTES };
+        (table + segs + ids + compaction) as u64 + buffers
+    }
+
+    /// The append buffers, made on first use.
+    fn appender<'a>(&self, slot: &'a mut Option<Appender>) -> &'a mut Appender {
+        slot.get_or_insert_with(|| {
+            self.app_made.store(true, Relaxed);
+            Appender { wbuf: AlignedBuf::new(SEGMENT_SIZE), rbuf: AlignedBuf::new(SEGMENT_SIZE) }
+        })
     }
 
     /// Counters and sizes, in the spirit of zram's `bd_stat`.
     pub fn stats(&self) -> BackingStats {
+        let metadata_bytes = self.metadata_bytes();
         let st = self.state.read();
-        let metadata_bytes = st.table.capacity() * size_of::<Entry>()
-            + st.segs.capacity() * size_of::<Segment>()
-            + st.segs.iter().map(|s| s.ids.capacity() * 4).sum::<usize>()
-            + st.free_segs.capacity() * 4;
         BackingStats {
             records: st.records,
             live_bytes: st.live_bytes,
@@ -616,7 +681,7 @@ impl BackingStore {
             records_read: self.c.records_read.load(Relaxed),
             segments_compacted: self.c.segments_compacted.load(Relaxed),
             read_retries: self.c.read_retries.load(Relaxed),
-            metadata_bytes: metadata_bytes as u64,
+            metadata_bytes,
         }
     }
 

@@ -9,13 +9,18 @@
 //! map overhead, against ~40 bytes per entry for a plain `HashMap<u64,
 //! Entry>`; a key with no neighbours costs a whole block (~230 bytes), the
 //! price of that density. Empty blocks are freed at once.
+//!
+//! A new block and any resize of the map are charged to the pool's budget
+//! before the key goes in ([`BlockIndex::insert`] is refused otherwise);
+//! the bytes held are kept in a counter, so the index's share of
+//! `mem_used_total` costs nothing to read.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::ops::Range;
 
+use zmem_alloc::{AllocError, Budget};
+
+use crate::charged::{map_bytes, map_insert_new, Map};
 use crate::entry::Entry;
-use crate::pool::{map_bytes, KeyHasher};
 
 pub(crate) const BLOCK_SHIFT: u32 = 4;
 const BLOCK: usize = 1 << BLOCK_SHIFT;
@@ -28,9 +33,13 @@ struct Block {
     ac: Option<Box<[u32; BLOCK]>>,
 }
 
+/// Heap bytes of a block, and of its access times (with malloc's header).
+const BLOCK_BYTES: u64 = (std::mem::size_of::<Block>() + 16) as u64;
+const AC_BYTES: u64 = (std::mem::size_of::<[u32; BLOCK]>() + 16) as u64;
+
 impl Block {
-    fn new() -> Box<Block> {
-        Box::new(Block { e: [Entry::EMPTY; BLOCK], ac: None })
+    fn new(with_ac: bool) -> Box<Block> {
+        Box::new(Block { e: [Entry::EMPTY; BLOCK], ac: with_ac.then(|| Box::new([0; BLOCK])) })
     }
     fn is_empty(&self) -> bool {
         self.e.iter().all(|e| e.is_empty())
@@ -39,11 +48,24 @@ impl Block {
 
 #[derive(Default)]
 pub(crate) struct BlockIndex {
-    blocks: HashMap<u64, Box<Block>, BuildHasherDefault<KeyHasher>>,
+    blocks: Map<Box<Block>>,
     len: usize,
+    /// Blocks keep access times (a writeback tier asks for them): each
+    /// block gets its array when it is created, so a load never allocates.
+    with_ac: bool,
+    /// Heap bytes of the blocks (the map's table is read from the map).
+    block_bytes: u64,
 }
 
 impl BlockIndex {
+    pub fn new(with_ac: bool) -> BlockIndex {
+        BlockIndex { with_ac, ..BlockIndex::default() }
+    }
+
+    fn one_block_bytes(&self) -> u64 {
+        BLOCK_BYTES + if self.with_ac { AC_BYTES } else { 0 }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -66,10 +88,10 @@ impl BlockIndex {
             .map_or(0, |ac| ac[(key & MASK) as usize])
     }
 
-    /// Record an access to an existing key.
+    /// Record an access to an existing key (no-op without access times).
     pub fn touch(&mut self, key: u64, now: u32) {
-        if let Some(b) = self.blocks.get_mut(&(key >> BLOCK_SHIFT)) {
-            b.ac.get_or_insert_with(|| Box::new([0; BLOCK]))[(key & MASK) as usize] = now;
+        if let Some(ac) = self.blocks.get_mut(&(key >> BLOCK_SHIFT)).and_then(|b| b.ac.as_mut()) {
+            ac[(key & MASK) as usize] = now;
         }
     }
 
@@ -81,7 +103,9 @@ impl BlockIndex {
         if b.e[i].is_empty() {
             return None;
         }
-        b.ac.get_or_insert_with(|| Box::new([0; BLOCK]))[i] = now;
+        if let Some(ac) = b.ac.as_mut() {
+            ac[i] = now;
+        }
         Some(&mut b.e[i])
     }
 
@@ -104,19 +128,35 @@ impl BlockIndex {
         })
     }
 
-    /// Insert or replace; returns the previous entry.
-    pub fn insert(&mut self, key: u64, e: Entry) -> Option<Entry> {
-        let b = self.blocks.entry(key >> BLOCK_SHIFT).or_insert_with(Block::new);
-        let old = std::mem::replace(&mut b.e[(key & MASK) as usize], e);
-        if old.is_empty() {
+    /// Insert or replace; returns the previous entry. A key that needs a
+    /// new block is refused, changing nothing, if `budget` cannot pay for
+    /// the block and the map's growth.
+    pub fn insert(&mut self, key: u64, e: Entry, budget: &Budget) -> Result<Option<Entry>, AllocError> {
+        let id = key >> BLOCK_SHIFT;
+        let i = (key & MASK) as usize;
+        if let Some(b) = self.blocks.get_mut(&id) {
+            let old = std::mem::replace(&mut b.e[i], e);
+            if !old.is_empty() {
+                return Ok(Some(old));
+            }
             self.len += 1;
-            None
-        } else {
-            Some(old)
+            return Ok(None);
         }
+        let bytes = self.one_block_bytes();
+        budget.try_charge(bytes)?;
+        let mut block = Block::new(self.with_ac);
+        block.e[i] = e;
+        if let Err(err) = map_insert_new(&mut self.blocks, id, block, budget) {
+            budget.uncharge(bytes);
+            return Err(err);
+        }
+        self.block_bytes += bytes;
+        self.len += 1;
+        Ok(None)
     }
 
-    pub fn remove(&mut self, key: u64) -> Option<Entry> {
+    /// Remove `key`; a block left empty is freed and its bytes uncharged.
+    pub fn remove(&mut self, key: u64, budget: &Budget) -> Option<Entry> {
         let id = key >> BLOCK_SHIFT;
         let b = self.blocks.get_mut(&id)?;
         let old = std::mem::replace(&mut b.e[(key & MASK) as usize], Entry::EMPTY);
@@ -126,13 +166,17 @@ impl BlockIndex {
         self.len -= 1;
         if b.is_empty() {
             self.blocks.remove(&id);
+            let bytes = self.one_block_bytes();
+            self.block_bytes -= bytes;
+            budget.uncharge(bytes);
         }
         Some(old)
     }
 
     /// Remove every key in `range`, pushing the removed entries to `out`.
-    pub fn remove_range(&mut self, range: &Range<u64>, out: &mut Vec<Entry>) {
+    pub fn remove_range(&mut self, range: &Range<u64>, out: &mut Vec<Entry>, budget: &Budget) {
         let before = out.len();
+        let blocks_before = self.blocks.len();
         self.blocks.retain(|&id, b| {
             let base = id << BLOCK_SHIFT;
             if base > range.end.saturating_sub(1) || base.saturating_add(MASK) < range.start {
@@ -146,15 +190,14 @@ impl BlockIndex {
             !b.is_empty()
         });
         self.len -= out.len() - before;
+        let bytes = (blocks_before - self.blocks.len()) as u64 * self.one_block_bytes();
+        self.block_bytes -= bytes;
+        budget.uncharge(bytes);
     }
 
     /// Heap bytes held: the map's table and every block (with malloc's header).
     pub fn heap_bytes(&self) -> u64 {
-        let table = map_bytes(self.blocks.capacity(), std::mem::size_of::<(u64, Box<Block>)>());
-        let ac = self.blocks.values().filter(|b| b.ac.is_some()).count();
-        table
-            + (self.blocks.len() * (std::mem::size_of::<Block>() + 16)
-                + ac * (std::mem::size_of::<[u32; BLOCK]>() + 16)) as u64
+        map_bytes(&self.blocks) + self.block_bytes
     }
 }
 
@@ -164,33 +207,52 @@ mod tests {
 
     #[test]
     fn insert_get_remove_and_free_blocks() {
-        let mut ix = BlockIndex::default();
-        assert_eq!(ix.insert(5, Entry::same(1)), None);
-        assert_eq!(ix.insert(5, Entry::same(2)), Some(Entry::same(1)));
-        assert_eq!(ix.insert(u64::MAX, Entry::same(3)), None);
-        assert_eq!(ix.len(), 2);
-        assert_eq!(ix.get(5), Some(Entry::same(2)));
-        assert_eq!(ix.get(6), None);
-        assert!(ix.heap_bytes() > 2 * 192);
-        let before = ix.heap_bytes();
-        ix.touch(5, 77);
-        assert_eq!(ix.ac_time(5), 77);
-        assert_eq!(ix.ac_time(6), 0);
-        assert!(ix.heap_bytes() > before, "access times are counted");
-        assert_eq!(ix.iter().map(|(k, _, ac)| (k, ac)).collect::<Vec<_>>().len(), 2);
-        assert_eq!(ix.remove(5), Some(Entry::same(2)));
-        assert_eq!(ix.remove(5), None);
-        assert_eq!(ix.blocks.len(), 1, "the emptied block is freed");
-        let mut out = Vec::new();
-        for k in 0..100 {
-            ix.insert(k, Entry::same(k));
+        for with_ac in [false, true] {
+            let b = Budget::new(None);
+            let mut ix = BlockIndex::new(with_ac);
+            assert_eq!(ix.insert(5, Entry::same(1), &b).unwrap(), None);
+            assert_eq!(ix.insert(5, Entry::same(2), &b).unwrap(), Some(Entry::same(1)));
+            assert_eq!(ix.insert(u64::MAX, Entry::same(3), &b).unwrap(), None);
+            assert_eq!(ix.len(), 2);
+            assert_eq!(ix.get(5), Some(Entry::same(2)));
+            assert_eq!(ix.get(6), None);
+            assert!(ix.heap_bytes() > 2 * 192);
+            assert_eq!(b.used(), ix.heap_bytes());
+            ix.touch(5, 77);
+            assert_eq!(ix.ac_time(5), if with_ac { 77 } else { 0 });
+            assert_eq!(ix.ac_time(6), 0);
+            assert_eq!(ix.iter().map(|(k, _, ac)| (k, ac)).collect::<Vec<_>>().len(), 2);
+            assert_eq!(ix.remove(5, &b), Some(Entry::same(2)));
+            assert_eq!(ix.remove(5, &b), None);
+            assert_eq!(ix.blocks.len(), 1, "the emptied block is freed");
+            assert_eq!(b.used(), ix.heap_bytes());
+            let mut out = Vec::new();
+            for k in 0..100 {
+                ix.insert(k, Entry::same(k), &b).unwrap();
+            }
+            ix.remove_range(&(10..90), &mut out, &b);
+            assert_eq!(out.len(), 80);
+            assert_eq!(ix.len(), 21);
+            assert!(ix.contains(9) && !ix.contains(10) && !ix.contains(89) && ix.contains(90));
+            assert_eq!(b.used(), ix.heap_bytes());
+            ix.remove_range(&(0..u64::MAX), &mut out, &b);
+            assert!(ix.contains(u64::MAX));
+            assert_eq!(ix.len(), 1);
+            assert_eq!(b.used(), ix.heap_bytes());
         }
-        ix.remove_range(&(10..90), &mut out);
-        assert_eq!(out.len(), 80);
-        assert_eq!(ix.len(), 21);
-        assert!(ix.contains(9) && !ix.contains(10) && !ix.contains(89) && ix.contains(90));
-        ix.remove_range(&(0..u64::MAX), &mut out);
-        assert!(ix.contains(u64::MAX));
-        assert_eq!(ix.len(), 1);
+    }
+
+    #[test]
+    fn a_key_that_needs_a_block_the_budget_cannot_pay_for_is_refused() {
+        let b = Budget::new(None);
+        let mut ix = BlockIndex::new(true);
+        ix.insert(0, Entry::same(0), &b).unwrap();
+        let limited = Budget::new(Some(b.used()));
+        limited.force_charge(b.used());
+        assert!(matches!(ix.insert(16, Entry::same(1), &limited), Err(AllocError::LimitReached { .. })));
+        assert_eq!((ix.len(), ix.heap_bytes(), limited.used()), (1, b.used(), b.used()));
+        // Keys of a block that exists need nothing.
+        ix.insert(15, Entry::same(2), &limited).unwrap();
+        assert_eq!(ix.len(), 2);
     }
 }

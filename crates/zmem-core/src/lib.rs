@@ -42,8 +42,12 @@
 //!   coldest objects back ahead of need; only a store that meets a full pool
 //!   waits for it, and only a store that needs new memory is ever refused.
 //! * `mem_used_total` is honest: allocator pages, allocator metadata, the
-//!   index and the dedup table are all counted, from real capacities.
+//!   index, the dedup table, the LRUs and the backing store's tables are
+//!   all counted, from real capacities. And `mem_limit` caps all of it, as
+//!   zram's caps its pool: every growth is charged to one budget before it
+//!   happens (`zmem_alloc::Budget`), so `mem_used_max` never passes it.
 
+mod charged;
 mod entry;
 mod error;
 mod index;

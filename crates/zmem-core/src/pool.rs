@@ -29,6 +29,15 @@
 //! brought back to RAM. A record freed in between (the key was overwritten)
 //! makes the load start again.
 //!
+//! # Memory and `mem_limit`
+//! One [`Budget`] is shared by the allocator and this engine, and every
+//! growth is charged to it before it happens (`charged.rs`): the allocator
+//! charges pages and its tables, a publish charges the key's index block
+//! and map growth and its LRU place, the dedup table its resizes, the tier
+//! the backing store's tables. A refused charge is `PoolFull` and changes
+//! nothing visible; the new object is released. So `mem_used_total` never
+//! passes `mem_limit`, and at rest the budget equals it exactly.
+//!
 //! # Lock order
 //! index shard -> dedup shard -> allocator class -> backing store table.
 //! Nothing waits for the disk or for the shrinker while holding a shard
@@ -43,8 +52,7 @@
 //!   LRU state that a rewrite would have to reset.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -52,10 +60,12 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
-use zmem_alloc::{AllocConfig, Handle, ZsPool};
+use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
 use zmem_backing::{BackingError, BackingStore};
 use zmem_compress::{Algorithm, CompressError, Compressor};
 
+pub(crate) use crate::charged::LruItem;
+use crate::charged::{map_bytes, map_insert_new, Lru, Map};
 use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW, TAG_RAW_INCOMP};
 use crate::error::{Result, ZmemError};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
@@ -88,7 +98,8 @@ pub struct PoolConfig {
     /// Store pages that do not compress below `huge_threshold` raw (zram) or
     /// reject them with [`ZmemError::CompressPoor`] (zswap).
     pub store_incompressible: bool,
-    /// Cap on the pool's allocator pages, in bytes (zram's `mem_limit`).
+    /// Cap on `mem_used_total`, in bytes (zram's `mem_limit`): allocator
+    /// pages and every table the pool keeps, all charged before they grow.
     pub mem_limit: Option<u64>,
     /// Number of index shards (rounded up to a power of two).
     pub shards: usize,
@@ -151,23 +162,11 @@ impl Hasher for KeyHasher {
     }
 }
 
-type Map<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
-
-/// Heap bytes held by a hashbrown map of `cap` capacity with `slot` bytes per (K, V).
-pub(crate) fn map_bytes(cap: usize, slot: usize) -> u64 {
-    if cap == 0 {
-        return 0;
-    }
-    let buckets = (cap * 8 / 7).next_power_of_two().max(4);
-    (buckets * (slot + 1) + 16) as u64
-}
-
 /// One shard of the index, with the counters for the entries it holds.
-#[derive(Default)]
 pub(crate) struct Shard {
     pub(crate) index: BlockIndex,
     /// Writeback tier only: store order of the shard's in-RAM objects.
-    pub(crate) lru: VecDeque<LruItem>,
+    pub(crate) lru: Lru,
     /// Generation for the next entry stored (matches entry to LRU item).
     pub(crate) next_gen: u8,
     /// Bytes of non-deduplicated objects referenced from this shard.
@@ -179,6 +178,18 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
+    fn new(with_ac: bool) -> Shard {
+        Shard {
+            index: BlockIndex::new(with_ac),
+            lru: Lru::default(),
+            next_gen: 0,
+            compr_bytes: 0,
+            same_pages: 0,
+            huge_pages: 0,
+            backed_pages: 0,
+        }
+    }
+
     pub(crate) fn account(&mut self, e: Entry, add: bool) {
         let (compr, same, huge, backed) = match e.slot() {
             Slot::Obj(_, info) => (info.len as u64, 0, info.is_huge() as u64, 0),
@@ -198,17 +209,6 @@ impl Shard {
             self.backed_pages -= backed;
         }
     }
-}
-
-/// A place in an LRU: the key (for a dedup shard's LRU, the content hash),
-/// when it was queued (a pool-wide sequence number, so queues can be
-/// compared), and the generation of the entry it was queued for (an
-/// overwritten key leaves a stale item behind).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LruItem {
-    pub key: u64,
-    pub seq: u32,
-    pub gen: u8,
 }
 
 /// Where a shared object lives.
@@ -240,7 +240,7 @@ pub(crate) struct DedupShard {
     /// Content hash (xxh3-64 of the original page) -> shared object.
     pub map: Map<DedupRec>,
     /// Writeback tier only: store order of the shard's objects in RAM.
-    pub lru: VecDeque<LruItem>,
+    pub lru: Lru,
     pub next_gen: u8,
     /// Bytes and huge pages of the shard's objects in RAM.
     pub compr_bytes: u64,
@@ -381,10 +381,20 @@ impl Pool {
         self.e.compressor.store(encode_compressor(c), Relaxed);
     }
 
-    /// Change zram's `mem_limit` (None: unlimited).
+    /// Change zram's `mem_limit` (None: unlimited). It caps
+    /// `mem_used_total`: allocator pages and every table the pool keeps.
+    /// Lowering it below what is held frees nothing; stores that need new
+    /// memory are refused until enough is freed.
     pub fn set_mem_limit(&self, limit: Option<u64>) {
         self.e.alloc.set_limit(limit);
-        self.e.counters.mem_limit.store(limit.unwrap_or(0), Relaxed);
+    }
+
+    /// Bytes charged against `mem_limit` now. Equal to
+    /// `stats().mem_used_total` whenever no operation is in flight (during
+    /// one it may be ahead: growth is charged before it happens).
+    pub fn mem_charged(&self) -> u64 {
+        self.e.settle_charges();
+        self.e.budget().used()
     }
 
     /// Change zswap's `max_pool` (None: no limit).
@@ -506,16 +516,30 @@ impl Engine {
             )));
         }
         let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
-        let shards = (0..nshards).map(|_| Mutex::new(Shard::default())).collect();
-        let dedup = cfg
+        let with_ac = tier.is_some();
+        let shards: Box<[Mutex<Shard>]> = (0..nshards).map(|_| Mutex::new(Shard::new(with_ac))).collect();
+        let dedup: Option<Box<[Mutex<DedupShard>]>> = cfg
             .dedup
             .then(|| (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect());
-        let alloc = ZsPool::new(AllocConfig {
-            max_span_pages: cfg.max_span_pages,
-            limit_bytes: cfg.mem_limit,
-        });
+        // One budget for everything the pool holds: the allocator charges
+        // its pages and tables to it, the index, dedup table and LRUs their
+        // growth, the tier the backing store's tables. The shard arrays are
+        // a fixed cost, charged now.
+        let budget = Arc::new(Budget::new(cfg.mem_limit));
+        let alloc = ZsPool::with_budget(
+            AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: cfg.mem_limit },
+            Arc::clone(&budget),
+        );
+        budget.force_charge(Self::fixed_bytes(shards.len(), dedup.is_some()));
+        if let Some(limit) = cfg.mem_limit {
+            if budget.used() > limit {
+                return Err(ZmemError::Config(format!(
+                    "mem_limit {limit} is below the {} bytes a pool holds before it stores anything",
+                    budget.used()
+                )));
+            }
+        }
         let counters = Counters::default();
-        counters.mem_limit.store(cfg.mem_limit.unwrap_or(0), Relaxed);
         Ok(Engine {
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
             max_pool_pages: AtomicU64::new(
@@ -535,6 +559,17 @@ impl Engine {
 
     fn compressor(&self) -> Compressor {
         decode_compressor(self.compressor.load(Relaxed))
+    }
+
+    /// Bytes of the shard arrays (held from creation to drop).
+    fn fixed_bytes(shards: usize, dedup: bool) -> u64 {
+        let dedup = if dedup { DEDUP_SHARDS * std::mem::size_of::<Mutex<DedupShard>>() } else { 0 };
+        (shards * std::mem::size_of::<Mutex<Shard>>() + dedup) as u64
+    }
+
+    /// What every growth of the pool is charged to (zram's mem_limit).
+    pub(crate) fn budget(&self) -> &Budget {
+        self.alloc.budget()
     }
 
     /// Seconds since the pool was created (the unit of access times).
@@ -580,18 +615,18 @@ impl Engine {
     /// Store, returning the replaced entry (to be released by the caller).
     fn store_inner(&self, key: u64, page: &[u8]) -> Result<Option<Entry>> {
         if let Some(pattern) = same_filled(page) {
-            return Ok(self.publish(key, Entry::same(pattern)));
+            return self.publish(key, Entry::same(pattern));
         }
         if let Some(d) = &self.dedup {
             let new = self.store_dedup(d, page)?;
-            return Ok(self.publish(key, new));
+            return self.publish(key, new);
         }
         if self.tier.is_some() {
             // May wait for the shrinker, so before any lock is taken.
             self.admit()?;
             return self.encode(page, |bytes, info| {
                 let h = self.alloc_write(bytes)?;
-                Ok(self.publish(key, Entry::obj(h, info)))
+                self.publish(key, Entry::obj(h, info))
             });
         }
         self.encode(page, |bytes, info| {
@@ -612,31 +647,55 @@ impl Engine {
             }
             self.admit()?;
             let h = self.alloc_write(bytes)?;
-            Ok(self.publish_locked(&mut s, key, Entry::obj(h, info)))
+            let r = self.publish_locked(&mut s, key, Entry::obj(h, info));
+            drop(s);
+            self.or_release(r, Entry::obj(h, info))
         })
     }
 
     /// Put `new` under `key`; returns the entry it replaced, to be released
-    /// once the shard lock is dropped.
-    fn publish(&self, key: u64, new: Entry) -> Option<Entry> {
-        self.publish_locked(&mut self.shard(key).lock(), key, new)
+    /// by the caller. If the key is refused (it needs index memory the
+    /// budget cannot pay for), `new` is released here: the caller's
+    /// reference to its object is given back.
+    fn publish(&self, key: u64, new: Entry) -> Result<Option<Entry>> {
+        let r = self.publish_locked(&mut self.shard(key).lock(), key, new);
+        self.or_release(r, new)
     }
 
-    pub(crate) fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Option<Entry> {
+    /// A refused publish gives back what `new` holds (no lock may be held).
+    pub(crate) fn or_release(&self, r: Result<Option<Entry>>, new: Entry) -> Result<Option<Entry>> {
+        if r.is_err() {
+            self.release(new);
+        }
+        r
+    }
+
+    /// Put `new` under `key` in its (locked) shard. Charges what the key
+    /// needs first (an index block, the map's growth, a place in the LRU);
+    /// a refusal changes nothing and leaves `new` to the caller. Returns
+    /// the entry replaced, to be released once the shard lock is dropped.
+    pub(crate) fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
+        let b = self.budget();
         let new = match &self.tier {
-            Some(t) => t.enqueue(s, key, new),
+            Some(t) => {
+                if matches!(new.slot(), Slot::Obj(..)) {
+                    s.lru.reserve_one(b).map_err(|e| self.alloc_failed(e))?;
+                }
+                t.stamp(s, new)
+            }
             None => new,
         };
+        let old = s.index.insert(key, new, b).map_err(|e| self.alloc_failed(e))?;
         s.account(new, true);
-        let old = s.index.insert(key, new);
         if let Some(o) = old {
             s.account(o, false);
         }
         if let Some(t) = &self.tier {
+            t.queue(s, key, new, b);
             s.index.touch(key, self.now());
-            t.trim_lru(s);
+            t.trim_lru(s, b);
         }
-        old
+        Ok(old)
     }
 
     /// zswap's admission check, made only by a store that needs new memory.
@@ -711,7 +770,7 @@ impl Engine {
         self.alloc.alloc_write(bytes).map_err(|e| self.alloc_failed(e))
     }
 
-    fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
+    pub(crate) fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
         match e {
             zmem_alloc::AllocError::LimitReached { .. } => {
                 self.counters.pool_limit_hit.fetch_add(1, Relaxed)
@@ -744,14 +803,24 @@ impl Engine {
                 if self.tier.is_none() {
                     self.admit()?;
                 }
+                let b = self.budget();
+                if self.tier.is_some() {
+                    ds.lru.reserve_one(b).map_err(|e| self.alloc_failed(e))?;
+                }
                 let (handle, info) = self.encode_new(page)?;
                 let gen = ds.next_gen;
                 ds.next_gen = gen.wrapping_add(1);
                 let rec = DedupRec { loc: Loc::Ram(handle), info, refs: 1, gen, referenced: false, ac: self.now() };
-                ds.map.insert(hash, rec);
+                if let Err(e) = map_insert_new(&mut ds.map, hash, rec, b) {
+                    drop(ds);
+                    if let Err(e) = self.alloc.free(handle) {
+                        self.free_failed(&e.to_string());
+                    }
+                    return Err(self.alloc_failed(e));
+                }
                 ds.account_ram(&rec, true);
                 if let Some(t) = &self.tier {
-                    t.enqueue_shared(&mut ds, hash, gen);
+                    t.enqueue_shared(&mut ds, hash, gen, b);
                 }
                 return Ok(Entry::dedup(hash, info));
             };
@@ -824,7 +893,11 @@ impl Engine {
         let r = match e.slot() {
             Slot::Same(_) => Ok(()),
             Slot::Backed(id, _) => match &self.tier {
-                Some(t) => t.store.free(zmem_backing::RecordId::from_raw(id)).map_err(|e| e.to_string()),
+                Some(t) => {
+                    let r = t.store.free(zmem_backing::RecordId::from_raw(id)).map_err(|e| e.to_string());
+                    t.settle_backing(self.budget(), 0);
+                    r
+                }
                 None => Err("a written-back entry in a pool without a backing store".into()),
             },
             Slot::Obj(h, _) => self.alloc.free(h).map_err(|e| e.to_string()),
@@ -869,7 +942,11 @@ impl Engine {
                 ds.account_backed(&rec, false);
                 drop(g);
                 match &self.tier {
-                    Some(t) => t.store.free(zmem_backing::RecordId::from_raw(id)).map_err(|e| e.to_string()),
+                    Some(t) => {
+                        let r = t.store.free(zmem_backing::RecordId::from_raw(id)).map_err(|e| e.to_string());
+                        t.settle_backing(self.budget(), 0);
+                        r
+                    }
                     None => Err("a written-back shared object in a pool without a backing store".into()),
                 }
             }
@@ -991,7 +1068,7 @@ impl Engine {
     fn invalidate(&self, key: u64) -> bool {
         let old = {
             let mut s = self.shard(key).lock();
-            let old = s.index.remove(key);
+            let old = s.index.remove(key, self.budget());
             if let Some(o) = old {
                 s.account(o, false);
             }
@@ -1017,7 +1094,7 @@ impl Engine {
             let mut victims = Vec::new();
             {
                 let mut s = shard.lock();
-                s.index.remove_range(&range, &mut victims);
+                s.index.remove_range(&range, &mut victims, self.budget());
                 for &o in &victims {
                     s.account(o, false);
                 }
@@ -1035,7 +1112,16 @@ impl Engine {
         self.shards.iter().map(|s| s.lock().index.len()).sum()
     }
 
+    /// Bring charges that lag behind frees up to date (the backing
+    /// store's tables shrink when its segments empty).
+    pub(crate) fn settle_charges(&self) {
+        if let Some(t) = &self.tier {
+            t.settle_backing(self.budget(), 0);
+        }
+    }
+
     fn stats(&self) -> Stats {
+        self.settle_charges();
         let mut st = Stats::default();
         let mut index_bytes = 0;
         for s in self.shards.iter() {
@@ -1046,7 +1132,7 @@ impl Engine {
             st.huge_pages += s.huge_pages;
             st.bd_count += s.backed_pages;
             index_bytes += s.index.heap_bytes();
-            st.lru_bytes += (s.lru.capacity() * std::mem::size_of::<LruItem>()) as u64;
+            st.lru_bytes += s.lru.bytes();
         }
         // Pages whose data is on the backing store: their own records, and
         // the pages that share a written-back object.
@@ -1062,8 +1148,8 @@ impl Engine {
                 st.dup_data_size += ds.dup_bytes;
                 st.bd_count += ds.backed_records;
                 backed_pages += ds.backed_refs;
-                dedup_bytes += map_bytes(ds.map.capacity(), std::mem::size_of::<(u64, DedupRec)>());
-                st.lru_bytes += (ds.lru.capacity() * std::mem::size_of::<LruItem>()) as u64;
+                dedup_bytes += map_bytes(&ds.map);
+                st.lru_bytes += ds.lru.bytes();
             }
             dedup_bytes += (d.len() * std::mem::size_of::<Mutex<DedupShard>>()) as u64;
         }
@@ -1081,14 +1167,10 @@ impl Engine {
         }
         let meta = a.metadata_bytes + index_bytes + dedup_bytes + tier_bytes;
         st.mem_used_total = a.pages_used * PAGE_SIZE as u64 + meta;
-        let max_candidate = a.pages_used_max * PAGE_SIZE as u64 + meta;
-        st.mem_used_max = self
-            .counters
-            .mem_used_max
-            .fetch_max(max_candidate.max(st.mem_used_total), Relaxed)
-            .max(max_candidate)
-            .max(st.mem_used_total);
-        st.mem_limit = self.counters.mem_limit.load(Relaxed);
+        // Everything is charged before it is taken, so the budget's
+        // high-water mark bounds every total ever held.
+        st.mem_used_max = self.budget().max_used().max(st.mem_used_total);
+        st.mem_limit = self.budget().limit().unwrap_or(0);
         st.pages_compacted = a.pages_compacted;
         st.same_filled_pages = st.same_pages;
         st.pool_total_size = a.pages_used * PAGE_SIZE as u64;

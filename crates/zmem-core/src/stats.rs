@@ -17,8 +17,6 @@ pub(crate) struct Counters {
     pub reject_reclaim_fail: AtomicU64,
     pub dedup_hits: AtomicU64,
     pub dedup_collisions: AtomicU64,
-    pub mem_used_max: AtomicU64,
-    pub mem_limit: AtomicU64,
     pub failed_reads: AtomicU64,
     pub failed_writes: AtomicU64,
     pub invalid_io: AtomicU64,
@@ -109,7 +107,7 @@ pub struct Stats {
     pub compr_data_size: u64,
     /// The real footprint: allocator pages + allocator metadata + index + dedup table.
     pub mem_used_total: u64,
-    /// zram's mem_limit (0: none); caps allocator pages.
+    /// zram's mem_limit (0: none); caps mem_used_total (pages and tables).
     pub mem_limit: u64,
     /// High-water mark of mem_used_total.
     pub mem_used_max: u64,

@@ -60,7 +60,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Acquire, Ord
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use zmem_alloc::Handle;
+use zmem_alloc::{Budget, Handle};
 use zmem_backing::{BackingStore, RecordId};
 
 use crate::entry::{Entry, ObjInfo, Slot};
@@ -129,6 +129,16 @@ pub(crate) struct Tier {
     written_back: AtomicU64,
     promoted: AtomicU64,
     writeback_fail: AtomicU64,
+    /// What the budget holds for the backing store's tables.
+    backing_charged: Mutex<BackingCharge>,
+}
+
+/// The budget's charge for the backing store's tables: what they held at
+/// the last settlement, and a bound charged ahead of a write in flight.
+#[derive(Default)]
+struct BackingCharge {
+    charged: u64,
+    reserved: u64,
 }
 
 /// Where a batch of victims comes from.
@@ -173,7 +183,7 @@ struct Pick<'b> {
 
 impl Pick<'_> {
     /// The next item to pop from `lru`, if this queue should give one.
-    fn next(&mut self, lru: &std::collections::VecDeque<LruItem>) -> Option<LruItem> {
+    fn next(&mut self, lru: &crate::charged::Lru) -> Option<LruItem> {
         if self.victims.len() >= BATCH || self.examined >= 4 * BATCH {
             return None;
         }
@@ -199,6 +209,7 @@ impl Tier {
             written_back: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             writeback_fail: AtomicU64::new(0),
+            backing_charged: Mutex::new(BackingCharge::default()),
         }
     }
 
@@ -206,41 +217,71 @@ impl Tier {
         self.seq.fetch_add(1, Relaxed)
     }
 
-    /// Stamp a new entry with the shard's next generation and, if it holds
-    /// an object in RAM, queue it at the hot end of the shard's LRU.
-    pub fn enqueue(&self, s: &mut Shard, key: u64, e: Entry) -> Entry {
+    /// Stamp a new entry with the shard's next generation.
+    pub fn stamp(&self, s: &mut Shard, e: Entry) -> Entry {
         let gen = s.next_gen;
         s.next_gen = s.next_gen.wrapping_add(1);
-        let e = e.with_gen(gen);
+        e.with_gen(gen)
+    }
+
+    /// If the (stamped, published) entry holds an object in RAM, queue it
+    /// at the hot end of the shard's LRU, in the room reserved for it.
+    pub fn queue(&self, s: &mut Shard, key: u64, e: Entry, b: &Budget) {
         if matches!(e.slot(), Slot::Obj(..)) {
-            s.lru.push_back(LruItem { key, seq: self.next_seq(), gen });
+            s.lru.push_back(LruItem { key, seq: self.next_seq(), gen: e.gen() }, b);
         }
-        e
     }
 
     /// Queue a shared object (new, or back in RAM) at the hot end of its
-    /// dedup shard's LRU.
-    pub fn enqueue_shared(&self, ds: &mut DedupShard, hash: u64, gen: u8) {
-        ds.lru.push_back(LruItem { key: hash, seq: self.next_seq(), gen });
+    /// dedup shard's LRU, in room reserved for it.
+    pub fn enqueue_shared(&self, ds: &mut DedupShard, hash: u64, gen: u8, b: &Budget) {
+        ds.lru.push_back(LruItem { key: hash, seq: self.next_seq(), gen }, b);
         if ds.lru.len() > 2 * ds.map.len() + 64 {
             let map = &ds.map;
-            ds.lru.retain(|it| map.get(&it.key).is_some_and(|r| r.gen == it.gen && matches!(r.loc, Loc::Ram(_))));
-            ds.lru.shrink_to(ds.lru.len() * 2 + 64);
+            ds.lru.retain(|it| map.get(&it.key).is_some_and(|r| r.gen == it.gen && matches!(r.loc, Loc::Ram(_))), b);
         }
     }
 
     /// Sweep stale items once they outnumber the shard's entries.
-    pub fn trim_lru(&self, s: &mut Shard) {
+    pub fn trim_lru(&self, s: &mut Shard, b: &Budget) {
         if s.lru.len() <= 2 * s.index.len() + 64 {
             return;
         }
         let index = &s.index;
-        s.lru.retain(|it| {
-            index
-                .get(it.key)
-                .is_some_and(|e| e.gen() == it.gen && matches!(e.slot(), Slot::Obj(..)))
-        });
-        s.lru.shrink_to(s.lru.len() * 2 + 64);
+        s.lru.retain(
+            |it| index.get(it.key).is_some_and(|e| e.gen() == it.gen && matches!(e.slot(), Slot::Obj(..))),
+            b,
+        );
+    }
+
+    /// Charge `bound` ahead of a write that may grow the backing store's
+    /// tables by that much (one write at a time: under `writing`).
+    fn reserve_backing(&self, b: &Budget, bound: u64) -> std::result::Result<(), zmem_alloc::AllocError> {
+        let mut c = self.backing_charged.lock();
+        b.try_charge(bound)?;
+        c.reserved += bound;
+        Ok(())
+    }
+
+    /// Bring the budget's charge for the backing store's tables to what
+    /// they hold now. The writer passes the `reserved` bound it charged
+    /// ahead (its growth has happened); anyone else passes 0: frees shrink
+    /// the tables from any thread, and this catches up (until then the
+    /// charge is only ever too high). While a write is in flight its growth
+    /// is covered by its reservation, so others only give back shrinkage.
+    pub fn settle_backing(&self, b: &Budget, reserved: u64) {
+        let mut c = self.backing_charged.lock();
+        let actual = self.store.metadata_bytes();
+        c.reserved -= reserved;
+        if reserved == 0 && c.reserved > 0 {
+            if actual < c.charged {
+                b.uncharge(c.charged - actual);
+                c.charged = actual;
+            }
+            return;
+        }
+        b.settle(c.charged + reserved, actual);
+        c.charged = actual;
     }
 
     /// Ask the shrinker for a round (cheap when it is already asked).
@@ -500,10 +541,11 @@ impl Engine {
             }
             if e.referenced() {
                 s.index.set(item.key, e.with_referenced(false));
-                s.lru.push_back(LruItem { seq: p.t.next_seq(), ..item });
+                s.lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
                 continue;
             }
             let Some(off) = self.copy_out(handle, info, p.buf) else { continue };
+            s.lru.take_out();
             let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
             p.victims.push(v);
         }
@@ -520,11 +562,12 @@ impl Engine {
             }
             if rec.referenced {
                 rec.referenced = false;
-                ds.lru.push_back(LruItem { seq: p.t.next_seq(), ..item });
+                ds.lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
                 continue;
             }
             let (info, gen) = (rec.info, rec.gen);
             let Some(off) = self.copy_out(handle, info, p.buf) else { continue };
+            ds.lru.take_out();
             let v = Victim { src: p.src, key: item.key, entry: Entry::EMPTY, handle, info, gen, referenced: false, item: Some(item), off };
             p.victims.push(v);
         }
@@ -542,18 +585,31 @@ impl Engine {
         let mut by_src: Vec<usize> = victims.iter().map(|v| v.src).collect();
         by_src.sort_unstable();
         by_src.dedup();
-        let ids = match t.store.write_batch(&recs) {
+        let b = self.budget();
+        // Items the shrinker took out of each queue (explicit writeback takes none).
+        let out = |i: usize| victims.iter().filter(|v| v.src == i && v.item.is_some()).count();
+        // The store's tables grow with the records: charge a bound first.
+        let reserved = t.store.growth_bound(recs.len());
+        let written = match t.reserve_backing(b, reserved) {
+            Ok(()) => {
+                let r = t.store.write_batch(&recs);
+                t.settle_backing(b, reserved);
+                r.map_err(ZmemError::Backing)
+            }
+            Err(e) => Err(self.alloc_failed(e)),
+        };
+        let ids = match written {
             Ok(ids) => ids,
             Err(e) => {
                 t.writeback_fail.fetch_add(1, Relaxed);
                 for &i in &by_src {
                     let mine = victims.iter().filter(|v| v.src == i);
                     match sources[i] {
-                        Source::Index(sh) => requeue_keys(t, &mut sh.lock(), mine),
-                        Source::Shared(ds) => requeue_shared(t, &mut ds.lock(), mine),
+                        Source::Index(sh) => requeue_keys(t, b, &mut sh.lock(), mine, out(i)),
+                        Source::Shared(ds) => requeue_shared(t, b, &mut ds.lock(), mine, out(i)),
                     }
                 }
-                return Err(ZmemError::Backing(e));
+                return Err(e);
             }
         };
         let mut freed = Vec::with_capacity(victims.len());
@@ -561,8 +617,8 @@ impl Engine {
         for &i in &by_src {
             let mine = victims.iter().zip(&ids).filter(|(v, _)| v.src == i);
             match sources[i] {
-                Source::Index(sh) => settle_keys(t, &mut sh.lock(), mine, &mut freed, &mut stale),
-                Source::Shared(ds) => settle_shared(t, &mut ds.lock(), mine, &mut freed, &mut stale),
+                Source::Index(sh) => settle_keys(t, b, &mut sh.lock(), mine, &mut freed, &mut stale, out(i)),
+                Source::Shared(ds) => settle_shared(t, b, &mut ds.lock(), mine, &mut freed, &mut stale, out(i)),
             }
         }
         let n = freed.len() as u64;
@@ -576,6 +632,7 @@ impl Engine {
                 self.free_failed(&e.to_string());
             }
         }
+        t.settle_backing(b, 0);
         t.written_back.fetch_add(n, Relaxed);
         Ok(n)
     }
@@ -698,7 +755,16 @@ impl Engine {
                     return Ok(());
                 }
                 let Ok(h) = self.alloc.alloc_write(obj) else { return Ok(()) };
-                self.publish_locked(&mut s, key, Entry::obj(h, info))
+                match self.publish_locked(&mut s, key, Entry::obj(h, info)) {
+                    Ok(old) => old,
+                    Err(_) => {
+                        // No room for its place in the index or the LRU:
+                        // served from the file, and it stays there.
+                        drop(s);
+                        self.release(Entry::obj(h, info));
+                        return Ok(());
+                    }
+                }
             };
             if let Some(o) = old {
                 // The record the page came from.
@@ -731,6 +797,10 @@ impl Engine {
                 if rec.loc != Loc::Backed(id) {
                     return Ok(());
                 }
+                if ds.lru.reserve_one(self.budget()).is_err() {
+                    return Ok(());
+                }
+                let Some(rec) = ds.map.get_mut(&hash) else { return Ok(()) };
                 let Ok(h) = self.alloc.alloc_write(obj) else { return Ok(()) };
                 let before = *rec;
                 rec.loc = Loc::Ram(h);
@@ -739,11 +809,12 @@ impl Engine {
                 let (after, gen) = (*rec, rec.gen);
                 ds.account_backed(&before, false);
                 ds.account_ram(&after, true);
-                t.enqueue_shared(ds, hash, gen);
+                t.enqueue_shared(ds, hash, gen, self.budget());
             }
             if let Err(e) = t.store.free(RecordId::from_raw(id)) {
                 self.free_failed(&e.to_string());
             }
+            t.settle_backing(self.budget(), 0);
             t.promoted.fetch_add(1, Relaxed);
             Ok(())
         })
@@ -754,32 +825,36 @@ impl Engine {
 /// its LRU: at the cold end, or at the hot end if a load referenced it
 /// while the write ran (before, such an entry lost its item for good and
 /// was pinned in RAM).
-fn requeue_keys<'v>(t: &Tier, s: &mut Shard, victims: impl DoubleEndedIterator<Item = &'v Victim>) {
+/// `out` is how many of the victims the shrinker took out of this queue:
+/// their places were kept, so putting them back never grows it.
+fn requeue_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
     for v in victims.rev() {
         let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) else { continue };
         if now.gen() != item.gen || now.slot() != v.entry.slot() {
             continue; // overwritten or gone: its new entry has its own item
         }
         if now.referenced() {
-            s.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+            s.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
         } else {
-            s.lru.push_front(item);
+            s.lru.push_front(item, b);
         }
     }
+    s.lru.return_out(out);
 }
 
-fn requeue_shared<'v>(t: &Tier, ds: &mut DedupShard, victims: impl DoubleEndedIterator<Item = &'v Victim>) {
+fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &mut DedupShard, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
     for v in victims.rev() {
         let (Some(item), Some(rec)) = (v.item, ds.map.get(&v.key)) else { continue };
         if rec.gen != v.gen || rec.loc != Loc::Ram(v.handle) {
             continue;
         }
         if rec.referenced {
-            ds.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+            ds.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
         } else {
-            ds.lru.push_front(item);
+            ds.lru.push_front(item, b);
         }
     }
+    ds.lru.return_out(out);
 }
 
 /// After a successful write: swap each unchanged entry for its record.
@@ -787,10 +862,12 @@ fn requeue_shared<'v>(t: &Tier, ds: &mut DedupShard, victims: impl DoubleEndedIt
 /// overwritten, invalidated or loaded while we wrote).
 fn settle_keys<'v>(
     t: &Tier,
+    b: &Budget,
     s: &mut Shard,
     done: impl Iterator<Item = (&'v Victim, &'v RecordId)>,
     freed: &mut Vec<Handle>,
     stale: &mut Vec<RecordId>,
+    out: usize,
 ) {
     for (v, &id) in done {
         if s.index.get(v.key) == Some(v.entry) {
@@ -806,18 +883,21 @@ fn settle_keys<'v>(
         // keeps its place in the LRU, at the hot end.
         if let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) {
             if now.gen() == item.gen && now.slot() == v.entry.slot() {
-                s.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+                s.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
             }
         }
     }
+    s.lru.return_out(out);
 }
 
 fn settle_shared<'v>(
     t: &Tier,
+    b: &Budget,
     ds: &mut DedupShard,
     done: impl Iterator<Item = (&'v Victim, &'v RecordId)>,
     freed: &mut Vec<Handle>,
     stale: &mut Vec<RecordId>,
+    out: usize,
 ) {
     for (v, &id) in done {
         let Some(rec) = ds.map.get_mut(&v.key) else {
@@ -832,7 +912,7 @@ fn settle_shared<'v>(
             // Loaded or shared again while we wrote: stays, at the hot end.
             stale.push(id);
             if let Some(item) = v.item {
-                ds.lru.push_back(LruItem { seq: t.next_seq(), ..item });
+                ds.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
             }
             continue;
         }
@@ -843,4 +923,5 @@ fn settle_shared<'v>(
         ds.account_backed(&after, true);
         freed.push(v.handle);
     }
+    ds.lru.return_out(out);
 }

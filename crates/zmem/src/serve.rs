@@ -40,8 +40,9 @@ pub struct Args {
     /// Deduplicate identical pages: on or off.
     #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub dedup: bool,
-    /// Cap on the pool's memory (zram's mem_limit, e.g. 256M); writes past
-    /// it fail with ENOSPC.
+    /// Cap on the pool's memory (zram's mem_limit, e.g. 256M): compressed
+    /// pages and every table the pool keeps (mem_used_total never exceeds
+    /// it); writes that need memory past it fail with ENOSPC.
     #[arg(long, value_parser = parse_size)]
     pub mem_limit: Option<u64>,
     /// zswap's max_pool: a size (512M) or a share of RAM (20%). Without
