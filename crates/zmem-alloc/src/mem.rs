@@ -86,14 +86,31 @@ impl Chunk {
     /// Give the pages of `[off, off+len)` back to the OS (MADV_DONTNEED).
     /// The range stays mapped and reads back as zeros. Best effort: an error
     /// only means the pages stay resident.
+    ///
+    /// A process that locked its memory (`mlockall`, as a swap server must,
+    /// so that the pool is never swapped into itself) cannot `MADV_DONTNEED`
+    /// locked pages: the kernel says EINVAL and they would stay resident for
+    /// good. Then the range is unlocked, dropped, and locked again on fault
+    /// (`mlock2(MLOCK_ONFAULT)`, which populates nothing): the pages leave,
+    /// and whatever is written there later is locked again.
     pub(crate) fn discard(&mut self, off: usize, len: usize) {
         let end = off.checked_add(len).expect("chunk range overflow");
         assert!(end <= self.len && off.is_multiple_of(PAGE_SIZE) && len.is_multiple_of(PAGE_SIZE));
         // SAFETY: page-aligned range inside our own mapping; `&mut self` means
         // no Rust slice into it is alive, so zeroing its contents behind our
         // back cannot be observed through a reference.
-        unsafe {
-            libc::madvise(self.ptr.as_ptr().add(off).cast(), len, libc::MADV_DONTNEED);
+        let p = unsafe { self.ptr.as_ptr().add(off) }.cast::<libc::c_void>();
+        // SAFETY: as above; madvise only changes the range's pages.
+        let rc = unsafe { libc::madvise(p, len, libc::MADV_DONTNEED) };
+        if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+            // SAFETY: the same range of our own mapping; munlock and mlock2
+            // change only whether its pages are locked, madvise drops their
+            // contents, which no live reference can observe (`&mut self`).
+            unsafe {
+                libc::munlock(p, len);
+                libc::madvise(p, len, libc::MADV_DONTNEED);
+                libc::mlock2(p, len, libc::MLOCK_ONFAULT);
+            }
         }
     }
 

@@ -5,9 +5,9 @@
 //!   reply encoding (pure, no I/O);
 //! * [`negotiate`] — the fixed-newstyle handshake as an explicit state
 //!   machine ([`Negotiation`]) plus its I/O driver;
-//! * [`export`] — [`Export`], byte-range I/O over an `Arc<Pool>` (page `i`
-//!   of the device is pool key `i`; partial pages are read-modify-written
-//!   under a per-page lock);
+//! * [`Export`] (from `zmem-export`, shared with the FUSE frontend) —
+//!   byte-range I/O over an `Arc<Pool>` (page `i` of the device is pool key
+//!   `i`; partial pages are read-modify-written under a per-page lock);
 //! * [`server`] — [`Server`]: accept loop, one reader thread per connection
 //!   that executes small requests itself (replies batched) and feeds worker
 //!   threads the big ones, replies matched by handle, clean shutdown.
@@ -20,12 +20,11 @@
 //! before its reply is sent, so all connections see it. No TLS, no
 //! extended headers (both answered NBD_REP_ERR_UNSUP).
 
-pub mod export;
 pub mod negotiate;
 pub mod proto;
 pub mod server;
 
-pub use export::{Export, ExportError};
+pub use zmem_export::{Export, ExportError};
 pub use negotiate::{negotiate, ExportInfo, HsState, Negotiation, Step};
 pub use proto::{Command, ProtoError, Request, Session};
 pub use server::{poll_readable, Listener, Server, ServerConfig, ServerStats, Stream};

@@ -112,16 +112,15 @@ pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 pub const META_BASE_ALLOCATION: &str = "base:allocation";
 /// The id we give `base:allocation` when a client selects it.
 pub const META_BASE_ALLOCATION_ID: u32 = 1;
-pub const STATE_HOLE: u32 = 1 << 0;
-pub const STATE_ZERO: u32 = 1 << 1;
+pub use zmem_export::{STATE_HOLE, STATE_ZERO};
 
 // ---- error values -------------------------------------------------------------
 
+// NBD's error values are Linux's errno values; the export's failures
+// already carry them.
+pub use zmem_export::{EINVAL, EIO, ENOSPC};
 pub const EPERM: u32 = 1;
-pub const EIO: u32 = 5;
 pub const ENOMEM: u32 = 12;
-pub const EINVAL: u32 = 22;
-pub const ENOSPC: u32 = 28;
 pub const EOVERFLOW: u32 = 75;
 pub const ENOTSUP: u32 = 95;
 pub const ESHUTDOWN: u32 = 108;

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::export::Export;
+use zmem_export::Export;
 use crate::negotiate::{negotiate, ExportInfo};
 use crate::proto::*;
 

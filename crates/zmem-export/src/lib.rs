@@ -1,4 +1,6 @@
-//! A byte-addressed block device over a page pool.
+//! A byte-addressed block image over a page pool: what a block-device
+//! frontend serves, whatever carries the requests (the NBD server in
+//! `zmem-nbd`, the FUSE file in `zmem-fuse`).
 //!
 //! Page `i` of the device is pool key `i` (offset / 4096). A page that was
 //! never written (or was trimmed) is absent from the pool and reads as zeroes.
@@ -8,12 +10,21 @@
 //! sectors of one page (several requests in flight, several connections)
 //! never lose each other's data.
 
+#![deny(unsafe_code)]
+
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use zmem_core::{Pool, ZmemError, PAGE_SIZE};
 
-use crate::proto::{EINVAL, EIO, ENOSPC, STATE_HOLE, STATE_ZERO};
+/// Linux errno values of the failures (NBD's error values are the same).
+pub const EIO: u32 = libc::EIO as u32;
+pub const EINVAL: u32 = libc::EINVAL as u32;
+pub const ENOSPC: u32 = libc::ENOSPC as u32;
+/// [`Export::block_status`] flags: a hole (nothing stored), and reads as
+/// zeroes. They are NBD's `base:allocation` bits.
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
 
 const PAGE: u64 = PAGE_SIZE as u64;
 const LOCK_STRIPES: usize = 1024;
@@ -31,7 +42,7 @@ pub enum ExportError {
 }
 
 impl ExportError {
-    /// The NBD error value for this failure.
+    /// The errno for this failure (also its NBD error value).
     pub fn errno(&self) -> u32 {
         match self {
             ExportError::OutOfRange { .. } => EINVAL,
