@@ -6,13 +6,17 @@
 //! * `zmem serve` — a compressed-RAM block device over NBD.
 //! * `zmem stat` — what a running `zmem serve` holds, like zramctl.
 //! * `zmem writeback` — zram's explicit writeback, for `zmem serve --backing`.
+//! * `zmem swap on|off|status` — zmem as a swap device (FUSE image + loop).
 
 #![deny(unsafe_code)]
 
 mod bench_blockdev;
 mod bench_store;
+mod control;
+mod pool_args;
 mod serve;
 mod stat;
+mod swap;
 mod sys;
 mod util;
 mod writeback;
@@ -38,6 +42,9 @@ enum Cmd {
     /// Write pages of a running `zmem serve --backing FILE` back to its file
     /// (zram's writeback: idle, huge, incompressible or all, with a budget).
     Writeback(writeback::Args),
+    /// zmem as swap (zswap's job): `on`, `off`, `status`.
+    #[command(subcommand)]
+    Swap(swap::SwapCmd),
 }
 
 #[derive(Subcommand)]
@@ -77,6 +84,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Store(a)) => bench_store::run(a),
         Cmd::Bench(BenchCmd::Blockdev(a)) => bench_blockdev::run(a),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Swap(c) => swap::run(c),
         Cmd::Stat(a) => stat::run(a),
         Cmd::Writeback(a) => writeback::run(a),
     };

@@ -383,3 +383,58 @@ impl Loop {
         Loop { dev, _undo: undo }
     }
 }
+
+pub const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
+
+/// A memory cgroup (v1) removed on drop (after its tasks have exited).
+pub struct Cgroup(pub PathBuf);
+
+impl Cgroup {
+    pub fn create(name: &str, limit: u64) -> Cgroup {
+        let p = Path::new(CGROUP_V1).join(name);
+        if p.exists() {
+            let _ = std::fs::remove_dir(&p); // stale from a killed run
+        }
+        std::fs::create_dir(&p).expect("creating the memory cgroup");
+        let cg = Cgroup(p);
+        cg.set("memory.limit_in_bytes", &limit.to_string());
+        let _ = std::fs::write(cg.0.join("memory.swappiness"), "100");
+        cg
+    }
+    pub fn set(&self, file: &str, v: &str) {
+        std::fs::write(self.0.join(file), v).unwrap_or_else(|e| panic!("writing {file}: {e}"));
+    }
+    pub fn get(&self, file: &str) -> u64 {
+        std::fs::read_to_string(self.0.join(file))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Touches `N` MiB (argv[1], default 160) of pages, a third of them
+/// incompressible, and checks every byte by hash: prints OK or MISMATCH.
+pub const WORKLOAD: &str = r#"
+import hashlib, os, sys
+N = (int(sys.argv[1]) if len(sys.argv) > 1 else 160) * 256
+pages, h1 = [], hashlib.sha256()
+for i in range(N):
+    b = (b"page %08d " % i) * 256
+    b = (b[:4000] + os.urandom(96)) if i % 3 == 0 else b[:4096]
+    pages.append(bytearray(b))
+    h1.update(b)
+h2 = hashlib.sha256()
+for p in pages:
+    h2.update(p)
+print("OK" if h1.digest() == h2.digest() else "MISMATCH")
+"#;

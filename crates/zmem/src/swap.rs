@@ -1,0 +1,623 @@
+//! `zmem swap on | off | status`: zmem as a swap device (zswap's job).
+//!
+//! `on` starts a server process (`zmem swap serve`, hidden) that holds the
+//! pool and serves it as one file in a FUSE filesystem of its own
+//! (`zmem-fuse`), puts a loop device with direct I/O over that file, runs
+//! mkswap and `swapon --discard`, so that slots the kernel frees leave the
+//! pool (zram's `notify_free`). Everything a device is made of lives under
+//! one directory, `RUN_DIR/NAME/`: the mountpoint `mnt/` (with `image`),
+//! the control socket, the server's log and `state.json`. `off` undoes
+//! every step in reverse from what it finds there and in the kernel's own
+//! tables (/proc/swaps, the loop devices' backing files, the mount table),
+//! so it also cleans up after a crash half way through `on` or a server
+//! that died. It never kills a server whose device is still swapped on.
+//!
+//! The kernel path: the NBD driver would spare the FUSE hop where a kernel
+//! has it, but this path is not built yet; every kernel has FUSE and loop.
+//!
+//! The server protects itself from reclaim, since the kernel may need it to
+//! finish a swap-out in order to free memory: `mlockall(MCL_CURRENT |
+//! MCL_FUTURE | MCL_ONFAULT)` (the pool is never swapped into itself; the
+//! allocator still gives emptied spans back), `PR_SET_IO_FLUSHER` (its
+//! allocations do not recurse into I/O reclaim), and `oom_score_adj -1000`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+use zmem_export::Export;
+
+use crate::control::{bind_unix, control_loop, Frontend, Info};
+use crate::pool_args::PoolArgs;
+use crate::stat::human;
+use crate::util::parse_size;
+
+const IMAGE: &str = "image";
+const DEFAULT_RUN_DIR: &str = "/run/zmem/swap";
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SwapCmd {
+    /// Start a zmem swap device: server, FUSE image, loop device, mkswap, swapon.
+    On(OnArgs),
+    /// Undo everything `on` did (also after a crash), in reverse order.
+    Off(OffArgs),
+    /// One line per zmem swap device, like zramctl.
+    Status(StatusArgs),
+    /// The server behind a swap device (started by `zmem swap on`).
+    #[command(hide = true)]
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct OnArgs {
+    /// Device name: its directory under --run-dir (zmem0, zmem1, ...).
+    #[arg(long, default_value = "zmem0", value_parser = parse_name)]
+    pub name: String,
+    /// Size of the swap device (e.g. 8G); a multiple of 4096 bytes.
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// swapon priority, -1 to 32767 (zram-generator uses 100).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i32).range(-1..=32767), allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Threads serving the FUSE image.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub threads: u16,
+    /// Where devices keep their runtime state.
+    #[arg(long, default_value = DEFAULT_RUN_DIR)]
+    pub run_dir: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct OffArgs {
+    /// Device to stop.
+    #[arg(long, default_value = "zmem0", value_parser = parse_name, conflicts_with = "all")]
+    pub name: String,
+    /// Stop every zmem swap device (and anything left of crashed ones).
+    #[arg(long)]
+    pub all: bool,
+    #[arg(long, default_value = DEFAULT_RUN_DIR)]
+    pub run_dir: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    #[arg(long, default_value = DEFAULT_RUN_DIR)]
+    pub run_dir: PathBuf,
+    /// JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    #[arg(long, default_value_t = 2)]
+    pub threads: u16,
+    /// The device's directory (mountpoint, control socket, ready file).
+    #[arg(long)]
+    pub dir: PathBuf,
+}
+
+fn parse_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!("bad device name `{s}`: 1 to 32 letters, digits, '-' or '_'"))
+    }
+}
+
+pub fn run(cmd: SwapCmd) -> anyhow::Result<()> {
+    match cmd {
+        SwapCmd::On(a) => on(a),
+        SwapCmd::Off(a) => off(a),
+        SwapCmd::Status(a) => status(a),
+        SwapCmd::Serve(a) => serve(a),
+    }
+}
+
+fn require_root(what: &str) -> anyhow::Result<()> {
+    if crate::sys::geteuid() != 0 {
+        bail!("`zmem swap {what}` needs root (loop devices, mount, swapon)");
+    }
+    Ok(())
+}
+
+/// Run a system tool; its stderr in the error if it fails.
+fn tool(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+// ---- on ------------------------------------------------------------------
+
+fn on(a: OnArgs) -> anyhow::Result<()> {
+    require_root("on")?;
+    if a.size == 0 || !a.size.is_multiple_of(4096) {
+        bail!("--size must be a positive multiple of 4096 bytes, got {}", a.size);
+    }
+    for t in ["losetup", "mkswap", "swapon", "swapoff", "umount"] {
+        if which(t).is_none() {
+            bail!("`{t}` is not installed (util-linux, mount): zmem swap needs it");
+        }
+    }
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse is missing: this kernel has no FUSE (modprobe fuse?)");
+    }
+    let dir = a.run_dir.join(&a.name);
+    if dir.exists() {
+        let st = read_state(&dir);
+        if st.as_ref().is_some_and(|s| swap_active(&s.loop_dev)) {
+            bail!("{} is already on ({}); `zmem swap off --name {}` first", a.name, st.unwrap().loop_dev, a.name);
+        }
+        eprintln!("zmem: {} has remains of an earlier run; cleaning them up first", a.name);
+        teardown(&dir)?;
+    }
+    if Path::new("/sys/module/nbd").exists() {
+        eprintln!("zmem: the kernel has an nbd driver, but zmem swap uses its FUSE image (the NBD path is not built yet)");
+    }
+    std::fs::create_dir_all(dir.join("mnt")).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    match bring_up(&a, &dir) {
+        Ok(st) => {
+            print!("{}", render_status(&[status_of(&dir, Some(&st))]));
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("zmem: `swap on` failed; undoing what it did");
+            if let Err(e2) = teardown(&dir) {
+                eprintln!("zmem: cleanup failed too: {e2:#}");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
+    let log = std::fs::File::create(dir.join("server.log"))?;
+    let exe = std::env::current_exe().context("finding the zmem binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["swap", "serve", "--size", &a.size.to_string(), "--threads", &a.threads.to_string()])
+        .arg("--dir")
+        .arg(dir)
+        .args(a.pool.to_args())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // Its own process group: a ^C at the terminal that ran `on` must not
+    // stop the swap device.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().context("starting the swap server")?;
+    let pid = child.id();
+    let mut st = State {
+        name: a.name.clone(),
+        pid,
+        loop_dev: String::new(),
+        size: a.size,
+        priority: a.priority,
+        algorithm: a.pool.compressor.clone(),
+    };
+    write_state(dir, &st)?;
+    let ready = dir.join("ready");
+    let end = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        if let Some(status) = child.try_wait()? {
+            bail!("the swap server exited ({status}) before it was ready:\n{}", log_tail(dir));
+        }
+        if Instant::now() > end {
+            bail!("the swap server was not ready after 30 s:\n{}", log_tail(dir));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let image = dir.join("mnt").join(IMAGE);
+    st.loop_dev = tool(Command::new("losetup").args(["--direct-io=on", "--show", "-f"]).arg(&image))?;
+    write_state(dir, &st)?;
+    tool(Command::new("mkswap").args(["-q", "-L", &format!("zmem-{}", a.name)]).arg(&st.loop_dev))?;
+    tool(Command::new("swapon").args(["--discard", "-p", &a.priority.to_string()]).arg(&st.loop_dev))?;
+    Ok(st)
+}
+
+fn log_tail(dir: &Path) -> String {
+    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())
+}
+
+// ---- state -----------------------------------------------------------------
+
+/// What `on` recorded (`state.json`): enough for `off` and `status`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct State {
+    name: String,
+    pid: u32,
+    loop_dev: String,
+    size: u64,
+    priority: i32,
+    algorithm: String,
+}
+
+fn write_state(dir: &Path, st: &State) -> anyhow::Result<()> {
+    let tmp = dir.join("state.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(st)?)?;
+    std::fs::rename(&tmp, dir.join("state.json"))?;
+    Ok(())
+}
+
+fn read_state(dir: &Path) -> Option<State> {
+    serde_json::from_slice(&std::fs::read(dir.join("state.json")).ok()?).ok()
+}
+
+/// Whether `dev` is an active swap device (/proc/swaps).
+fn swap_active(dev: &str) -> bool {
+    !dev.is_empty()
+        && std::fs::read_to_string("/proc/swaps")
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().next() == Some(dev))
+}
+
+/// Loop devices whose backing file is `file`.
+fn loops_backed_by(file: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir("/sys/block") else { return Vec::new() };
+    let mut v: Vec<String> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let bf = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+            let bf = bf.trim().trim_end_matches(" (deleted)");
+            (name.starts_with("loop") && Path::new(bf) == file).then(|| format!("/dev/{name}"))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Whether `path` is a mountpoint (/proc/self/mountinfo).
+fn mounted(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(&unescape(m)) == path))
+}
+
+/// Mount table fields escape spaces and the like as octal (\040).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        if let Some(v) = octal.map(|d| d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'))).filter(|&v| v <= 255) {
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `pid` is this device's server (and not a reused pid).
+fn is_our_server(pid: u32, dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let has = |w: &[u8]| args.contains(&w);
+    has(b"serve") && has(dir.as_os_str().as_encoded_bytes())
+}
+
+// ---- off -------------------------------------------------------------------
+
+fn off(a: OffArgs) -> anyhow::Result<()> {
+    require_root("off")?;
+    let dirs: Vec<PathBuf> = if a.all {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&a.run_dir)
+            .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    } else {
+        vec![a.run_dir.join(&a.name)]
+    };
+    let mut failed = 0;
+    let mut did = 0;
+    for dir in &dirs {
+        if !dir.exists() {
+            continue;
+        }
+        did += 1;
+        if let Err(e) = teardown(dir) {
+            eprintln!("zmem: {}: {e:#}", dir.display());
+            failed += 1;
+        }
+    }
+    if did == 0 {
+        eprintln!("zmem: no zmem swap device {} under {}", if a.all { "at all" } else { &a.name }, a.run_dir.display());
+    }
+    if failed > 0 {
+        bail!("{failed} device(s) could not be stopped");
+    }
+    Ok(())
+}
+
+/// Undo a device, whatever state it is in: swapoff and detach every loop
+/// device over its image, stop its server, unmount, remove the directory.
+/// Stops at a failed swapoff: the pages are still in the pool, and
+/// stopping the server would lose them.
+fn teardown(dir: &Path) -> anyhow::Result<()> {
+    let st = read_state(dir);
+    let image = dir.join("mnt").join(IMAGE);
+    let mut loops = loops_backed_by(&image);
+    if let Some(st) = &st {
+        if !st.loop_dev.is_empty() && !loops.contains(&st.loop_dev) && swap_active(&st.loop_dev) {
+            loops.push(st.loop_dev.clone());
+        }
+    }
+    for lo in &loops {
+        if swap_active(lo) {
+            tool(Command::new("swapoff").arg(lo))
+                .with_context(|| format!("swapoff {lo}: its pages are still in zmem; nothing more was undone"))?;
+            eprintln!("zmem: swapoff {lo}");
+        }
+        tool(Command::new("losetup").arg("-d").arg(lo))?;
+        eprintln!("zmem: detached {lo}");
+    }
+    if let Some(pid) = st.as_ref().map(|s| s.pid).filter(|&p| is_our_server(p, dir)) {
+        stop_server(pid, dir)?;
+        eprintln!("zmem: stopped server {pid}");
+    }
+    let mnt = dir.join("mnt");
+    if mounted(&mnt) {
+        if tool(Command::new("umount").arg(&mnt)).is_err() {
+            tool(Command::new("umount").arg("-l").arg(&mnt))?;
+        }
+        eprintln!("zmem: unmounted {}", mnt.display());
+    }
+    for f in ["control.sock", "ready", "state.json", "state.json.tmp", "server.log"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    let _ = std::fs::remove_dir(&mnt);
+    std::fs::remove_dir(dir).with_context(|| format!("removing {}", dir.display()))?;
+    Ok(())
+}
+
+fn stop_server(pid: u32, dir: &Path) -> anyhow::Result<()> {
+    use rustix::process::{kill_process, Pid, Signal};
+    let Some(p) = Pid::from_raw(pid as i32) else { return Ok(()) };
+    let _ = kill_process(p, Signal::TERM);
+    let end = Instant::now() + Duration::from_secs(15);
+    while is_our_server(pid, dir) && !zombie(pid) {
+        if Instant::now() > end {
+            eprintln!("zmem: server {pid} did not stop in 15 s; killing it");
+            let _ = kill_process(p, Signal::KILL);
+            std::thread::sleep(Duration::from_millis(200));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}
+
+// ---- status ----------------------------------------------------------------
+
+struct Status {
+    name: String,
+    state: Option<State>,
+    stats: Option<serde_json::Value>,
+    used: Option<u64>,
+}
+
+fn status_of(dir: &Path, st: Option<&State>) -> Status {
+    let state = st.cloned().or_else(|| read_state(dir));
+    let stats = crate::stat::query(&dir.join("control.sock")).ok();
+    let used = state.as_ref().and_then(|s| swap_used(&s.loop_dev));
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Status { name, state, stats, used }
+}
+
+/// Bytes used on swap device `dev` (/proc/swaps, in KiB).
+fn swap_used(dev: &str) -> Option<u64> {
+    let swaps = std::fs::read_to_string("/proc/swaps").ok()?;
+    let line = swaps.lines().skip(1).find(|l| l.split_whitespace().next() == Some(dev))?;
+    line.split_whitespace().nth(3)?.parse::<u64>().ok().map(|k| k * 1024)
+}
+
+fn render_status(rows: &[Status]) -> String {
+    let head = ["NAME", "DEVICE", "DISKSIZE", "DATA", "COMPR", "TOTAL", "ALGORITHM", "PRIO", "USED", "STATE"];
+    let mut table: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
+    for r in rows {
+        let g = |k: &str| r.stats.as_ref().and_then(|v| v["stats"][k].as_u64());
+        let h = |k: &str| g(k).map_or("-".to_string(), human);
+        let state = match (&r.state, &r.stats, r.used) {
+            (Some(_), Some(_), Some(_)) => "swap",
+            (Some(_), Some(_), None) => "no swap",
+            (Some(_), None, _) => "server down",
+            (None, _, _) => "remains",
+        };
+        table.push(vec![
+            r.name.clone(),
+            r.state.as_ref().map_or("-".into(), |s| s.loop_dev.clone()),
+            r.state.as_ref().map_or("-".into(), |s| human(s.size)),
+            h("orig_data_size"),
+            h("compr_data_size"),
+            h("mem_used_total"),
+            r.stats.as_ref().and_then(|v| v["algorithm"].as_str().map(String::from)).unwrap_or("-".into()),
+            r.state.as_ref().map_or("-".into(), |s| s.priority.to_string()),
+            r.used.map_or("-".into(), human),
+            state.into(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..head.len()).map(|c| table.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in &table {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, v)| if c == 0 || c == 1 || c == 9 { format!("{v:<w$}", w = widths[c]) } else { format!("{v:>w$}", w = widths[c]) })
+            .collect();
+        out += cells.join(" ").trim_end();
+        out += "\n";
+    }
+    out
+}
+
+fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&a.run_dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    let rows: Vec<Status> = dirs.iter().map(|d| status_of(d, None)).collect();
+    if a.json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| json!({"name": r.name, "state": r.state, "swap_used": r.used, "server": r.stats}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if !rows.is_empty() {
+        print!("{}", render_status(&rows));
+    }
+    Ok(())
+}
+
+// ---- the server ------------------------------------------------------------
+
+/// What the server got of its protection from reclaim (see the module
+/// doc); reported on its control socket.
+#[derive(Debug, Clone, serde::Serialize)]
+struct ReclaimSafety {
+    mlockall: bool,
+    io_flusher: Option<String>,
+    oom_score_adj: String,
+}
+
+/// Keep the server out of reclaim's way. `mlockall` is required (without it
+/// the pool can be swapped into itself). `PR_SET_IO_FLUSHER` and a negative
+/// `oom_score_adj` need `CAP_SYS_RESOURCE`, which some containers and VMs
+/// withhold even from root: then the server says so and runs without them.
+fn reclaim_safety() -> anyhow::Result<ReclaimSafety> {
+    use rustix::mm::{mlockall, MlockAllFlags};
+    mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT)
+        .context("mlockall: a swap server must never be swapped into itself (needs root or a large RLIMIT_MEMLOCK)")?;
+    let io_flusher = match rustix::process::configure_io_flusher_behavior(true) {
+        Ok(()) => None,
+        Err(e) => {
+            eprintln!("zmem: warning: PR_SET_IO_FLUSHER refused ({e}; it needs CAP_SYS_RESOURCE): the server's allocations may enter I/O reclaim");
+            Some(e.to_string())
+        }
+    };
+    let oom_score_adj = match std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        Ok(()) => "-1000".to_string(),
+        Err(e) => {
+            eprintln!("zmem: warning: oom_score_adj -1000 refused ({e}; it needs CAP_SYS_RESOURCE): the OOM killer may pick the server");
+            std::fs::read_to_string("/proc/self/oom_score_adj").unwrap_or_default().trim().to_string()
+        }
+    };
+    Ok(ReclaimSafety { mlockall: true, io_flusher, oom_score_adj })
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let safety = reclaim_safety()?;
+    let (pool, comp) = a.pool.build()?;
+    let export = Arc::new(Export::new(Arc::new(pool), a.size));
+    let mnt = a.dir.join("mnt");
+    std::fs::create_dir_all(&mnt)?;
+    let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false };
+    let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).with_context(|| format!("mounting the FUSE image at {}", mnt.display()))?;
+    let control_path = a.dir.join("control.sock");
+    let control = bind_unix(&control_path, 0o600, None)?;
+    let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
+    let info = Info {
+        export: Arc::clone(&export),
+        frontend: Frontend::Fuse(Arc::clone(mounted.stats()), serde_json::to_value(&safety)?),
+        algorithm: comp.to_string(),
+        dedup: a.pool.dedup,
+        endpoint: mnt.join(IMAGE).display().to_string(),
+        backing: a.pool.backing.as_ref().map(|p| p.display().to_string()),
+    };
+    std::fs::write(a.dir.join("ready"), format!("{}\n", std::process::id()))?;
+    eprintln!("zmem: swap server {} ready: {} bytes, {comp}, image {}", std::process::id(), a.size, info.endpoint);
+    let image = mnt.join(IMAGE);
+    std::thread::scope(|s| {
+        s.spawn(|| control_loop(control, &info, stop));
+        loop {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            // A stray SIGTERM must not take the pages of an active swap
+            // device with it: keep serving until its loop device is gone.
+            let users = loops_backed_by(&image);
+            if users.is_empty() {
+                break;
+            }
+            eprintln!("zmem: asked to stop, but {} still use the image; `zmem swap off` detaches them first", users.join(" "));
+            stop.store(false, Ordering::SeqCst);
+        }
+        // Ends the control thread too.
+        stop.store(true, Ordering::SeqCst);
+    });
+    let _ = std::fs::remove_file(&control_path);
+    let _ = std::fs::remove_file(a.dir.join("ready"));
+    let st = export.pool().stats();
+    mounted.unmount().context("unmounting the FUSE image")?;
+    let mut err = std::io::stderr();
+    let _ = writeln!(err, "zmem: swap server stopped; mm_stat {}", st.mm_stat().split_whitespace().collect::<Vec<_>>().join(" "));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_plain() {
+        assert!(parse_name("zmem0").is_ok());
+        assert!(parse_name("a-b_c").is_ok());
+        for bad in ["", "../x", "a/b", "a b", &"x".repeat(33)] {
+            assert!(parse_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mount_table_escapes() {
+        assert_eq!(unescape(r"/run/a\040b"), "/run/a b");
+        assert_eq!(unescape(r"/x\\y"), r"/x\\y");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+
+    #[test]
+    fn status_table_has_a_row_per_device() {
+        let st = State { name: "zmem0".into(), pid: 1, loop_dev: "/dev/loop7".into(), size: 8 << 30, priority: 100, algorithm: "lz4".into() };
+        let stats = json!({"algorithm": "lz4", "stats": {"orig_data_size": 1u64 << 30, "compr_data_size": 300u64 << 20, "mem_used_total": 310u64 << 20}});
+        let out = render_status(&[Status { name: "zmem0".into(), state: Some(st), stats: Some(stats), used: Some(1 << 30) }]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("NAME"));
+        for want in ["zmem0", "/dev/loop7", "8G", "1G", "300M", "310M", "lz4", "100", "swap"] {
+            assert!(lines[1].contains(want), "{want} missing from {}", lines[1]);
+        }
+    }
+}
