@@ -55,12 +55,17 @@ pub enum SwapCmd {
 
 #[derive(clap::Args, Debug)]
 pub struct OnArgs {
+    /// Bring up every device described in this file instead (one section
+    /// per device, `key = value` lines named like these options; see
+    /// contrib/systemd/swap.conf).
+    #[arg(long, conflicts_with = "size")]
+    pub config: Option<PathBuf>,
     /// Device name: its directory under --run-dir (zmem0, zmem1, ...).
     #[arg(long, default_value = "zmem0", value_parser = parse_name)]
     pub name: String,
     /// Size of the swap device (e.g. 8G); a multiple of 4096 bytes.
-    #[arg(long, value_parser = parse_size)]
-    pub size: u64,
+    #[arg(long, value_parser = parse_size, required_unless_present = "config")]
+    pub size: Option<u64>,
     #[command(flatten)]
     pub pool: PoolArgs,
     /// swapon priority, -1 to 32767 (zram-generator uses 100).
@@ -146,8 +151,27 @@ fn tool(cmd: &mut Command) -> anyhow::Result<String> {
 
 fn on(a: OnArgs) -> anyhow::Result<()> {
     require_root("on")?;
-    if a.size == 0 || !a.size.is_multiple_of(4096) {
-        bail!("--size must be a positive multiple of 4096 bytes, got {}", a.size);
+    if let Some(path) = &a.config {
+        let devices = read_config(path, &a.run_dir)?;
+        if devices.is_empty() {
+            bail!("{} describes no device (one [name] section per device)", path.display());
+        }
+        let mut failed = 0;
+        for d in devices {
+            let name = d.name.clone();
+            if let Err(e) = on(d) {
+                eprintln!("zmem: {name}: {e:#}");
+                failed += 1;
+            }
+        }
+        if failed > 0 {
+            bail!("{failed} device(s) of {} did not come up", path.display());
+        }
+        return Ok(());
+    }
+    let size = a.size.unwrap_or(0);
+    if size == 0 || !size.is_multiple_of(4096) {
+        bail!("--size must be a positive multiple of 4096 bytes, got {size}");
     }
     for t in ["losetup", "mkswap", "swapon", "swapoff", "umount"] {
         if which(t).is_none() {
@@ -190,7 +214,8 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
     let log = std::fs::File::create(dir.join("server.log"))?;
     let exe = std::env::current_exe().context("finding the zmem binary")?;
     let mut cmd = Command::new(exe);
-    cmd.args(["swap", "serve", "--size", &a.size.to_string(), "--threads", &a.threads.to_string()])
+    let size = a.size.unwrap_or(0);
+    cmd.args(["swap", "serve", "--size", &size.to_string(), "--threads", &a.threads.to_string()])
         .arg("--dir")
         .arg(dir)
         .args(a.pool.to_args())
@@ -206,7 +231,7 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
         name: a.name.clone(),
         pid,
         loop_dev: String::new(),
-        size: a.size,
+        size,
         priority: a.priority,
         algorithm: a.pool.compressor.clone(),
     };
@@ -239,6 +264,63 @@ fn log_tail(dir: &Path) -> String {
 fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())
+}
+
+/// The devices of a config file: `[name]` sections of `key = value` lines,
+/// each key one of `zmem swap on`'s long options (`size = 8G`,
+/// `max-pool = 25%`, `backing = /var/tmp/zmem0.img`, `dedup = on`, ...);
+/// `#` and `;` start comments. Each section is checked like a command line,
+/// and an error names the file, the line and the option.
+fn read_config(path: &Path, run_dir: &Path) -> anyhow::Result<Vec<OnArgs>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_config(&text, run_dir).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+fn parse_config(text: &str, run_dir: &Path) -> Result<Vec<OnArgs>, String> {
+    #[derive(clap::Parser)]
+    #[command(name = "config", no_binary_name = true)]
+    struct Section {
+        #[command(flatten)]
+        on: OnArgs,
+    }
+    let mut sections: Vec<(String, Vec<String>)> = Vec::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.split(['#', ';']).next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            let name = parse_name(name.trim()).map_err(|e| format!("line {}: {e}", n + 1))?;
+            if sections.iter().any(|(s, _)| *s == name) {
+                return Err(format!("line {}: device [{name}] appears twice", n + 1));
+            }
+            sections.push((name, Vec::new()));
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!("line {}: expected `key = value` or `[name]`, got `{line}`", n + 1));
+        };
+        let (k, v) = (k.trim(), v.trim());
+        let Some((_, args)) = sections.last_mut() else {
+            return Err(format!("line {}: `{k}` comes before any [name] section", n + 1));
+        };
+        if matches!(k, "name" | "config" | "run-dir") || k.is_empty() || k.starts_with('-') {
+            return Err(format!("line {}: `{k}` cannot be set here", n + 1));
+        }
+        args.push(format!("--{k}"));
+        if !(k == "force" && v == "true") {
+            args.push(v.to_string());
+        }
+    }
+    sections
+        .into_iter()
+        .map(|(name, mut args)| {
+            args.extend(["--name".into(), name.clone(), "--run-dir".into(), run_dir.display().to_string()]);
+            <Section as clap::Parser>::try_parse_from(&args)
+                .map(|s| s.on)
+                .map_err(|e| format!("[{name}]: {}", e.to_string().lines().next().unwrap_or("invalid")))
+        })
+        .collect()
 }
 
 // ---- state -----------------------------------------------------------------
@@ -598,6 +680,30 @@ mod tests {
         assert!(parse_name("a-b_c").is_ok());
         for bad in ["", "../x", "a/b", "a b", &"x".repeat(33)] {
             assert!(parse_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn config_files_are_checked_like_command_lines() {
+        let run = Path::new("/run/x");
+        let text = "# devices\n[zmem0]\nsize = 8G ; eight\nmax-pool = 25%\ncompressor = zstd:3\n\n[fast]\nsize=1G\ndedup = on\npriority = 5\n";
+        let d = parse_config(text, run).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].name.as_str(), d[0].size, d[0].pool.compressor.as_str()), ("zmem0", Some(8 << 30), "zstd:3"));
+        assert_eq!((d[1].name.as_str(), d[1].size, d[1].pool.dedup, d[1].priority), ("fast", Some(1 << 30), true, 5));
+        assert!(d.iter().all(|a| a.run_dir == run && a.config.is_none()));
+        for (bad, why) in [
+            ("size = 1G\n", "before any"),
+            ("[a]\nsize 1G\n", "key = value"),
+            ("[a]\nsize = 1G\n[a]\nsize = 2G\n", "twice"),
+            ("[a/b]\nsize = 1G\n", "bad device name"),
+            ("[a]\nsize = lots\n", "[a]"),
+            ("[a]\nmax-pool = 1G\n", "[a]"),
+            ("[a]\nsize = 1G\nbogus = 1\n", "[a]"),
+            ("[a]\nsize = 1G\nname = b\n", "cannot be set"),
+        ] {
+            let e = parse_config(bad, run).err().unwrap_or_else(|| panic!("accepted {bad:?}"));
+            assert!(e.contains(why), "{bad:?}: {e}");
         }
     }
 

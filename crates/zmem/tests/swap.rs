@@ -229,3 +229,35 @@ fn off_undoes_crashes_and_half_done_ons() {
     assert_gone(&run, "c2", &lo2, pid2);
     assert!(!Path::new(&lo).exists() || !swap_active(&lo));
 }
+
+/// The shipped example config brings a device up (`on --config`), and a
+/// config with two devices brings up both; `off --all` takes them down.
+#[test]
+fn a_config_file_brings_devices_up() {
+    if !usable() {
+        return;
+    }
+    let run = RunDir::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd/swap.conf");
+    let text = std::fs::read_to_string(&example).unwrap().replace("size = 8G", "size = 64M");
+    let conf = run.path().join("swap.conf");
+    std::fs::write(&conf, format!("{text}\n[second]\nsize = 32M\ncompressor = zstd:1\npriority = 7\n")).unwrap();
+    run.ok(&["swap", "on", "--config", conf.to_str().unwrap()]);
+    let status = run.ok(&["swap", "status"]);
+    let rows: Vec<&str> = status.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{status}");
+    assert!(rows.iter().any(|r| r.starts_with("second") && r.contains("zstd") && r.contains(" 7 ")), "{status}");
+    assert!(rows.iter().any(|r| r.starts_with("zmem0") && r.contains("64M") && r.contains("lz4")), "{status}");
+    let (lo, pid) = (run.loop_dev("second"), run.server_pid("second"));
+    let (lo0, pid0) = (run.loop_dev("zmem0"), run.server_pid("zmem0"));
+    assert!(swap_active(&lo) && swap_active(&lo0));
+    run.ok(&["swap", "off", "--all"]);
+    assert_gone(&run, "second", &lo, pid);
+    assert_gone(&run, "zmem0", &lo0, pid0);
+    // A bad config changes nothing.
+    std::fs::write(&conf, "[x]\nsize = 1G\nbogus = 2\n").unwrap();
+    let out = run.zmem(&["swap", "on", "--config", conf.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[x]"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read_dir(run.path()).unwrap().flatten().all(|e| !e.path().is_dir()));
+}
