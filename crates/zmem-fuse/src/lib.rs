@@ -35,7 +35,6 @@
 
 #![deny(unsafe_code)]
 
-use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
@@ -94,12 +93,13 @@ struct ImageFs {
     gid: u32,
     born: SystemTime,
     stats: Arc<FuseStats>,
+    /// Read buffers, one per worker, allocated and written when the image
+    /// is mounted: a read faults in no new memory. (A swap server whose
+    /// page faults land in a full memory cgroup can end up waiting on its
+    /// own swap-out.)
+    bufs: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
-thread_local! {
-    /// Per-thread read buffer: a read allocates nothing.
-    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
 
 impl ImageFs {
     fn attr(&self, ino: INodeNo) -> FileAttr {
@@ -212,19 +212,19 @@ impl Filesystem for ImageFs {
         }
         // A read past the end is short (zero bytes at or after it).
         let n = (size as u64).min(self.export.size().saturating_sub(offset)) as usize;
-        READ_BUF.with_borrow_mut(|buf| {
-            if buf.len() < n {
-                buf.resize(n, 0);
+        let mut buf = self.bufs.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        match self.export.read(offset, &mut buf[..n]) {
+            Ok(()) => {
+                self.stats.reads.fetch_add(1, Relaxed);
+                self.stats.bytes_read.fetch_add(n as u64, Relaxed);
+                reply.data(&buf[..n]);
             }
-            match self.export.read(offset, &mut buf[..n]) {
-                Ok(()) => {
-                    self.stats.reads.fetch_add(1, Relaxed);
-                    self.stats.bytes_read.fetch_add(n as u64, Relaxed);
-                    reply.data(&buf[..n]);
-                }
-                Err(e) => reply.error(self.failed(&e)),
-            }
-        });
+            Err(e) => reply.error(self.failed(&e)),
+        }
+        self.bufs.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
     }
 
     fn write(
@@ -406,6 +406,8 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
         gid: rustix::process::getegid().as_raw(),
         born: SystemTime::now(),
         stats: Arc::clone(&stats),
+        // Not zero: calloc would leave the pages untouched.
+        bufs: std::sync::Mutex::new((0..cfg.threads.clamp(1, 64)).map(|_| vec![0xa5u8; MAX_IO as usize]).collect()),
     };
     let mut mount_options = vec![
         MountOption::FSName("zmem".into()),

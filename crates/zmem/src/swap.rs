@@ -77,6 +77,11 @@ pub struct OnArgs {
     /// Where devices keep their runtime state.
     #[arg(long, default_value = DEFAULT_RUN_DIR)]
     pub run_dir: PathBuf,
+    /// Run the server in this cgroup (a directory with `cgroup.procs`, v1
+    /// or v2), so that its pool is charged to the same memory budget as the
+    /// processes that swap to it. It joins before it allocates anything.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -111,6 +116,8 @@ pub struct ServeArgs {
     /// The device's directory (mountpoint, control socket, ready file).
     #[arg(long)]
     pub dir: PathBuf,
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
 }
 
 fn parse_name(s: &str) -> Result<String, String> {
@@ -219,6 +226,7 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
         .arg("--dir")
         .arg(dir)
         .args(a.pool.to_args())
+        .args(a.cgroup.iter().flat_map(|c| [std::ffi::OsStr::new("--cgroup"), c.as_os_str()]))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -250,6 +258,14 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
     let image = dir.join("mnt").join(IMAGE);
     st.loop_dev = tool(Command::new("losetup").args(["--direct-io=on", "--show", "-f"]).arg(&image))?;
     write_state(dir, &st)?;
+    // Writeback throttling would make a swap-out that the server's own
+    // reclaim starts wait for writes only the server can finish (seen: both
+    // FUSE workers asleep in wbt_wait under swap_writeout). Off, while the
+    // queue is still idle (changing it later waits for the queue to drain).
+    let wbt = Path::new("/sys/block").join(st.loop_dev.trim_start_matches("/dev/")).join("queue/wbt_lat_usec");
+    if wbt.exists() {
+        std::fs::write(&wbt, "0").with_context(|| format!("turning off writeback throttling ({})", wbt.display()))?;
+    }
     tool(Command::new("mkswap").args(["-q", "-L", &format!("zmem-{}", a.name)]).arg(&st.loop_dev))?;
     tool(Command::new("swapon").args(["--discard", "-p", &a.priority.to_string()]).arg(&st.loop_dev))?;
     Ok(st)
@@ -623,12 +639,38 @@ fn reclaim_safety() -> anyhow::Result<ReclaimSafety> {
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let safety = reclaim_safety()?;
+    if let (Some(cg), Some(why)) = (&a.cgroup, &safety.io_flusher) {
+        // Seen here: with the server charged to the same memory cgroup as
+        // the processes that swap to it, a page fault of the server at the
+        // cgroup's limit enters reclaim, which writes swap to the server's
+        // own device and waits for it (wbt_wait, then blk_mq_get_tag under
+        // swap_writeout): a deadlock. PR_SET_IO_FLUSHER keeps its reclaim
+        // from doing that I/O; without it, sharing a cgroup is refused.
+        bail!(
+            "--cgroup {}: the server would share a memory cgroup with its clients without PR_SET_IO_FLUSHER ({why}), \
+             and its own page faults at the cgroup's limit could wait on its own swap-out (a deadlock). \
+             Give it CAP_SYS_RESOURCE, or run it outside that cgroup",
+            cg.display()
+        );
+    }
+    if let Some(cg) = &a.cgroup {
+        std::fs::write(cg.join("cgroup.procs"), format!("{}\n", std::process::id()))
+            .with_context(|| format!("joining cgroup {}", cg.display()))?;
+    }
     let (pool, comp) = a.pool.build()?;
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
     std::fs::create_dir_all(&mnt)?;
     let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false };
     let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).with_context(|| format!("mounting the FUSE image at {}", mnt.display()))?;
+    // Now that the workers and their buffers exist, fault in and lock all
+    // that is mapped (stacks, request buffers): a request must not need a
+    // new page to be received. Later mappings are locked as they are touched.
+    {
+        use rustix::mm::{mlockall, MlockAllFlags};
+        mlockall(MlockAllFlags::CURRENT).context("mlockall(MCL_CURRENT)")?;
+        mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT).context("mlockall")?;
+    }
     let control_path = a.dir.join("control.sock");
     let control = bind_unix(&control_path, 0o600, None)?;
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;

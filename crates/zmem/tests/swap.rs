@@ -112,6 +112,18 @@ fn usable() -> bool {
     true
 }
 
+/// [`usable`], and memory cgroups (v1) to put workloads in.
+fn usable_with_cgroups() -> bool {
+    if !usable() {
+        return false;
+    }
+    if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
+        zmem_bench::ci::skip(&format!("memory cgroup v1 is not mounted at {CGROUP_V1}"));
+        return false;
+    }
+    true
+}
+
 /// Everything `on` made is gone: swap, loop device, mount, server, directory.
 fn assert_gone(run: &RunDir, name: &str, lo: &str, pid: u32) {
     assert!(!swap_active(lo), "{lo} is still swapped on");
@@ -125,11 +137,7 @@ fn assert_gone(run: &RunDir, name: &str, lo: &str, pid: u32) {
 /// it exits. Then `off` undoes everything.
 #[test]
 fn swap_on_a_workload_then_off() {
-    if !usable() {
-        return;
-    }
-    if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
-        zmem_bench::ci::skip(&format!("memory cgroup v1 is not mounted at {CGROUP_V1}"));
+    if !usable_with_cgroups() {
         return;
     }
     let run = RunDir::new();
@@ -260,4 +268,160 @@ fn a_config_file_brings_devices_up() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("[x]"), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(std::fs::read_dir(run.path()).unwrap().flatten().all(|e| !e.path().is_dir()));
+}
+
+/// Rewrites and checks random pages of `argv[1]` MiB for `argv[2]` seconds,
+/// then checks every page: prints `OK ops pages` or `BAD n`.
+const CHURN: &str = r#"
+import hashlib, sys, time, random
+mib = int(sys.argv[1]); secs = float(sys.argv[2])
+N = mib * 256
+def page(i, v):
+    b = (b"page %08d v%06d " % (i, v)) * 200
+    return bytearray((b[:3900] + hashlib.sha256(b"%d %d" % (i, v)).digest() * 7)[:4096]) if i % 3 else bytearray(b[:4096])
+ver = [0] * N
+pages = [page(i, 0) for i in range(N)]
+rng = random.Random(1)
+t0 = time.time(); ops = 0; bad = 0
+while time.time() - t0 < secs:
+    for _ in range(2000):
+        i = rng.randrange(N)
+        if rng.random() < 0.3:
+            ver[i] += 1; pages[i] = page(i, ver[i])
+        elif pages[i] != page(i, ver[i]):
+            bad += 1
+        ops += 1
+for i in range(N):
+    if pages[i] != page(i, ver[i]): bad += 1
+print(("OK %d %d" % (ops, N)) if bad == 0 else "BAD %d" % bad)
+"#;
+
+fn hung_tasks() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/hung_task_detect_count").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Threads of `pid` in uninterruptible sleep.
+fn threads_in_d(pid: u32) -> usize {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    rd.flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('D')))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// The reclaim-safety run: a process rewrites and checks 4x the memory its
+/// cgroup allows, for a minute (ZMEM_RECLAIM_SECS), swapping to zmem all
+/// along. It must end with every byte right, no OOM kill, no hung task, and
+/// no server thread stuck in uninterruptible sleep for 30 s. (The server
+/// runs outside the workload's cgroup: sharing one needs PR_SET_IO_FLUSHER,
+/// see `the_server_refuses_to_share_a_cgroup_it_could_deadlock_in`.) If the
+/// server does get stuck, the FUSE connection is aborted so the machine
+/// recovers, and the test fails.
+#[test]
+fn reclaim_under_pressure_for_a_minute() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let secs: u64 = std::env::var("ZMEM_RECLAIM_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let run = RunDir::new();
+    run.ok(&["swap", "on", "--name", "r0", "--size", "2G", "--max-pool", "256M", "--priority", "32767", "--threads", "4"]);
+    let pid = run.server_pid("r0");
+    let hung_before = hung_tasks();
+    let cg = Cgroup::create(&format!("zmem-reclaim-test-{}", std::process::id()), 128 << 20);
+    let script = run.path().join("churn.py");
+    std::fs::write(&script, CHURN).unwrap();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo $$ > '{}/cgroup.procs' && exec python3 '{}' 512 {secs}", cg.0.display(), script.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let limit = Duration::from_secs(secs + 600);
+    let start = std::time::Instant::now();
+    let mut stuck = Duration::ZERO;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        stuck = if threads_in_d(pid) > 0 { stuck + Duration::from_secs(1) } else { Duration::ZERO };
+        if stuck >= Duration::from_secs(30) || start.elapsed() > limit {
+            break None;
+        }
+    };
+    if status.is_none() {
+        let stacks: String = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|rd| rd.flatten().map(|t| std::fs::read_to_string(t.path().join("stack")).unwrap_or_default()).collect())
+            .unwrap_or_default();
+        // Let the machine recover: fail every pending request of the image.
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/fuse/connections") {
+            for c in rd.flatten() {
+                let _ = std::fs::write(c.path().join("abort"), "1");
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the swap server was stuck (D state for 30 s) or the workload ran past {limit:?}; server stacks:\n{stacks}");
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let oom = std::fs::read_to_string(cg.0.join("memory.oom_control")).unwrap();
+    let max_usage = cg.get("memory.max_usage_in_bytes");
+    drop(cg);
+    let control = run.device("r0").join("control.sock");
+    let stats: serde_json::Value = serde_json::from_str(&run_ok(Command::new(ZMEM).args(["stat", "--json", "--control"]).arg(&control), T)).unwrap();
+    eprintln!(
+        "reclaim run: {secs} s, workload says {:?} in {:.0} s; cgroup max {} MiB of 128; pool mm_stat {}; io_stat {}",
+        out.trim(),
+        start.elapsed().as_secs_f64(),
+        max_usage >> 20,
+        stats["mm_stat"],
+        stats["io_stat"]
+    );
+    assert!(out.starts_with("OK"), "workload: {out} {err} (status {status:?})");
+    assert!(oom.lines().any(|l| l == "oom_kill 0"), "{oom}");
+    assert_eq!(hung_tasks(), hung_before, "the kernel reported hung tasks");
+    assert_eq!(stats["stats"]["failed_writes"].as_u64(), Some(0));
+    assert_eq!(stats["stats"]["failed_reads"].as_u64(), Some(0));
+    assert!(stats["stats"]["stores"].as_u64().unwrap() > 32768, "{}", stats["stats"]);
+    run.ok(&["swap", "off", "--name", "r0"]);
+}
+
+/// Without PR_SET_IO_FLUSHER (CAP_SYS_RESOURCE), `--cgroup` is refused: a
+/// server charged to its clients' cgroup deadlocks on its own swap-out
+/// (seen here). With the capability it comes up.
+#[test]
+fn the_server_refuses_to_share_a_cgroup_it_could_deadlock_in() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let run = RunDir::new();
+    let cg = Cgroup::create(&format!("zmem-share-test-{}", std::process::id()), 256 << 20);
+    let out = run.zmem(&["swap", "on", "--name", "s0", "--size", "64M", "--cgroup", cg.0.to_str().unwrap()]);
+    let has_cap = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("CapEff:"))
+        .and_then(|l| u64::from_str_radix(l.split_whitespace().nth(1).unwrap(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 24) != 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if has_cap {
+        assert!(out.status.success(), "{stderr}");
+        let pid = run.server_pid("s0");
+        let procs = std::fs::read_to_string(cg.0.join("cgroup.procs")).unwrap();
+        assert!(procs.lines().any(|l| l == pid.to_string()), "the server joined the cgroup");
+        run.ok(&["swap", "off", "--name", "s0"]);
+    } else {
+        assert!(!out.status.success());
+        assert!(stderr.contains("PR_SET_IO_FLUSHER") && stderr.contains("deadlock"), "{stderr}");
+        assert!(!run.device("s0").exists(), "a refused on leaves nothing behind");
+    }
+    drop(cg);
 }
