@@ -425,3 +425,47 @@ fn the_server_refuses_to_share_a_cgroup_it_could_deadlock_in() {
     }
     drop(cg);
 }
+
+/// With a small pool and a backing file, the shrinker writes the coldest
+/// pages back while the kernel swaps (zswap's writeback under a swap storm),
+/// and the workload still reads every byte back, some of it from the file.
+#[test]
+fn writeback_under_swap() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let run = RunDir::new();
+    let backing = run.path().join("backing.img");
+    run.ok(&[
+        "swap", "on", "--name", "w0", "--size", "1G", "--max-pool", "16M", "--backing", backing.to_str().unwrap(), "--priority", "32767",
+    ]);
+    let cg = Cgroup::create(&format!("zmem-wb-test-{}", std::process::id()), 64 << 20);
+    let script = run.path().join("churn.py");
+    std::fs::write(&script, CHURN).unwrap();
+    let out = run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo $$ > '{}/cgroup.procs' && exec python3 '{}' 256 10", cg.0.display(), script.display()))
+            .stderr(Stdio::piped()),
+        T,
+    );
+    drop(cg);
+    let control = run.device("w0").join("control.sock");
+    let stats: serde_json::Value = serde_json::from_str(&run_ok(Command::new(ZMEM).args(["stat", "--json", "--control"]).arg(&control), T)).unwrap();
+    let st = &stats["stats"];
+    eprintln!(
+        "writeback under swap: {:?}; written back {}, read from the file {}, promoted {}, max_pool hits {}",
+        out.trim(),
+        st["written_back_pages"],
+        st["bd_reads"],
+        st["promoted_pages"],
+        st["pool_limit_hit"]
+    );
+    assert!(out.starts_with("OK"), "{out}");
+    assert!(st["written_back_pages"].as_u64().unwrap() > 1000, "{st}");
+    assert!(st["bd_reads"].as_u64().unwrap() > 0, "some swap-ins came from the file: {st}");
+    assert_eq!(st["failed_writes"].as_u64(), Some(0));
+    assert_eq!(st["failed_reads"].as_u64(), Some(0));
+    assert!(st["pool_total_size"].as_u64().unwrap() <= 16 << 20, "{st}");
+    run.ok(&["swap", "off", "--name", "w0"]);
+}
