@@ -5,6 +5,8 @@
 //!   engine (libnbd);
 //! * **nbdkit**: `nbdkit memory SIZE allocator=zstd` (a compressed RAM disk
 //!   in userspace), same engine, same transport;
+//! * **nbdkit-raw**: `nbdkit memory SIZE` (uncompressed RAM): what the NBD
+//!   transport alone costs, the ceiling for any server behind it;
 //! * **zram**: kernel zram (as root) with the same algorithm if the kernel
 //!   has it, fio `io_uring` with `O_DIRECT` on `/dev/zramN`.
 //!
@@ -458,7 +460,8 @@ fn bench_zmem(a: &Args, plan: &mut Plan, dir: &Path) -> anyhow::Result<TargetRes
     })
 }
 
-fn bench_nbdkit(a: &Args, plan: &Plan, dir: &Path) -> anyhow::Result<TargetResult> {
+/// `nbdkit memory` with `allocator` (`None`: its default, uncompressed).
+fn bench_nbdkit(a: &Args, plan: &Plan, dir: &Path, allocator: Option<&str>) -> anyhow::Result<TargetResult> {
     let sock = dir.join("nbdkit.sock");
     let mut jobs = Vec::new();
     let mut rss = None;
@@ -468,7 +471,8 @@ fn bench_nbdkit(a: &Args, plan: &Plan, dir: &Path) -> anyhow::Result<TargetResul
             Command::new("nbdkit")
                 .args(["-f", "-U"])
                 .arg(&sock)
-                .args(["memory", &a.size.to_string(), "allocator=zstd"])
+                .args(["memory", &a.size.to_string()])
+                .args(allocator.map(|al| format!("allocator={al}")))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -487,8 +491,8 @@ fn bench_nbdkit(a: &Args, plan: &Plan, dir: &Path) -> anyhow::Result<TargetResul
         drop(server);
     }
     Ok(TargetResult {
-        target: "nbdkit".into(),
-        detail: "memory allocator=zstd, nbd over unix socket".into(),
+        target: if allocator.is_some() { "nbdkit" } else { "nbdkit-raw" }.into(),
+        detail: format!("memory {}, nbd over unix socket", allocator.map_or("(uncompressed)".into(), |al| format!("allocator={al}"))),
         jobs,
         mem_used_bytes: None,
         rss_growth_bytes: rss,
@@ -660,13 +664,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let dir = tempfile::Builder::new().prefix("zmem-bench-").tempdir()?;
     let mut results = vec![bench_zmem(&a, &mut plan, dir.path()).context("zmem")?];
-    results.push(if a.no_nbdkit {
-        skipped("nbdkit", "--no-nbdkit".into())
-    } else if !have("nbdkit") {
-        skipped("nbdkit", "nbdkit is not installed".into())
-    } else {
-        bench_nbdkit(&a, &plan, dir.path()).unwrap_or_else(|e| skipped("nbdkit", format!("{e:#}")))
-    });
+    for (name, allocator) in [("nbdkit", Some("zstd")), ("nbdkit-raw", None)] {
+        results.push(if a.no_nbdkit {
+            skipped(name, "--no-nbdkit".into())
+        } else if !have("nbdkit") {
+            skipped(name, "nbdkit is not installed".into())
+        } else {
+            bench_nbdkit(&a, &plan, dir.path(), allocator).unwrap_or_else(|e| skipped(name, format!("{e:#}")))
+        });
+    }
     let root = crate::sys::geteuid() == 0;
     results.push(if a.no_zram {
         skipped("zram", "--no-zram".into())
@@ -676,7 +682,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bench_zram(&a, &plan).unwrap_or_else(|e| skipped("zram", format!("{e:#}")))
     });
     let vs_nbdkit = ratios(&results[0], &results[1]);
-    let vs_zram = ratios(&results[0], &results[2]);
+    let vs_nbdkit_raw = ratios(&results[0], &results[2]);
+    let vs_zram = ratios(&results[0], &results[3]);
 
     if a.json {
         let v = serde_json::json!({
@@ -687,7 +694,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "iodepth": a.iodepth,
             "compress_percentage": plan.compress_percentage,
             "targets": results,
-            "ratios": {"zmem_vs_nbdkit": vs_nbdkit, "zmem_vs_zram": vs_zram},
+            "ratios": {"zmem_vs_nbdkit": vs_nbdkit, "zmem_vs_nbdkit_raw": vs_nbdkit_raw, "zmem_vs_zram": vs_zram},
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -702,24 +709,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.runtime
     );
     println!(
-        "{:<8} {:<10} {:>10} {:>10} {:>10}",
+        "{:<10} {:<10} {:>10} {:>10} {:>10}",
         "TARGET", "JOB", "MB/s", "IOPS", "p99 us"
     );
     for r in &results {
         if let Some(why) = &r.skipped {
-            println!("{:<8} skipped: {why}", r.target);
+            println!("{:<10} skipped: {why}", r.target);
             continue;
         }
         for j in &r.jobs {
             println!(
-                "{:<8} {:<10} {:>10.1} {:>10.0} {:>10.1}",
+                "{:<10} {:<10} {:>10.1} {:>10.0} {:>10.1}",
                 r.target, j.job, j.mb_per_s, j.iops, j.p99_us
             );
         }
     }
     println!();
     println!(
-        "{:<8} {:>14} {:>14}  detail",
+        "{:<10} {:>14} {:>14}  detail",
         "TARGET", "MEM AFTER FILL", "RSS GROWTH"
     );
     let mib = |v: Option<u64>| {
@@ -728,14 +735,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     for r in results.iter().filter(|r| r.skipped.is_none()) {
         println!(
-            "{:<8} {:>14} {:>14}  {}",
+            "{:<10} {:>14} {:>14}  {}",
             r.target,
             mib(r.mem_used_bytes),
             mib(r.rss_growth_bytes),
             r.detail
         );
     }
-    for (name, v) in [("nbdkit", &vs_nbdkit), ("zram", &vs_zram)] {
+    for (name, v) in [("nbdkit", &vs_nbdkit), ("nbdkit-raw", &vs_nbdkit_raw), ("zram", &vs_zram)] {
         if let Some(m) = v.as_object() {
             let parts: Vec<String> = m
                 .iter()

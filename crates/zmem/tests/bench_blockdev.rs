@@ -61,6 +61,8 @@ fn bench_blockdev_smoke() {
     );
     assert!(t["mem_used_bytes"].as_u64().unwrap() > 0);
     assert_eq!(v["targets"][1]["skipped"], "--no-nbdkit");
+    assert_eq!((v["targets"][2]["target"].as_str(), v["targets"][2]["skipped"].as_str()), (Some("nbdkit-raw"), Some("--no-nbdkit")));
+    assert_eq!(v["targets"][3]["target"], "zram");
     // The whole device was filled from --data; randwrite's compressibility
     // was measured on it.
     assert_eq!(v["fill_bytes"], 16 << 20);
@@ -68,4 +70,5 @@ fn bench_blockdev_smoke() {
     let pct = v["compress_percentage"].as_u64().unwrap();
     assert!(pct > 0 && pct < 100, "{out}");
     assert!(v["ratios"]["zmem_vs_nbdkit"].is_null());
+    assert!(v["ratios"]["zmem_vs_nbdkit_raw"].is_null());
 }
