@@ -112,6 +112,15 @@ fn usable() -> bool {
     true
 }
 
+/// The tests take turns: the kernel spreads swap-outs over every active
+/// swap device (round robin within the highest priority, then down), so a
+/// device of another test running at the same time would take part of a
+/// workload's pages, and its `off` would have to swap them back in.
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static SWAPPING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SWAPPING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// [`usable`], and memory cgroups (v1) to put workloads in.
 fn usable_with_cgroups() -> bool {
     if !usable() {
@@ -140,6 +149,7 @@ fn swap_on_a_workload_then_off() {
     if !usable_with_cgroups() {
         return;
     }
+    let _turn = exclusive();
     let run = RunDir::new();
     let out = run.ok(&["swap", "on", "--name", "t0", "--size", "512M", "--max-pool", "256M", "--priority", "32767"]);
     assert!(out.contains("t0") && out.contains("swap"), "{out}");
@@ -193,6 +203,7 @@ fn off_undoes_crashes_and_half_done_ons() {
     if !usable() {
         return;
     }
+    let _turn = exclusive();
     let run = RunDir::new();
     run.ok(&["swap", "on", "--name", "c0", "--size", "64M"]);
     let again = run.zmem(&["swap", "on", "--name", "c0", "--size", "64M"]);
@@ -245,6 +256,7 @@ fn a_config_file_brings_devices_up() {
     if !usable() {
         return;
     }
+    let _turn = exclusive();
     let run = RunDir::new();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd/swap.conf");
     let text = std::fs::read_to_string(&example).unwrap().replace("size = 8G", "size = 64M");
@@ -326,6 +338,7 @@ fn reclaim_under_pressure_for_a_minute() {
     if !usable_with_cgroups() {
         return;
     }
+    let _turn = exclusive();
     let secs: u64 = std::env::var("ZMEM_RECLAIM_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     let run = RunDir::new();
     run.ok(&["swap", "on", "--name", "r0", "--size", "2G", "--max-pool", "256M", "--priority", "32767", "--threads", "4"]);
@@ -402,6 +415,7 @@ fn the_server_refuses_to_share_a_cgroup_it_could_deadlock_in() {
     if !usable_with_cgroups() {
         return;
     }
+    let _turn = exclusive();
     let run = RunDir::new();
     let cg = Cgroup::create(&format!("zmem-share-test-{}", std::process::id()), 256 << 20);
     let out = run.zmem(&["swap", "on", "--name", "s0", "--size", "64M", "--cgroup", cg.0.to_str().unwrap()]);
@@ -434,6 +448,7 @@ fn writeback_under_swap() {
     if !usable_with_cgroups() {
         return;
     }
+    let _turn = exclusive();
     let run = RunDir::new();
     let backing = run.path().join("backing.img");
     run.ok(&[
