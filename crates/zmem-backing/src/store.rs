@@ -632,8 +632,16 @@ impl BackingStore {
     /// RAM the store holds for its tables and its append buffers (once
     /// the first append has made them). O(1).
     pub fn metadata_bytes(&self) -> u64 {
-        let buffers = if self.app_made.load(Relaxed) { APPENDER_BYTES } else { 0 };
-        self.state.read().metadata_bytes() + buffers
+        self.state.read().metadata_bytes() + self.buffer_bytes()
+    }
+
+    /// RAM of the append buffers, once made.
+    fn buffer_bytes(&self) -> u64 {
+        if self.app_made.load(Relaxed) {
+            APPENDER_BYTES
+        } else {
+            0
+        }
     }
 
     /// An upper bound on how much [`metadata_bytes`](Self::metadata_bytes)
@@ -655,8 +663,7 @@ impl BackingStore {
         // Compaction moves the records of segments less than half full.
         let moved = SEGMENT_SIZE / 2 / RECORD_HEADER_SIZE;
         let compaction = (moved + moved / 8 + 2 * ids_step) * size_of::<u32>();
-        let buffers = if self.app_made.load(Relaxed) { 0 } else { APPENDER_BYTES };
-        (table + segs + ids + compaction) as u64 + buffers
+        (table + segs + ids + compaction) as u64 + (APPENDER_BYTES - self.buffer_bytes())
     }
 
     /// The append buffers, made on first use.
@@ -669,8 +676,8 @@ impl BackingStore {
 
     /// Counters and sizes, in the spirit of zram's `bd_stat`.
     pub fn stats(&self) -> BackingStats {
-        let metadata_bytes = self.metadata_bytes();
         let st = self.state.read();
+        let metadata_bytes = st.metadata_bytes() + self.buffer_bytes();
         BackingStats {
             records: st.records,
             live_bytes: st.live_bytes,

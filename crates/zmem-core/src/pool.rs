@@ -526,8 +526,9 @@ impl Engine {
         // growth, the tier the backing store's tables. The shard arrays are
         // a fixed cost, charged now.
         let budget = Arc::new(Budget::new(cfg.mem_limit));
+        // The limit is the budget's.
         let alloc = ZsPool::with_budget(
-            AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: cfg.mem_limit },
+            AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None },
             Arc::clone(&budget),
         );
         budget.force_charge(Self::fixed_bytes(shards.len(), dedup.is_some()));
@@ -813,9 +814,7 @@ impl Engine {
                 let rec = DedupRec { loc: Loc::Ram(handle), info, refs: 1, gen, referenced: false, ac: self.now() };
                 if let Err(e) = map_insert_new(&mut ds.map, hash, rec, b) {
                     drop(ds);
-                    if let Err(e) = self.alloc.free(handle) {
-                        self.free_failed(&e.to_string());
-                    }
+                    self.release(Entry::obj(handle, info));
                     return Err(self.alloc_failed(e));
                 }
                 ds.account_ram(&rec, true);

@@ -800,7 +800,6 @@ impl Engine {
                 if ds.lru.reserve_one(self.budget()).is_err() {
                     return Ok(());
                 }
-                let Some(rec) = ds.map.get_mut(&hash) else { return Ok(()) };
                 let Ok(h) = self.alloc.alloc_write(obj) else { return Ok(()) };
                 let before = *rec;
                 rec.loc = Loc::Ram(h);

@@ -398,6 +398,7 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     if cfg.file_name.is_empty() || cfg.file_name.contains('/') || cfg.file_name == "." || cfg.file_name == ".." {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad file name {:?}", cfg.file_name)));
     }
+    let threads = cfg.threads.clamp(1, 64);
     let stats = Arc::new(FuseStats::default());
     let fs = ImageFs {
         export,
@@ -407,21 +408,20 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
         born: SystemTime::now(),
         stats: Arc::clone(&stats),
         // Not zero: calloc would leave the pages untouched.
-        bufs: std::sync::Mutex::new((0..cfg.threads.clamp(1, 64)).map(|_| vec![0xa5u8; MAX_IO as usize]).collect()),
+        bufs: std::sync::Mutex::new((0..threads).map(|_| vec![0xa5u8; MAX_IO as usize]).collect()),
     };
-    let mut mount_options = vec![
+    let mut config = Config::default();
+    config.mount_options = vec![
         MountOption::FSName("zmem".into()),
         MountOption::Subtype("zmem".into()),
         MountOption::NoExec,
         MountOption::NoSuid,
         MountOption::NoDev,
         MountOption::NoAtime,
+        MountOption::DefaultPermissions,
     ];
-    mount_options.push(MountOption::DefaultPermissions);
-    let mut config = Config::default();
-    config.mount_options = mount_options;
     config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
-    config.n_threads = Some(cfg.threads.clamp(1, 64));
+    config.n_threads = Some(threads);
     config.clone_fd = true;
     let session = fuser::Session::new(fs, mountpoint, &config)?.spawn()?;
     Ok(Mounted { session: Some(session), stats })

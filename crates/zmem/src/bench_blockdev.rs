@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::util::{parse_on_off, parse_size};
+use crate::util::{have, parse_on_off, parse_size};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -164,12 +164,6 @@ impl Drop for ChildGuard {
             let _ = c.wait();
         }
     }
-}
-
-fn have(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
 }
 
 fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()> {

@@ -35,7 +35,7 @@ use zmem_export::Export;
 use crate::control::{bind_unix, control_loop, Frontend, Info};
 use crate::pool_args::PoolArgs;
 use crate::stat::human;
-use crate::util::parse_size;
+use crate::util::{have, parse_size};
 
 const IMAGE: &str = "image";
 const DEFAULT_RUN_DIR: &str = "/run/zmem/swap";
@@ -181,7 +181,7 @@ fn on(a: OnArgs) -> anyhow::Result<()> {
         bail!("--size must be a positive multiple of 4096 bytes, got {size}");
     }
     for t in ["losetup", "mkswap", "swapon", "swapoff", "umount"] {
-        if which(t).is_none() {
+        if !have(t) {
             bail!("`{t}` is not installed (util-linux, mount): zmem swap needs it");
         }
     }
@@ -275,11 +275,6 @@ fn log_tail(dir: &Path) -> String {
     let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-    std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())
 }
 
 /// The devices of a config file: `[name]` sections of `key = value` lines,

@@ -43,18 +43,7 @@ fn swap_in_memory_cgroup() {
     let cg = Cgroup::create(&format!("zmem-test-{}", std::process::id()), 64 << 20);
     let script = work.path().join("w.py");
     std::fs::write(&script, WORKLOAD).unwrap();
-    // Join the cgroup, then become python: only the workload is limited.
-    let out = run_ok(
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "echo $$ > '{}/cgroup.procs' && exec python3 '{}'",
-                cg.0.display(),
-                script.display()
-            ))
-            .stderr(Stdio::piped()),
-        T,
-    );
+    let out = run_ok(cg.python(&script, "").stderr(Stdio::piped()), T);
     assert_eq!(out.trim(), "OK", "workload output: {out}");
     // Swap slots are not discarded when the workload exits, so what was
     // swapped out is still in the pool.

@@ -43,14 +43,21 @@ impl RunDir {
     fn device(&self, name: &str) -> PathBuf {
         self.path().join(name)
     }
-    /// The loop device `on` attached for `name`, from its state file.
+    /// Device `name`'s state file, as `on` wrote it.
+    fn state(&self, name: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.device(name).join("state.json")).unwrap()).unwrap()
+    }
+    /// The loop device `on` attached for `name`.
     fn loop_dev(&self, name: &str) -> String {
-        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(self.device(name).join("state.json")).unwrap()).unwrap();
-        st["loop_dev"].as_str().unwrap().to_string()
+        self.state(name)["loop_dev"].as_str().unwrap().to_string()
     }
     fn server_pid(&self, name: &str) -> u32 {
-        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(self.device(name).join("state.json")).unwrap()).unwrap();
-        st["pid"].as_u64().unwrap() as u32
+        self.state(name)["pid"].as_u64().unwrap() as u32
+    }
+    /// `zmem stat --json` of device `name`'s server.
+    fn server_stats(&self, name: &str) -> serde_json::Value {
+        let control = self.device(name).join("control.sock");
+        serde_json::from_str(&run_ok(Command::new(ZMEM).args(["stat", "--json", "--control"]).arg(&control), T)).unwrap()
     }
 }
 
@@ -162,19 +169,12 @@ fn swap_on_a_workload_then_off() {
     let cg = Cgroup::create(&format!("zmem-swap-test-{}", std::process::id()), 64 << 20);
     let script = run.path().join("w.py");
     std::fs::write(&script, WORKLOAD).unwrap();
-    let out = run_ok(
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!("echo $$ > '{}/cgroup.procs' && exec python3 '{}' 160", cg.0.display(), script.display()))
-            .stderr(Stdio::piped()),
-        T,
-    );
+    let out = run_ok(cg.python(&script, "160").stderr(Stdio::piped()), T);
     assert_eq!(out.trim(), "OK", "workload output: {out}");
     assert!(cg.get("memory.max_usage_in_bytes") <= 64 << 20);
     drop(cg);
 
-    let control = run.device("t0").join("control.sock");
-    let stats: serde_json::Value = serde_json::from_str(&run_ok(Command::new(ZMEM).args(["stat", "--json", "--control"]).arg(&control), T)).unwrap();
+    let stats = run.server_stats("t0");
     let st = &stats["stats"];
     eprintln!("after the workload: {}", stats["mm_stat"]);
     assert!(st["stores"].as_u64().unwrap() >= 8192, "at least 32 MiB went to swap: {st}");
@@ -347,9 +347,8 @@ fn reclaim_under_pressure_for_a_minute() {
     let cg = Cgroup::create(&format!("zmem-reclaim-test-{}", std::process::id()), 128 << 20);
     let script = run.path().join("churn.py");
     std::fs::write(&script, CHURN).unwrap();
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!("echo $$ > '{}/cgroup.procs' && exec python3 '{}' 512 {secs}", cg.0.display(), script.display()))
+    let mut child = cg
+        .python(&script, &format!("512 {secs}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -388,8 +387,7 @@ fn reclaim_under_pressure_for_a_minute() {
     let oom = std::fs::read_to_string(cg.0.join("memory.oom_control")).unwrap();
     let max_usage = cg.get("memory.max_usage_in_bytes");
     drop(cg);
-    let control = run.device("r0").join("control.sock");
-    let stats: serde_json::Value = serde_json::from_str(&run_ok(Command::new(ZMEM).args(["stat", "--json", "--control"]).arg(&control), T)).unwrap();
+    let stats = run.server_stats("r0");
     eprintln!(
         "reclaim run: {secs} s, workload says {:?} in {:.0} s; cgroup max {} MiB of 128; pool mm_stat {}; io_stat {}",
         out.trim(),
@@ -459,16 +457,9 @@ fn writeback_under_swap() {
     let cg = Cgroup::create(&format!("zmem-wb-test-{}", std::process::id()), 80 << 20);
     let script = run.path().join("churn.py");
     std::fs::write(&script, CHURN).unwrap();
-    let out = run_ok(
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!("echo $$ > '{}/cgroup.procs' && exec python3 '{}' 256 10", cg.0.display(), script.display()))
-            .stderr(Stdio::piped()),
-        T,
-    );
+    let out = run_ok(cg.python(&script, "256 10").stderr(Stdio::piped()), T);
     drop(cg);
-    let control = run.device("w0").join("control.sock");
-    let stats: serde_json::Value = serde_json::from_str(&run_ok(Command::new(ZMEM).args(["stat", "--json", "--control"]).arg(&control), T)).unwrap();
+    let stats = run.server_stats("w0");
     let st = &stats["stats"];
     eprintln!(
         "writeback under swap: {:?}; written back {}, read from the file {}, promoted {}, max_pool hits {}",

@@ -404,6 +404,17 @@ impl Cgroup {
     pub fn set(&self, file: &str, v: &str) {
         std::fs::write(self.0.join(file), v).unwrap_or_else(|e| panic!("writing {file}: {e}"));
     }
+    /// `python3 SCRIPT ARGS` run in this cgroup: a shell joins it, then
+    /// becomes python, so only the workload is limited.
+    pub fn python(&self, script: &Path, args: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!(
+            "echo $$ > '{}/cgroup.procs' && exec python3 '{}' {args}",
+            self.0.display(),
+            script.display()
+        ));
+        c
+    }
     pub fn get(&self, file: &str) -> u64 {
         std::fs::read_to_string(self.0.join(file))
             .unwrap()
