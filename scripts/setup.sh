@@ -21,6 +21,8 @@ want nbdkit nbdkit
 want fstrim util-linux
 want mkswap util-linux
 want swapon util-linux
+# zmem bench swap draws its plot with this font.
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_pkgs+=(fonts-dejavu-core)
 
 if ((${#need_pkgs[@]})); then
     SUDO=""

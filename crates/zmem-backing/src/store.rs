@@ -295,10 +295,20 @@ struct Appender {
     rbuf: AlignedBuf,
 }
 
-/// Bytes read ahead on a miss: loads of written-back pages tend to come in
-/// runs (a file read back, a process swapping in), and records written back
-/// together sit together, so one 64 KiB read serves the next ~25 records.
+/// Most bytes read ahead on a miss: loads of written-back pages tend to
+/// come in runs (a file read back, a process swapping in), and records
+/// written back together sit together, so one 64 KiB read serves the next
+/// ~25 records. But not always: under a swap storm the kernel faults pages
+/// in an order of its own and the shrinker's writes keep ending windows
+/// early, and then every miss reading 64 KiB for one record multiplied the
+/// disk bytes read by 16 (seen in `zmem bench swap`). So each thread's
+/// window adapts by what it served: a window of which less than a quarter
+/// was records that were then read makes the next one a quarter as large
+/// (down to the record's own blocks), one of which half or more was read
+/// doubles it (up to this).
 const READAHEAD: usize = 64 << 10;
+/// The smallest readahead that is not none.
+const MIN_READAHEAD: usize = 8 << 10;
 
 /// Gives each store an identity for the per-thread readahead window.
 static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
@@ -312,6 +322,28 @@ struct Window {
     lo: u64,
     len: usize,
     buf: AlignedBuf,
+    /// Bytes to read past the record on the next miss.
+    ahead: usize,
+    /// Record bytes served from this window, the first record's included.
+    used: usize,
+}
+
+impl Window {
+    /// Size the next window by how this one did, and forget this one.
+    fn adapt(&mut self) {
+        if self.len > 0 {
+            if self.used * 4 < self.len {
+                self.ahead /= 4;
+                if self.ahead < MIN_READAHEAD {
+                    self.ahead = 0;
+                }
+            } else if self.used * 2 >= self.len {
+                self.ahead = (self.ahead * 2).clamp(MIN_READAHEAD, READAHEAD);
+            }
+        }
+        self.used = 0;
+        self.len = 0;
+    }
 }
 
 impl Window {
@@ -328,6 +360,8 @@ thread_local! {
         lo: 0,
         len: 0,
         buf: AlignedBuf::new(READAHEAD + 2 * PAGE_SIZE),
+        ahead: READAHEAD,
+        used: 0,
     });
 }
 
@@ -397,10 +431,21 @@ pub struct BackingStore {
     c: Counters,
     /// Identity for readahead windows.
     id: u64,
-    /// Bumped after every write to the file (appends, compaction, truncation):
-    /// a readahead window read at an older epoch is not trusted.
+    /// Bumped after a truncation of the file: a readahead window read at
+    /// an older epoch is not trusted.
     epoch: AtomicU64,
+    /// Bumped after every write (append, compaction) to a segment whose
+    /// index is the slot's modulo [`SEG_EPOCHS`]: a window (which never
+    /// spans segments) read at an older epoch of its segment's slot is not
+    /// trusted. Per segment, not per file, because under a swap storm the
+    /// shrinker appends all the time while loads read older segments: a
+    /// file-wide epoch ended every window before its second record.
+    seg_epochs: Box<[AtomicU64]>,
 }
+
+/// Slots of per-segment write epochs (segments share a slot modulo this;
+/// sharing only ends windows early).
+const SEG_EPOCHS: usize = 256;
 
 impl std::fmt::Debug for BackingStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -431,7 +476,16 @@ impl BackingStore {
             c: Counters::default(),
             id: NEXT_STORE_ID.fetch_add(1, Relaxed),
             epoch: AtomicU64::new(1),
+            seg_epochs: (0..SEG_EPOCHS).map(|_| AtomicU64::new(1)).collect(),
         }
+    }
+
+    /// Both epochs a window over segment `seg` is valid for, as one number
+    /// (a truncation or a write to the segment changes it).
+    fn window_epoch(&self, seg: u64) -> u64 {
+        let file = self.epoch.load(std::sync::atomic::Ordering::Acquire);
+        let seg = self.seg_epochs[seg as usize % SEG_EPOCHS].load(std::sync::atomic::Ordering::Acquire);
+        file << 40 ^ seg
     }
 
     /// Open a backing file or block device at `path` with [`OsFile::open`]
@@ -560,15 +614,16 @@ impl BackingStore {
             let n = RECORD_HEADER_SIZE + e.len as usize;
             // Read the epoch before any I/O: a window filled while a write
             // was in flight carries the old epoch and is never trusted.
-            let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
+            let epoch = self.window_epoch(e.seg as u64);
             if !w.covers(self.id, epoch, abs, n) {
-                // Read ahead from the record's block to the end of its
-                // segment, at most READAHEAD bytes, at least the record.
+                // Read ahead from the record's block towards the end of its
+                // segment, `w.ahead` bytes past the record, at least the
+                // record.
                 let lo = abs & !(ALIGN - 1);
                 let seg_end = (e.seg as u64 + 1) * SEG;
                 let need = round_up(abs + n as u64);
-                let hi = (lo + READAHEAD as u64).min(seg_end).max(need);
-                w.len = 0;
+                w.adapt();
+                let hi = (need + w.ahead as u64).min(lo + READAHEAD as u64).min(seg_end).max(need);
                 let got = self.read_some(w.buf.get_mut((hi - lo) as usize), lo)?;
                 if (got as u64) < abs + n as u64 - lo {
                     return Err(BackingError::ShortRead {
@@ -578,6 +633,7 @@ impl BackingStore {
                 }
                 (w.store, w.epoch, w.lo, w.len) = (self.id, epoch, lo, got);
             }
+            w.used += n;
             let rec = &w.buf.get(w.len)[(abs - w.lo) as usize..][..n];
             let Some((_, payload)) = verify(rec, e.len, Some(key)) else {
                 // Never trust this window again: a retry reads the disk.
@@ -859,8 +915,12 @@ impl BackingStore {
             }
         };
         self.c.bytes_written.fetch_add(done as u64, Relaxed);
-        // After the write (even a failed one): windows read before now are stale.
-        self.epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
+        // After the write (even a failed one): windows over the segments it
+        // touched, read before now, are stale.
+        let end = off + buf.len().max(1) as u64;
+        for seg in (off / SEG..end.div_ceil(SEG)).take(SEG_EPOCHS) {
+            self.seg_epochs[seg as usize % SEG_EPOCHS].fetch_add(1, std::sync::atomic::Ordering::Release);
+        }
         res
     }
 
@@ -1101,7 +1161,7 @@ mod window_tests {
 
     #[test]
     fn a_window_is_trusted_only_for_its_store_epoch_and_range() {
-        let w = Window { store: 7, epoch: 3, lo: 8192, len: 65536, buf: AlignedBuf::new(PAGE_SIZE) };
+        let w = Window { store: 7, epoch: 3, lo: 8192, len: 65536, buf: AlignedBuf::new(PAGE_SIZE), ahead: READAHEAD, used: 0 };
         assert!(w.covers(7, 3, 8192, 100));
         assert!(w.covers(7, 3, 8192 + 65536 - 100, 100));
         assert!(!w.covers(7, 4, 8192, 100), "a write happened since: stale");
@@ -1110,18 +1170,87 @@ mod window_tests {
         assert!(!w.covers(7, 3, 8192 + 65536 - 99, 100), "ends past the window");
     }
 
-    #[test]
-    fn every_write_moves_the_epoch() {
+    /// Write `n` records of 1000 bytes in batches of 64, as the shrinker
+    /// does; their ids.
+    fn filled(n: u64) -> (BackingStore, Vec<RecordId>) {
         let s = BackingStore::new(Box::new(crate::MemFile::new(true)), None);
-        let e0 = s.epoch.load(Relaxed);
-        s.write_batch(&[(1, &[1u8; 100][..])]).unwrap();
-        let e1 = s.epoch.load(Relaxed);
-        assert!(e1 > e0);
-        let id = s.write_batch(&[(2, &[2u8; 100][..])]).unwrap()[0];
-        assert!(s.epoch.load(Relaxed) > e1);
-        s.free(id).unwrap();
-        let e2 = s.epoch.load(Relaxed);
-        s.compact().unwrap();
-        assert!(s.epoch.load(Relaxed) >= e2);
+        let data = vec![7u8; 1000];
+        let mut ids = Vec::new();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+            let batch: Vec<(u64, &[u8])> = chunk.iter().map(|&k| (k, &data[..])).collect();
+            ids.extend(s.write_batch(&batch).unwrap());
+        }
+        (s, ids)
     }
+
+    /// Each read on a thread of its own, so windows start fresh.
+    fn bytes_read_by(s: &BackingStore, ids: &[RecordId], order: &[usize]) -> u64 {
+        let before = s.stats().bytes_read;
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut out = Vec::new();
+                for &i in order {
+                    s.read(ids[i], i as u64, &mut out).unwrap();
+                    assert_eq!(out, vec![7u8; 1000]);
+                }
+            });
+        });
+        s.stats().bytes_read - before
+    }
+
+    #[test]
+    fn readahead_serves_runs_and_shrinks_for_scattered_reads() {
+        let n = 2048;
+        let (s, ids) = filled(n);
+        let file = n * 1024;
+        // In order: read about once.
+        let seq: Vec<usize> = (0..n as usize).collect();
+        let b = bytes_read_by(&s, &ids, &seq);
+        assert!(b <= file * 3 / 2, "sequential reads read {b} bytes for a {file}-byte file");
+        // Scattered (a stride that never lands in the last window): the
+        // window shrinks to the record's own blocks, so far less than 64
+        // KiB a record.
+        let scattered: Vec<usize> = (0..n as usize).map(|i| (i * 997) % n as usize).collect();
+        let b = bytes_read_by(&s, &ids, &scattered);
+        assert!(b <= (n * 12) << 10, "scattered reads read {b} bytes for {n} records (at 64 KiB each: {})", n * (64 << 10));
+    }
+
+    #[test]
+    fn a_write_moves_its_segments_epoch_and_a_truncation_every_one() {
+        let s = BackingStore::new(Box::new(crate::MemFile::new(true)), None);
+        let (w0, w5) = (s.window_epoch(0), s.window_epoch(5));
+        let id = s.write_batch(&[(1, &[1u8; 100][..])]).unwrap()[0];
+        let w0b = s.window_epoch(0);
+        assert_ne!(w0b, w0, "segment 0 was written");
+        assert_eq!(s.window_epoch(5), w5, "segment 5 was not");
+        s.write_batch(&[(2, &[2u8; 100][..])]).unwrap();
+        assert_ne!(s.window_epoch(0), w0b);
+        s.free(id).unwrap();
+        let (w0, w5) = (s.window_epoch(0), s.window_epoch(5));
+        s.trim(true);
+        assert_ne!(s.window_epoch(0), w0);
+        assert_ne!(s.window_epoch(5), w5);
+    }
+
+    #[test]
+    fn appends_elsewhere_do_not_end_a_window() {
+        // Four segments of records, then read segment 0 in order while
+        // every read is followed by an append (the shrinker at work).
+        let (s, ids) = filled(4096);
+        let data = [9u8; 1000];
+        let before = s.stats().bytes_read;
+        let mut out = Vec::new();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                for (i, id) in ids.iter().enumerate().take(512) {
+                    s.read(*id, i as u64, &mut out).unwrap();
+                    assert_eq!(out, vec![7u8; 1000]);
+                    s.write_batch(&[(100_000 + i as u64, &data[..])]).unwrap();
+                }
+            });
+        });
+        let b = s.stats().bytes_read - before;
+        assert!(b <= 1024 * 512 * 3 / 2, "512 records read in order with appends between cost {b} bytes of reads");
+    }
+
 }

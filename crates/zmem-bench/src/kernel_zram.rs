@@ -220,6 +220,9 @@ impl Drop for DeviceGuard {
 /// Serialises runs within this process; across processes the O_EXCL open
 /// and the free-device checks protect us.
 static RUN_LOCK: Mutex<()> = Mutex::new(());
+/// Serialises claiming a free device with configuring it (after which it
+/// is no longer free) among [`Device::configure`] callers of this process.
+static CLAIM_LOCK: Mutex<()> = Mutex::new(());
 
 fn acquire_device() -> Result<DeviceGuard, Unavailable> {
     if device_is_free("zram0")? {
@@ -300,6 +303,78 @@ fn mbps(bytes: usize, d: Duration) -> f64 {
     }
 }
 
+/// A configured kernel zram device, owned: reset (and hot-removed if it
+/// was hot-added) on drop, on success and on every error path. The one
+/// place zmem's benchmarks claim and set up a zram device (`zmem bench
+/// store`, `blockdev` and `swap` all come here).
+pub struct Device {
+    guard: DeviceGuard,
+    node: PathBuf,
+    algorithm: String,
+}
+
+impl Device {
+    /// Claim a free device (zram0 if it is unused, otherwise a hot-added
+    /// one), set its algorithm (our name mapped by [`zram_algorithm_name`];
+    /// an error lists what zram offers), `mem_limit` if given, and
+    /// `disksize`, then wait for `/dev/zramN`. Needs root.
+    pub fn configure(algorithm: &str, disksize: u64, mem_limit: Option<u64>) -> Result<Device, Unavailable> {
+        match effective_uid() {
+            Some(0) => {}
+            Some(uid) => return Err(unavail(format!("kernel zram needs root (euid is {uid})"))),
+            None => return Err(unavail("cannot determine euid from /proc/self/status")),
+        }
+        if !Path::new("/sys/block/zram0").exists() {
+            return Err(unavail("/sys/block/zram0 does not exist (modprobe zram)"));
+        }
+        // Claiming (a free device) and configuring it (no longer free) are
+        // one step for the threads of this process.
+        let _lock = CLAIM_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = acquire_device()?;
+        let dev = guard.dev.clone();
+        let algo = zram_algorithm_name(algorithm).to_string();
+        let available = parse_comp_algorithms(&read_attr(&dev, "comp_algorithm")?);
+        if !available.contains(&algo) {
+            return Err(unavail(format!(
+                "zram does not support algorithm {algo:?} (available: {})",
+                available.join(" ")
+            )));
+        }
+        write_attr(&dev, "comp_algorithm", &algo)?;
+        if let Some(limit) = mem_limit {
+            write_attr(&dev, "mem_limit", &limit.to_string())?;
+        }
+        write_attr(&dev, "disksize", &disksize.to_string())?;
+        let node = ensure_node(&dev)?;
+        Ok(Device { guard, node, algorithm: algo })
+    }
+
+    /// `zram0`, `zram1`, ...
+    pub fn name(&self) -> &str {
+        &self.guard.dev
+    }
+
+    /// `/dev/zramN`.
+    pub fn node(&self) -> &Path {
+        &self.node
+    }
+
+    /// zram's name of the algorithm in use.
+    pub fn algorithm(&self) -> &str {
+        &self.algorithm
+    }
+
+    /// One attribute of `/sys/block/zramN`, trimmed.
+    pub fn attr(&self, attr: &str) -> Result<String, Unavailable> {
+        read_attr(&self.guard.dev, attr)
+    }
+
+    /// The device's `mm_stat`, parsed.
+    pub fn mm_stat(&self) -> Result<MmStat, Unavailable> {
+        parse_mm_stat(&self.attr("mm_stat")?)
+    }
+}
+
 /// Run `pages` through a kernel zram device compressed with `algorithm`.
 ///
 /// Steps:
@@ -335,36 +410,16 @@ pub fn run(pages: &[u8], algorithm: &str) -> Result<ZramResult, Unavailable> {
             pages.len()
         )));
     }
-    match effective_uid() {
-        Some(0) => {}
-        Some(uid) => return Err(unavail(format!("kernel zram needs root (euid is {uid})"))),
-        None => return Err(unavail("cannot determine euid from /proc/self/status")),
-    }
-    if !Path::new("/sys/block/zram0").exists() {
-        return Err(unavail("/sys/block/zram0 does not exist (modprobe zram)"));
-    }
     let _lock = RUN_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-
-    let guard = acquire_device()?;
-    let dev = guard.dev.clone();
-    let algo = zram_algorithm_name(algorithm).to_string();
-    let available = parse_comp_algorithms(&read_attr(&dev, "comp_algorithm")?);
-    if !available.contains(&algo) {
-        return Err(unavail(format!(
-            "zram does not support algorithm {algo:?} (available: {})",
-            available.join(" ")
-        )));
-    }
-    write_attr(&dev, "comp_algorithm", &algo)?;
     let disksize = (pages.len() as u64).div_ceil(MIB) * MIB;
-    write_attr(&dev, "disksize", &disksize.to_string())?;
-    let node = ensure_node(&dev)?;
+    let device = Device::configure(algorithm, disksize, None)?;
+    let (dev, algo, node) = (device.name().to_string(), device.algorithm().to_string(), device.node().to_path_buf());
 
     // All file handles live inside `io_pass`, so they are closed before the
     // guard's Drop resets the device.
     let (write_time, read_time, mm_line) = io_pass(&node, pages)?;
     let mm = parse_mm_stat(&mm_line)?;
-    drop(guard);
+    drop(device);
     Ok(ZramResult {
         device: dev,
         algorithm: algo,

@@ -4,12 +4,20 @@
 //!   the anonymous memory of a live process, or a built-in default process.
 //! * [`kernel_zram`] — the kernel yardstick: push the same pages through a
 //!   real `/dev/zramN` device and report what the kernel achieved.
+//! * [`host`] — the machine as a benchmark changes it (cgroups, loop
+//!   disks, throttles, swap, zswap's parameters), every change undone on
+//!   drop.
+//! * [`swap`] — `zmem bench swap`, the seed experiment: a workload under a
+//!   memory limit swapping to disk, zswap, zram and zmem; [`plot`] draws it.
 //! * [`ci`] — skipping a test where a feature is missing, and failing
 //!   instead under CI, where nothing may be missing.
 
 pub mod ci;
+pub mod host;
 pub mod kernel_zram;
 pub mod pages;
+pub mod plot;
+pub mod swap;
 
 pub use kernel_zram::{Unavailable, ZramResult};
 pub use pages::{PageSet, PAGE_SIZE};

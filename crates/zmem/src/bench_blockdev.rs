@@ -494,102 +494,27 @@ fn bench_nbdkit(a: &Args, plan: &Plan, dir: &Path, allocator: Option<&str>) -> a
     })
 }
 
-/// A configured zram device, reset (and hot-removed if we added it) on drop.
-struct Zram {
-    id: u32,
-    hot_added: bool,
-}
-
-impl Zram {
-    fn sys(&self, attr: &str) -> PathBuf {
-        PathBuf::from(format!("/sys/block/zram{}/{attr}", self.id))
-    }
-
-    fn acquire() -> anyhow::Result<Zram> {
-        let free = |id: u32| {
-            let disk = std::fs::read_to_string(format!("/sys/block/zram{id}/disksize"))
-                .unwrap_or_default();
-            let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-            let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-            let node = format!("/dev/zram{id}");
-            disk.trim() == "0" && !swaps.contains(&node) && !mounts.contains(&node)
-        };
-        if Path::new("/sys/block/zram0").exists() && free(0) {
-            return Ok(Zram {
-                id: 0,
-                hot_added: false,
-            });
-        }
-        let id: u32 = std::fs::read_to_string("/sys/class/zram-control/hot_add")
-            .context("zram0 is busy and hot_add is unavailable")?
-            .trim()
-            .parse()?;
-        Ok(Zram {
-            id,
-            hot_added: true,
-        })
-    }
-
-    fn setup(&self, algorithm: &str, size: u64) -> anyhow::Result<PathBuf> {
-        std::fs::write(self.sys("comp_algorithm"), algorithm)
-            .with_context(|| format!("zram does not support {algorithm}"))?;
-        std::fs::write(self.sys("disksize"), size.to_string())?;
-        let node = PathBuf::from(format!("/dev/zram{}", self.id));
-        let end = Instant::now() + Duration::from_secs(5);
-        while !node.exists() {
-            if Instant::now() > end {
-                bail!("{} did not appear", node.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(node)
-    }
-
-    fn reset(&self) {
-        for _ in 0..100 {
-            if std::fs::write(self.sys("reset"), "1").is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!(
-            "zmem: could not reset zram{}; run `echo 1 > {}`",
-            self.id,
-            self.sys("reset").display()
-        );
-    }
-}
-
-impl Drop for Zram {
-    fn drop(&mut self) {
-        self.reset();
-        if self.hot_added {
-            let _ = std::fs::write("/sys/class/zram-control/hot_remove", self.id.to_string());
-        }
-    }
-}
-
 fn bench_zram(a: &Args, plan: &Plan) -> anyhow::Result<TargetResult> {
     let alg = match a.compressor.split(':').next().unwrap_or("") {
         "lzo" => "lzo-rle".to_string(),
         x => x.to_string(),
     };
-    let z = Zram::acquire()?;
     let mut jobs = Vec::new();
     let mut mem = None;
+    let mut dev = String::new();
     for job in &JOBS {
-        let node = z.setup(&alg, a.size)?;
-        let target = node.to_string_lossy().into_owned();
+        // A fresh device per job; dropping it resets it.
+        let z = zmem_bench::kernel_zram::Device::configure(&alg, a.size, None)?;
+        dev = z.name().to_string();
+        let target = z.node().to_string_lossy().into_owned();
         jobs.push(fill_and_run(a, plan, job, "io_uring", &target)?);
         if job.name == "fill" {
-            let mm = std::fs::read_to_string(z.sys("mm_stat"))?;
-            mem = mm.split_whitespace().nth(2).and_then(|s| s.parse().ok());
+            mem = Some(z.mm_stat()?.mem_used_total);
         }
-        z.reset();
     }
     Ok(TargetResult {
         target: "zram".into(),
-        detail: format!("kernel zram{}, {alg}, fio io_uring O_DIRECT", z.id),
+        detail: format!("kernel {dev}, {alg}, fio io_uring O_DIRECT"),
         jobs,
         mem_used_bytes: mem,
         rss_growth_bytes: None,

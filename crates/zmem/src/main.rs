@@ -3,6 +3,8 @@
 //! Subcommands:
 //! * `zmem bench store` — the engine against the raw compressor and kernel zram.
 //! * `zmem bench blockdev` — `zmem serve` under fio vs nbdkit memory and zram.
+//! * `zmem bench swap` — a build under memory pressure: disk swap, zswap,
+//!   zram and zmem swap, side by side.
 //! * `zmem serve` — a compressed-RAM block device over NBD.
 //! * `zmem stat` — what a running `zmem serve` holds, like zramctl.
 //! * `zmem writeback` — zram's explicit writeback, for `zmem serve --backing`.
@@ -12,6 +14,7 @@
 
 mod bench_blockdev;
 mod bench_store;
+mod bench_swap;
 mod control;
 mod pool_args;
 mod serve;
@@ -55,6 +58,10 @@ enum BenchCmd {
     /// The NBD block device under fio, against nbdkit's compressed memory
     /// plugin and (as root) kernel zram.
     Blockdev(bench_blockdev::Args),
+    /// The seed experiment: a build under a memory limit swapping to a
+    /// disk, kernel zswap, kernel zram and zmem, on a real and a throttled
+    /// disk, with equal memory; table, ratios, --json and a PNG plot.
+    Swap(bench_swap::Args),
 }
 
 /// Colour in log lines only for a terminal that can show it: never in a
@@ -83,6 +90,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Bench(BenchCmd::Store(a)) => bench_store::run(a),
         Cmd::Bench(BenchCmd::Blockdev(a)) => bench_blockdev::run(a),
+        Cmd::Bench(BenchCmd::Swap(a)) => bench_swap::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Swap(c) => swap::run(c),
         Cmd::Stat(a) => stat::run(a),

@@ -22,14 +22,9 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     n.checked_mul(mult).with_context(|| format!("size `{s}` is too large"))
 }
 
-/// Parse `on`/`off` (also true/false, yes/no, 1/0).
-/// Whether `tool` is a file in a directory of PATH.
-pub fn have(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
-}
+pub use zmem_bench::host::have;
 
+/// Parse `on`/`off` (also true/false, yes/no, 1/0).
 pub fn parse_on_off(s: &str) -> anyhow::Result<bool> {
     match s.to_ascii_lowercase().as_str() {
         "on" | "true" | "yes" | "1" => Ok(true),

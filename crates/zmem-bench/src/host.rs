@@ -1,0 +1,463 @@
+//! The machine as a benchmark changes it: tools, memory cgroups, loop disks
+//! with an ext4 on them, blkio throttles, swap areas, zswap's parameters,
+//! and the counters the kernel keeps about all of them.
+//!
+//! Every change is a guard that undoes it on drop, in the reverse order of
+//! making it, so a run that fails half way, or is interrupted (the caller
+//! turns SIGINT into an error), leaves the machine as it found it. An undo
+//! that fails is logged with the command that finishes it by hand; it does
+//! not stop the other undos.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+/// Whether `tool` is a file in a directory of PATH.
+pub fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+/// Run a tool to completion; its stdout, or an error with its stderr.
+pub fn run_tool(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A file's contents, trimmed.
+pub fn read_trim(path: impl AsRef<Path>) -> anyhow::Result<String> {
+    let p = path.as_ref();
+    Ok(std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?.trim().to_string())
+}
+
+/// Write a sysfs or cgroup attribute.
+pub fn write_attr(path: impl AsRef<Path>, value: &str) -> anyhow::Result<()> {
+    let p = path.as_ref();
+    std::fs::write(p, value).with_context(|| format!("cannot write {value:?} to {}", p.display()))
+}
+
+/// Retry an undo a few times (a device is often briefly busy after its
+/// last user closed it); log it with the hand-made fix if it never works.
+fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>) {
+    let mut last = None;
+    for _ in 0..50 {
+        match f() {
+            Ok(()) => return,
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if let Some(e) = last {
+        tracing::error!("could not {what}: {e:#}; finish it by hand: {by_hand}");
+        eprintln!("zmem: could not {what}: {e:#}; finish it by hand: {by_hand}");
+    }
+}
+
+/// `/proc/vmstat` as a map.
+pub fn vmstat() -> HashMap<String, u64> {
+    std::fs::read_to_string("/proc/vmstat")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The kernel's USER_HZ, the unit of /proc's CPU times: 100 on every
+/// Linux architecture zmem runs on.
+const USER_HZ: f64 = 100.0;
+
+/// Fields of `/proc/PID/stat` after the command name (field 3 is index 0).
+fn proc_stat_fields(pid: &str) -> Option<Vec<u64>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    Some(rest.split_whitespace().skip(1).map(|t| t.parse().unwrap_or(0)).collect())
+}
+
+/// CPU seconds (user + system) a process has used itself.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let f = proc_stat_fields(&pid.to_string())?;
+    Some((f.get(10)? + f.get(11)?) as f64 / USER_HZ)
+}
+
+/// CPU seconds (user + system) of this process's children that it has
+/// waited for, with their own waited-for descendants (getrusage's
+/// RUSAGE_CHILDREN, read from /proc without unsafe code).
+pub fn children_cpu_secs() -> f64 {
+    proc_stat_fields("self").map_or(0.0, |f| (f.get(12).unwrap_or(&0) + f.get(13).unwrap_or(&0)) as f64 / USER_HZ)
+}
+
+/// CPU seconds of all kswapd threads (reclaim done in the background).
+pub fn kswapd_cpu_secs() -> f64 {
+    let Ok(rd) = std::fs::read_dir("/proc") else { return 0.0 };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end().starts_with("kswapd"))
+        })
+        .filter_map(cpu_secs)
+        .sum()
+}
+
+/// Swap areas in use (`/proc/swaps`), by name.
+pub fn active_swaps() -> Vec<String> {
+    std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
+
+// ---- memory cgroups ----------------------------------------------------
+
+/// The cgroup v1 memory hierarchy's root.
+pub const MEMCG_ROOT: &str = "/sys/fs/cgroup/memory";
+
+/// A memory cgroup (v1) made for a run; removed on drop after every task
+/// still in it is killed.
+pub struct MemCgroup {
+    path: PathBuf,
+}
+
+impl MemCgroup {
+    /// Create `MEMCG_ROOT/name` (an existing one is removed first if it
+    /// holds no task) with a limit and a swappiness.
+    pub fn create(name: &str, limit: Option<u64>, swappiness: u32) -> anyhow::Result<MemCgroup> {
+        let path = Path::new(MEMCG_ROOT).join(name);
+        if !Path::new(MEMCG_ROOT).join("memory.limit_in_bytes").exists() {
+            bail!("the cgroup v1 memory controller is not mounted at {MEMCG_ROOT}");
+        }
+        if path.exists() {
+            std::fs::remove_dir(&path).with_context(|| format!("{} exists and cannot be removed (tasks in it?)", path.display()))?;
+        }
+        std::fs::create_dir(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let cg = MemCgroup { path };
+        if let Some(l) = limit {
+            write_attr(cg.path.join("memory.limit_in_bytes"), &l.to_string())?;
+        }
+        write_attr(cg.path.join("memory.swappiness"), &swappiness.to_string())?;
+        Ok(cg)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A `memory.*` counter.
+    pub fn counter(&self, name: &str) -> u64 {
+        read_trim(self.path.join(name)).ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+    }
+
+    /// One key of `memory.stat`.
+    pub fn stat(&self, key: &str) -> u64 {
+        std::fs::read_to_string(self.path.join("memory.stat"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn tasks(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        let by_hand = format!("kill the tasks in {0}/cgroup.procs, then rmdir {0}", self.path.display());
+        undo(&format!("remove {}", self.path.display()), &by_hand, || {
+            for t in self.tasks() {
+                let _ = Command::new("kill").arg("-KILL").arg(&t).status();
+            }
+            std::fs::remove_dir(&self.path).with_context(|| format!("rmdir {}", self.path.display()))
+        });
+    }
+}
+
+// ---- disks -------------------------------------------------------------
+
+/// Read and write counts of a block device (`/sys/block/DEV/stat`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct DiskStat {
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+}
+
+impl DiskStat {
+    pub fn of(dev: &str) -> DiskStat {
+        let f: Vec<u64> = std::fs::read_to_string(format!("/sys/block/{dev}/stat"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|t| t.parse().unwrap_or(0))
+            .collect();
+        let g = |i: usize| f.get(i).copied().unwrap_or(0);
+        DiskStat { read_ops: g(0), read_bytes: g(2) * 512, write_ops: g(4), write_bytes: g(6) * 512 }
+    }
+
+    pub fn since(&self, before: &DiskStat) -> DiskStat {
+        DiskStat {
+            read_ops: self.read_ops.saturating_sub(before.read_ops),
+            read_bytes: self.read_bytes.saturating_sub(before.read_bytes),
+            write_ops: self.write_ops.saturating_sub(before.write_ops),
+            write_bytes: self.write_bytes.saturating_sub(before.write_bytes),
+        }
+    }
+}
+
+/// A blkio throttle: IOPS and bytes per second, each way.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Throttle {
+    pub iops: u64,
+    pub bps: u64,
+}
+
+const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
+const THROTTLE_FILES: [&str; 4] = [
+    "blkio.throttle.read_iops_device",
+    "blkio.throttle.write_iops_device",
+    "blkio.throttle.read_bps_device",
+    "blkio.throttle.write_bps_device",
+];
+
+/// A file on the host's disk seen as a block device (a loop device with
+/// direct I/O, so the host's page cache does not stand in front of the
+/// disk) holding a fresh ext4, mounted. Its `/sys/block/loopN/stat` counts
+/// exactly the I/O of what lives on it. Drop lifts the throttle, unmounts,
+/// detaches and deletes the image.
+pub struct LoopDisk {
+    image: PathBuf,
+    dev: String,
+    majmin: String,
+    mnt: PathBuf,
+    mounted: bool,
+    throttled: bool,
+}
+
+impl LoopDisk {
+    /// Make a `size`-byte image at `image` (fully allocated, so the host
+    /// file system does no allocation work during a run), attach it, make
+    /// the file system with every table written now (no lazy init running
+    /// in the background during a run), mount it at `mnt`.
+    pub fn create(image: &Path, size: u64, mnt: &Path) -> anyhow::Result<LoopDisk> {
+        for t in ["losetup", "mkfs.ext4", "mount", "umount", "fallocate"] {
+            if !have(t) {
+                bail!("`{t}` is missing (bash scripts/setup.sh installs it)");
+            }
+        }
+        let _ = std::fs::remove_file(image);
+        run_tool(Command::new("fallocate").arg("-l").arg(size.to_string()).arg(image))?;
+        let dev = match run_tool(Command::new("losetup").args(["--find", "--show", "--direct-io=on"]).arg(image)) {
+            Ok(d) => d.trim().trim_start_matches("/dev/").to_string(),
+            Err(e) => {
+                let _ = std::fs::remove_file(image);
+                return Err(e);
+            }
+        };
+        let majmin = read_trim(format!("/sys/block/{dev}/dev")).unwrap_or_default();
+        let mut disk = LoopDisk { image: image.to_path_buf(), dev, majmin, mnt: mnt.to_path_buf(), mounted: false, throttled: false };
+        run_tool(Command::new("mkfs.ext4").args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", "-m", "0"]).arg(disk.node()))?;
+        std::fs::create_dir_all(mnt).with_context(|| format!("cannot create {}", mnt.display()))?;
+        run_tool(Command::new("mount").arg(disk.node()).arg(mnt))?;
+        disk.mounted = true;
+        Ok(disk)
+    }
+
+    /// `loopN`.
+    pub fn dev(&self) -> &str {
+        &self.dev
+    }
+
+    pub fn node(&self) -> PathBuf {
+        PathBuf::from(format!("/dev/{}", self.dev))
+    }
+
+    pub fn mnt(&self) -> &Path {
+        &self.mnt
+    }
+
+    pub fn stat(&self) -> DiskStat {
+        DiskStat::of(&self.dev)
+    }
+
+    /// Throttle the device for every task (rules on the root blkio
+    /// cgroup), or lift the throttle (`None`).
+    pub fn throttle(&mut self, t: Option<Throttle>) -> anyhow::Result<()> {
+        if !Path::new(BLKIO_ROOT).join(THROTTLE_FILES[0]).exists() {
+            bail!("the cgroup v1 blkio controller (with throttling) is not mounted at {BLKIO_ROOT}");
+        }
+        let vals = match t {
+            Some(t) => [t.iops, t.iops, t.bps, t.bps],
+            None => [0; 4],
+        };
+        for (f, v) in THROTTLE_FILES.iter().zip(vals) {
+            write_attr(Path::new(BLKIO_ROOT).join(f), &format!("{} {v}", self.majmin))?;
+        }
+        self.throttled = t.is_some();
+        Ok(())
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        if self.throttled {
+            let by_hand = format!("echo '{} 0' > {BLKIO_ROOT}/blkio.throttle.{{read,write}}_{{iops,bps}}_device", self.majmin);
+            undo(&format!("lift the throttle on {}", self.dev), &by_hand, || self.throttle(None));
+        }
+        if self.mounted {
+            undo(&format!("unmount {}", self.mnt.display()), &format!("umount {}", self.mnt.display()), || {
+                run_tool(Command::new("umount").arg(&self.mnt)).map(drop)
+            });
+        }
+        let node = self.node();
+        undo(&format!("detach {}", node.display()), &format!("losetup -d {}", node.display()), || {
+            run_tool(Command::new("losetup").arg("-d").arg(&node)).map(drop)
+        });
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+// ---- swap --------------------------------------------------------------
+
+/// A swap area turned on; `swapoff` on drop.
+pub struct SwapOn {
+    path: PathBuf,
+}
+
+impl SwapOn {
+    /// `mkswap` (if `format`) and `swapon --discard` at `priority`.
+    pub fn on(path: &Path, priority: i32, format: bool) -> anyhow::Result<SwapOn> {
+        if format {
+            run_tool(Command::new("mkswap").arg("-q").arg(path))?;
+        }
+        run_tool(Command::new("swapon").arg("--discard").arg("-p").arg(priority.to_string()).arg(path))?;
+        Ok(SwapOn { path: path.to_path_buf() })
+    }
+
+    /// A swap file of `size` bytes, fully allocated, mode 0600.
+    pub fn make_file(path: &Path, size: u64) -> anyhow::Result<()> {
+        let _ = std::fs::remove_file(path);
+        run_tool(Command::new("fallocate").arg("-l").arg(size.to_string()).arg(path))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(())
+    }
+}
+
+impl Drop for SwapOn {
+    fn drop(&mut self) {
+        let p = self.path.display().to_string();
+        undo(&format!("swapoff {p}"), &format!("swapoff {p}"), || run_tool(Command::new("swapoff").arg(&self.path)).map(drop));
+    }
+}
+
+// ---- zswap -------------------------------------------------------------
+
+const ZSWAP_PARAMS: &str = "/sys/module/zswap/parameters";
+const ZSWAP_DEBUGFS: &str = "/sys/kernel/debug/zswap";
+
+/// zswap's module parameters as found; restored on drop (disabled first,
+/// so nothing is stored while the others change back, `enabled` last).
+pub struct ZswapParams {
+    saved: Vec<(String, String)>,
+    debugfs_mounted_by_us: bool,
+}
+
+impl ZswapParams {
+    /// Save every parameter, and mount debugfs (for zswap's counters) if
+    /// it is not mounted.
+    pub fn save() -> anyhow::Result<ZswapParams> {
+        let mut saved = Vec::new();
+        for e in std::fs::read_dir(ZSWAP_PARAMS).with_context(|| format!("this kernel has no zswap ({ZSWAP_PARAMS})"))?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            saved.push((name, read_trim(e.path())?));
+        }
+        let mut p = ZswapParams { saved, debugfs_mounted_by_us: false };
+        if !Path::new(ZSWAP_DEBUGFS).exists() {
+            run_tool(Command::new("mount").args(["-t", "debugfs", "debugfs", "/sys/kernel/debug"]))?;
+            p.debugfs_mounted_by_us = true;
+        }
+        Ok(p)
+    }
+
+    pub fn set(&self, name: &str, value: &str) -> anyhow::Result<()> {
+        write_attr(Path::new(ZSWAP_PARAMS).join(name), value)
+    }
+
+    /// One of zswap's debugfs counters (`stored_pages`, `pool_total_size`,
+    /// `written_back_pages`, `reject_*`).
+    pub fn counter(&self, name: &str) -> u64 {
+        read_trim(Path::new(ZSWAP_DEBUGFS).join(name)).ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+    }
+
+    /// RAM in bytes (`MemTotal`), against which `max_pool_percent` counts.
+    pub fn mem_total() -> u64 {
+        std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+            .map_or(0, |k| k * 1024)
+    }
+}
+
+impl Drop for ZswapParams {
+    fn drop(&mut self) {
+        let _ = self.set("enabled", "N");
+        for (k, v) in self.saved.iter().filter(|(k, _)| k != "enabled") {
+            undo(&format!("restore zswap's {k}"), &format!("echo {v} > {ZSWAP_PARAMS}/{k}"), || self.set(k, v));
+        }
+        if let Some((_, v)) = self.saved.iter().find(|(k, _)| k == "enabled") {
+            undo("restore zswap's enabled", &format!("echo {v} > {ZSWAP_PARAMS}/enabled"), || self.set("enabled", v));
+        }
+        if self.debugfs_mounted_by_us {
+            let _ = Command::new("umount").arg("/sys/kernel/debug").status();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_stat_since_never_underflows() {
+        let a = DiskStat { read_ops: 5, read_bytes: 10, write_ops: 1, write_bytes: 2 };
+        let b = DiskStat { read_ops: 7, read_bytes: 4096, write_ops: 1, write_bytes: 1 };
+        let d = b.since(&a);
+        assert_eq!((d.read_ops, d.read_bytes, d.write_ops, d.write_bytes), (2, 4086, 0, 0));
+    }
+
+    #[test]
+    fn own_cpu_time_is_readable() {
+        let t0 = cpu_secs(std::process::id()).expect("/proc/self/stat");
+        let end = std::time::Instant::now() + Duration::from_millis(300);
+        let mut x = 0u64;
+        while std::time::Instant::now() < end {
+            x = x.wrapping_mul(31).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let t1 = cpu_secs(std::process::id()).unwrap();
+        assert!(t1 - t0 >= 0.1, "300 ms of spinning counted as {} s", t1 - t0);
+    }
+
+    #[test]
+    fn vmstat_has_swap_counters() {
+        let v = vmstat();
+        assert!(v.contains_key("pswpin") && v.contains_key("pswpout"), "{:?}", v.keys().take(5).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,181 @@
+//! `zmem bench swap`: arguments and printing; the driver is
+//! `zmem_bench::swap` (see its doc for what runs and how memory is made
+//! equal between the systems).
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use zmem_bench::swap::{self, Amount, Config, DiskKind, Progress, System};
+
+use crate::util::parse_size;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Parallel jobs of the workload, one set of runs each (-j sweep):
+    /// `4` or `4,8,16`. Replaces `{jobs}` in a custom command.
+    #[arg(long, short = 'j', default_value = "4", value_delimiter = ',')]
+    pub jobs: Vec<u32>,
+    /// Memory budgets for workload plus pool, one set of runs each: sizes
+    /// (400M) or shares of the workload's peak without a limit (50%).
+    #[arg(long, default_value = "60%,45%", value_delimiter = ',', value_parser = parse_amount)]
+    pub budget: Vec<Amount>,
+    /// The compressed pool's cap: a size or a share of the budget.
+    #[arg(long, default_value = "25%", value_parser = parse_amount)]
+    pub pool_cap: Amount,
+    /// Systems to compare, in this order.
+    #[arg(long, default_value = "disk,zswap,zram,zmem", value_delimiter = ',')]
+    pub systems: Vec<System>,
+    /// Disks: real (as it is), throttled (3,000 IOPS, 125 MB/s), hdd (150
+    /// IOPS, 58 MB/s).
+    #[arg(long, default_value = "real,throttled", value_delimiter = ',')]
+    pub disks: Vec<DiskKind>,
+    /// Compressor for every system, by the kernel's name (zmem uses its own
+    /// LZO for lzo and lzo-rle).
+    #[arg(long, default_value = "lzo")]
+    pub compressor: String,
+    /// Size of the swap file and of zmem's swap device.
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    pub swap_size: u64,
+    /// Scratch directory: the disk image, logs, the build's target dir.
+    #[arg(long, default_value = "/var/tmp/zmem-bench-swap")]
+    pub scratch: PathBuf,
+    /// memory.swappiness of the workload's cgroup.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=200))]
+    pub swappiness: u32,
+    /// zswap's shrinker (writeback of cold entries under memcg pressure).
+    #[arg(long, default_value = "on", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
+    pub zswap_shrinker: bool,
+    /// zram's disksize as a multiple of the pool cap.
+    #[arg(long, default_value_t = 3.0)]
+    pub zram_ratio: f64,
+    /// Kill a run that takes longer than this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub timeout: u64,
+    /// Source tree for the default workload (a cargo workspace).
+    #[arg(long)]
+    pub source: Option<PathBuf>,
+    /// Write the plot here (PNG); default SCRATCH/swap.png.
+    #[arg(long)]
+    pub png: Option<PathBuf>,
+    /// JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// The workload, instead of a clean `cargo build --release --offline
+    /// -j{jobs}` of zmem: any command, e.g. `-- make -j{jobs}`.
+    #[arg(last = true)]
+    pub cmd: Vec<String>,
+}
+
+fn parse_amount(s: &str) -> anyhow::Result<Amount> {
+    if let Some(p) = s.strip_suffix('%') {
+        let p: u32 = p.trim().parse().with_context(|| format!("bad share `{s}`"))?;
+        if !(1..=100).contains(&p) {
+            bail!("a share must be 1% to 100%, got `{s}`");
+        }
+        Ok(Amount::Percent(p))
+    } else {
+        let b = parse_size(s)?;
+        if b < 16 << 20 {
+            bail!("`{s}` is too small: at least 16M");
+        }
+        Ok(Amount::Bytes(b))
+    }
+}
+
+fn config(a: &Args) -> anyhow::Result<Config> {
+    let zmem = std::env::current_exe().context("cannot find the zmem binary")?;
+    if a.zram_ratio < 1.0 || !a.zram_ratio.is_finite() {
+        bail!("--zram-ratio must be at least 1");
+    }
+    let (workload, workload_dir, workload_env, prepare) = if a.cmd.is_empty() {
+        let src = match &a.source {
+            Some(s) => s.clone(),
+            None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")),
+        };
+        let src = src.canonicalize().with_context(|| format!("the source tree {} does not exist (give --source)", src.display()))?;
+        if !src.join("Cargo.toml").is_file() {
+            bail!("{} has no Cargo.toml (give --source, or a command after --)", src.display());
+        }
+        let target = a.scratch.join("target");
+        let argv = ["cargo", "build", "--release", "--offline", "-q", "-j{jobs}"].map(String::from).to_vec();
+        let env = vec![("CARGO_TARGET_DIR".to_string(), target.display().to_string())];
+        let prepare = vec!["rm".to_string(), "-rf".to_string(), target.display().to_string()];
+        (argv, src, env, Some(prepare))
+    } else {
+        (a.cmd.clone(), std::env::current_dir()?, vec![], None)
+    };
+    Ok(Config {
+        workload,
+        workload_dir,
+        workload_env,
+        prepare,
+        jobs: a.jobs.clone(),
+        budgets: a.budget.clone(),
+        pool_cap: a.pool_cap,
+        systems: a.systems.clone(),
+        disks: a.disks.clone(),
+        zmem,
+        compressor: a.compressor.clone(),
+        swap_size: a.swap_size / 4096 * 4096,
+        scratch: a.scratch.clone(),
+        swappiness: a.swappiness,
+        zswap_shrinker: a.zswap_shrinker,
+        zram_ratio: a.zram_ratio,
+        timeout: Duration::from_secs(a.timeout),
+    })
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let cfg = config(&a)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("cannot handle signals")?;
+    }
+    let report = swap::run(&cfg, &stop, |p| match p {
+        Progress::Start { index, total, what } => eprintln!("[{index}/{total}] {what}"),
+        Progress::Done { result: r, .. } => eprintln!(
+            "        {} {:.1} s wall, {:.1} s CPU, pswpout {}, disk {:.0} MB read {:.0} MB written{}",
+            if r.exit_ok { "done:" } else { "FAILED:" },
+            r.wall_secs,
+            r.cpu_secs,
+            r.pswpout,
+            r.disk_io.read_bytes as f64 / 1e6,
+            r.disk_io.write_bytes as f64 / 1e6,
+            r.error.as_ref().map_or(String::new(), |e| format!(" ({e})"))
+        ),
+    })?;
+    let png = a.png.clone().unwrap_or_else(|| a.scratch.join("swap.png"));
+    let plotted = zmem_bench::plot::swap_png(&report, &png);
+    if a.json {
+        let mut v = serde_json::to_value(&report)?;
+        let ratios: Vec<_> = report.runs.iter().map(|r| swap::ratios(&report, r)).collect();
+        v["ratios"] = serde_json::to_value(ratios)?;
+        v["png"] = plotted.as_ref().ok().map(|_| png.display().to_string()).into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", swap::render(&report));
+    }
+    match plotted {
+        Ok(()) => eprintln!("plot: {}", png.display()),
+        Err(e) => eprintln!("zmem: no plot: {e:#}"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts() {
+        assert_eq!(parse_amount("50%").unwrap(), Amount::Percent(50));
+        assert_eq!(parse_amount("400M").unwrap(), Amount::Bytes(400 << 20));
+        assert!(parse_amount("0%").is_err());
+        assert!(parse_amount("101%").is_err());
+        assert!(parse_amount("1M").is_err());
+        assert!(parse_amount("x").is_err());
+    }
+}
