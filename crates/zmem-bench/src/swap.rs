@@ -34,8 +34,9 @@
 //! adds the cgroup's peak to the pool's). Disk swap has no pool: B.
 //!
 //! Before the limited runs, one run without a limit and without swap gives
-//! the baseline time and the workload's peak memory; budgets may be given
-//! as a share of that peak.
+//! the baseline time and the workload's peak of anonymous memory; budgets
+//! may be given as a share of that peak (the page cache a build also fills
+//! is not what swap is about: it is dropped, not swapped).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -120,8 +121,8 @@ impl std::str::FromStr for DiskKind {
     }
 }
 
-/// A memory budget: bytes, or a percentage of the workload's peak in the
-/// unlimited run.
+/// A memory budget: bytes, or a percentage of the workload's peak of
+/// anonymous memory in the unlimited run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Amount {
     Bytes(u64),
@@ -201,9 +202,17 @@ pub struct RunResult {
     pub pswpin: u64,
     pub pswpout: u64,
     pub pgmajfault: u64,
+    /// Pages zswap stored, loaded and wrote back (`zswpout`, `zswpin`,
+    /// `zswpwb` in /proc/vmstat).
+    pub zswpout: u64,
+    pub zswpin: u64,
+    pub zswpwb: u64,
     /// The disk holding the swap file and the backing file.
     pub disk_io: DiskStat,
     pub cgroup_peak_bytes: u64,
+    /// Peak of the cgroup's anonymous memory, resident plus swapped
+    /// (`total_rss + total_swap`, sampled every 200 ms): what swap is for.
+    pub anon_peak_bytes: u64,
     pub cgroup_kmem_peak_bytes: u64,
     /// Compressed pool's peak (zswap: sampled `pool_total_size`; zram and
     /// zmem: `mem_used_max`).
@@ -239,7 +248,8 @@ const CGROUP: &str = "zmem-bench-swap";
 const PAGE: u64 = 4096;
 
 /// Run the whole bench. `stop` turns true on SIGINT: the current run's
-/// workload is killed and everything is undone.
+/// workload is killed, everything is undone, and the report holds the runs
+/// so far (the interrupted one marked failed).
 pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progress)) -> anyhow::Result<Report> {
     preflight(cfg)?;
     std::fs::create_dir_all(&cfg.scratch).with_context(|| format!("cannot create {}", cfg.scratch.display()))?;
@@ -267,16 +277,19 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
     // Only the zswap runs have zswap in front of their swap.
     zswap.set("enabled", "N")?;
 
-    for &jobs in &cfg.jobs {
+    'all: for &jobs in &cfg.jobs {
         index += 1;
         let what = format!("-j{jobs} baseline: no limit, no swap");
         progress(Progress::Start { index, total, what: &what });
-        let base = measure(cfg, jobs, None, &disk, System::Disk, 0, 0, String::from("no limit"), stop, &zswap)?;
+        let base = measure(cfg, jobs, None, &disk, System::Disk, 0, 0, 0, String::from("no limit"), stop, &zswap)?;
         progress(Progress::Done { index, total, result: &base });
+        if stop.load(Ordering::Relaxed) {
+            bail!("interrupted during the baseline run");
+        }
         if !base.exit_ok {
             bail!("the workload fails without a memory limit: {} (log in {})", base.error.clone().unwrap_or_default(), cfg.scratch.display());
         }
-        let peak = base.cgroup_peak_bytes;
+        let peak = base.anon_peak_bytes;
         report.runs.push(base);
         for &kind in &cfg.disks {
             disk.throttle(kind.throttle())?;
@@ -294,7 +307,8 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                     let pct = (cap * 100).div_ceil(mem_total.max(1)).max(1);
                     report.zswap_max_pool_percent = pct;
                     if stop.load(Ordering::Relaxed) {
-                        bail!("interrupted");
+                        report.notes.push("interrupted: the runs after this point did not happen".into());
+                        break 'all;
                     }
                     let (limit, rule) = match sys {
                         System::Disk => (b, "workload cgroup = budget (no pool)".to_string()),
@@ -304,8 +318,7 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                     };
                     let pct = (cap * 100).div_ceil(mem_total.max(1)).max(1);
                     report.zswap_max_pool_percent = pct;
-                    let mut r = measure(cfg, jobs, Some(kind), &disk, sys, limit, cap, rule, stop, &zswap)?;
-                    r.budget_bytes = b;
+                    let r = measure(cfg, jobs, Some(kind), &disk, sys, b, limit, cap, rule, stop, &zswap)?;
                     progress(Progress::Done { index, total, result: &r });
                     if sys == System::Zswap && r.pool_peak_bytes > 0 && r.cgroup_kmem_peak_bytes >= r.pool_peak_bytes / 2 && charged_note.is_none() {
                         charged_note = Some(format!(
@@ -319,6 +332,12 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
             }
         }
         disk.throttle(None)?;
+    }
+    if let Some(p) = &cfg.prepare {
+        // The prepare command cleans up after the last run too (the default
+        // removes the build's target directory).
+        let (cmd, args) = p.split_first().context("empty prepare command")?;
+        let _ = Command::new(cmd).args(args).current_dir(&cfg.workload_dir).status();
     }
     report.notes.extend(charged_note);
     let pct = report.zswap_max_pool_percent;
@@ -462,6 +481,7 @@ fn measure(
     kind: Option<DiskKind>,
     disk: &LoopDisk,
     sys: System,
+    budget: u64,
     limit: u64,
     cap: u64,
     rule: String,
@@ -482,7 +502,7 @@ fn measure(
     let kswapd0 = host::kswapd_cpu_secs();
     let cpu0 = host::children_cpu_secs();
     let wb0 = zswap.counter("written_back_pages");
-    let label = format!("{}-{}-{}-j{jobs}", sys.name(), kind.map_or("none", |k| k.name()), limit >> 20);
+    let label = format!("{}-{}-{}-j{jobs}", sys.name(), kind.map_or("none", |k| k.name()), budget >> 20);
     let log_path = cfg.scratch.join(format!("{label}.log"));
     let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
     let args = argv(cfg, jobs);
@@ -503,11 +523,13 @@ fn measure(
         .spawn()
         .with_context(|| format!("cannot start {args:?}"))?;
     let mut pool_peak = 0u64;
+    let mut anon_peak = 0u64;
     let mut error = None;
     let status = loop {
         if let Some(st) = child.try_wait()? {
             break Some(st);
         }
+        anon_peak = anon_peak.max(cg.stat("total_rss") + cg.stat("total_swap"));
         if sys == System::Zswap && kind.is_some() {
             pool_peak = pool_peak.max(zswap.counter("pool_total_size"));
         }
@@ -564,7 +586,7 @@ fn measure(
         system: sys,
         disk: kind,
         jobs,
-        budget_bytes: 0,
+        budget_bytes: budget,
         cgroup_limit_bytes: limit,
         pool_cap_bytes: if kind.is_some() && sys != System::Disk { cap } else { 0 },
         memory_rule: rule,
@@ -577,8 +599,12 @@ fn measure(
         pswpin: dv("pswpin"),
         pswpout: dv("pswpout"),
         pgmajfault: dv("pgmajfault"),
+        zswpout: dv("zswpout"),
+        zswpin: dv("zswpin"),
+        zswpwb: dv("zswpwb"),
         disk_io,
         cgroup_peak_bytes: cg.counter("memory.max_usage_in_bytes"),
+        anon_peak_bytes: anon_peak,
         cgroup_kmem_peak_bytes: cg.counter("memory.kmem.max_usage_in_bytes"),
         pool_peak_bytes: pool_peak,
         written_back_pages: written_back,
@@ -636,11 +662,12 @@ pub fn render(report: &Report) -> String {
     let mb = |b: u64| format!("{:.0}", b as f64 / 1e6);
     for base in report.runs.iter().filter(|r| r.disk.is_none()) {
         out += &format!(
-            "-j{}: no limit, no swap: {:.1} s wall, {:.1} s CPU, peak {} MiB\n",
+            "-j{}: no limit, no swap: {:.1} s wall, {:.1} s CPU, peak {} MiB, of which anonymous {} MiB\n",
             base.jobs,
             base.wall_secs,
             base.cpu_secs,
-            base.cgroup_peak_bytes >> 20
+            base.cgroup_peak_bytes >> 20,
+            base.anon_peak_bytes >> 20
         );
     }
     let head = [
@@ -742,8 +769,12 @@ mod tests {
             pswpin: 0,
             pswpout: 0,
             pgmajfault: 0,
+            zswpout: 0,
+            zswpin: 0,
+            zswpwb: 0,
             disk_io: DiskStat { read_ops: 1, read_bytes: io, write_ops: 1, write_bytes: io },
             cgroup_peak_bytes: 0,
+            anon_peak_bytes: 0,
             cgroup_kmem_peak_bytes: 0,
             pool_peak_bytes: 0,
             written_back_pages: 0,

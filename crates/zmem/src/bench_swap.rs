@@ -19,11 +19,13 @@ pub struct Args {
     #[arg(long, short = 'j', default_value = "4", value_delimiter = ',')]
     pub jobs: Vec<u32>,
     /// Memory budgets for workload plus pool, one set of runs each: sizes
-    /// (400M) or shares of the workload's peak without a limit (50%).
-    #[arg(long, default_value = "60%,45%", value_delimiter = ',', value_parser = parse_amount)]
+    /// (400M) or shares of the peak of its anonymous memory without a
+    /// limit (50%).
+    #[arg(long, default_value = "50%,35%", value_delimiter = ',', value_parser = parse_amount)]
     pub budget: Vec<Amount>,
-    /// The compressed pool's cap: a size or a share of the budget.
-    #[arg(long, default_value = "25%", value_parser = parse_amount)]
+    /// The compressed pool's cap: a size or a share of the budget (zswap's
+    /// default max_pool_percent is 20).
+    #[arg(long, default_value = "20%", value_parser = parse_amount)]
     pub pool_cap: Amount,
     /// Systems to compare, in this order.
     #[arg(long, default_value = "disk,zswap,zram,zmem", value_delimiter = ',')]

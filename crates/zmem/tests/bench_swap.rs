@@ -1,0 +1,167 @@
+//! `zmem bench swap` end to end, as root: a small workload (a Python
+//! process holding ~300 MiB of text-like pages, touched twice) under a
+//! limit that makes it swap, through all four systems on the real disk.
+//! The report must show each system doing its job, and the machine must be
+//! as it was afterwards: also after a SIGINT in the middle of a run.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{is_root, ZMEM};
+
+/// The tests here change the machine's swap: one at a time.
+static ONE: Mutex<()> = Mutex::new(());
+
+const WORKLOAD: &str = r#"
+import os, random, sys
+random.seed(1)
+words = [os.urandom(8).hex().encode() for _ in range(512)]
+pages = []
+for i in range(int(sys.argv[1]) * 256):
+    b = b" ".join(random.choice(words) for _ in range(180))[:4096]
+    pages.append(bytearray(b.ljust(4096, b"\0")))
+for r in range(2):
+    for i in range(0, len(pages), 7):
+        pages[i][0] = (pages[i][0] + 1) % 256
+check = sum(p[1] for p in pages)
+print("ok", len(pages), check)
+"#;
+
+/// What a bench changes: it must be the same after it.
+fn machine() -> String {
+    let mut s = String::new();
+    s += &std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    for e in std::fs::read_dir("/sys/module/zswap/parameters").into_iter().flatten().flatten() {
+        s += &format!("{:?}={}", e.file_name(), std::fs::read_to_string(e.path()).unwrap_or_default());
+    }
+    s += &std::fs::read_to_string("/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device").unwrap_or_default();
+    s += &std::fs::read_to_string("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device").unwrap_or_default();
+    let loops = Command::new("losetup").arg("-a").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    s += &loops;
+    s += &format!("cgroup={}", Path::new("/sys/fs/cgroup/memory/zmem-bench-swap").exists());
+    s += &format!("zram0={}", std::fs::read_to_string("/sys/block/zram0/disksize").unwrap_or_default());
+    s
+}
+
+fn ready() -> Option<String> {
+    if !is_root() {
+        return Some("needs root".into());
+    }
+    for t in ["python3", "mkswap", "swapon", "losetup", "mkfs.ext4"] {
+        if !common::have(t) {
+            return Some(format!("`{t}` is not installed (scripts/setup.sh installs it)"));
+        }
+    }
+    if !Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+        return Some("no cgroup v1 memory controller".into());
+    }
+    if !Path::new("/sys/block/zram0").exists() || !Path::new("/sys/module/zswap").exists() {
+        return Some("no zram or zswap in this kernel".into());
+    }
+    None
+}
+
+fn bench_cmd(scratch: &Path, script: &Path, mib: u32) -> Command {
+    let mut c = Command::new(ZMEM);
+    c.args(["bench", "swap", "--disks", "real", "--budget", "55%", "--swap-size", "1G", "--json", "--timeout", "300", "--scratch"])
+        .arg(scratch)
+        .arg("--")
+        .arg("python3")
+        .arg(script)
+        .arg(mib.to_string());
+    c
+}
+
+#[test]
+fn every_system_swaps_and_the_machine_is_restored() {
+    if let Some(why) = ready() {
+        skip!("bench swap: {why}");
+    }
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("work.py");
+    std::fs::write(&script, WORKLOAD).unwrap();
+    let before = machine();
+    let out = common::run_timeout(&mut bench_cmd(&dir.path().join("scratch"), &script, 300), Duration::from_secs(900));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench swap failed: {stderr}");
+    assert_eq!(machine(), before, "the machine was not restored");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 5, "baseline + 4 systems: {v}");
+    let run = |sys: &str| runs.iter().find(|r| r["system"] == sys && !r["disk"].is_null()).unwrap_or_else(|| panic!("no {sys} run"));
+    for r in runs {
+        assert_eq!(r["exit_ok"], true, "a run failed: {r}");
+    }
+    let n = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
+    // The baseline's anonymous peak covers the workload's pages.
+    assert!(n(&runs[0], "anon_peak_bytes") > 250 << 20, "{}", runs[0]);
+    // Disk swap went to the disk; each compressed pool held pages.
+    let disk = run("disk");
+    assert!(disk["disk_io"]["write_bytes"].as_u64().unwrap() > 10 << 20, "disk swap wrote nothing: {disk}");
+    assert!(n(disk, "pswpout") > 2560, "{disk}");
+    for sys in ["zswap", "zram", "zmem"] {
+        let r = run(sys);
+        assert!(n(r, "pool_peak_bytes") > 1 << 20, "{sys} held nothing: {r}");
+        assert!(n(r, "cgroup_limit_bytes") < n(disk, "cgroup_limit_bytes"), "{sys}'s workload must give the pool cap up: {r}");
+    }
+    assert!(n(run("zswap"), "zswpout") > 2560, "{}", run("zswap"));
+    assert!(run("zmem")["server_cpu_secs"].as_f64().unwrap() > 0.0, "the zmem server did no work: {}", run("zmem"));
+    // Ratios are there for every system against disk swap.
+    let ratios = v["ratios"].as_array().unwrap();
+    assert!(ratios[1..].iter().all(|q| q["wall_vs_disk"].as_f64().is_some()), "{ratios:?}");
+    // And the plot.
+    let png = v["png"].as_str().expect("a PNG");
+    let head = std::fs::read(png).unwrap();
+    assert_eq!(&head[1..4], b"PNG");
+}
+
+#[test]
+fn an_interrupted_bench_undoes_everything_and_reports_what_ran() {
+    if let Some(why) = ready() {
+        skip!("bench swap: {why}");
+    }
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("work.py");
+    std::fs::write(&script, WORKLOAD).unwrap();
+    let before = machine();
+    let scratch = dir.path().join("scratch");
+    let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
+    let mut child = bench_cmd(&scratch, &script, 300)
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    // Interrupt in the middle of the zram run (the third limited one),
+    // when a zram device, a swap area, a cgroup and a loop disk are all up.
+    let end = Instant::now() + Duration::from_secs(300);
+    let zram_started = || std::fs::read_dir(&scratch).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with("zram-"));
+    while !zram_started() {
+        assert!(Instant::now() < end, "the zram run never started");
+        assert!(child.try_wait().unwrap().is_none(), "bench swap ended early");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    // SIGINT, as a terminal's Ctrl-C would send.
+    assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
+    let status = common::wait_timeout(&mut child, Duration::from_secs(120)).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("bench swap did not stop within 120 s of SIGINT")
+    });
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    let stdout = std::fs::read(&out_path).unwrap();
+    assert!(status.success(), "an interrupted bench still reports: {stderr}");
+    assert_eq!(machine(), before, "the machine was not restored after SIGINT: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
+    let runs = v["runs"].as_array().unwrap();
+    let zram = runs.iter().find(|r| r["system"] == "zram").expect("the zram run is reported");
+    assert_eq!(zram["exit_ok"], false);
+    assert_eq!(zram["error"], "interrupted");
+    assert!(!runs.iter().any(|r| r["system"] == "zmem"), "nothing ran after the interrupt");
+    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("interrupted")), "{v}");
+}
