@@ -65,6 +65,29 @@ fn ready() -> Option<String> {
     None
 }
 
+/// A test's turn, its directory with the workload, and the machine as it
+/// was before; `None` (after a skip) where the machine cannot run it.
+struct Bench {
+    _one: std::sync::MutexGuard<'static, ()>,
+    dir: tempfile::TempDir,
+    script: std::path::PathBuf,
+    before: String,
+}
+
+impl Bench {
+    fn new() -> Option<Bench> {
+        if let Some(why) = ready() {
+            zmem_bench::ci::skip(&format!("bench swap: {why}"));
+            return None;
+        }
+        let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("work.py");
+        std::fs::write(&script, WORKLOAD).unwrap();
+        Some(Bench { _one, dir, script, before: machine() })
+    }
+}
+
 fn bench_cmd(scratch: &Path, script: &Path, mib: u32) -> Command {
     let mut c = Command::new(ZMEM);
     c.args(["bench", "swap", "--disks", "real", "--budget", "55%", "--swap-size", "1G", "--json", "--timeout", "300", "--scratch"])
@@ -78,14 +101,7 @@ fn bench_cmd(scratch: &Path, script: &Path, mib: u32) -> Command {
 
 #[test]
 fn every_system_swaps_and_the_machine_is_restored() {
-    if let Some(why) = ready() {
-        skip!("bench swap: {why}");
-    }
-    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("work.py");
-    std::fs::write(&script, WORKLOAD).unwrap();
-    let before = machine();
+    let Some(Bench { _one, dir, script, before }) = Bench::new() else { return };
     let out = common::run_timeout(&mut bench_cmd(&dir.path().join("scratch"), &script, 300), Duration::from_secs(900));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench swap failed: {stderr}");
@@ -122,14 +138,7 @@ fn every_system_swaps_and_the_machine_is_restored() {
 
 #[test]
 fn an_interrupted_bench_undoes_everything_and_reports_what_ran() {
-    if let Some(why) = ready() {
-        skip!("bench swap: {why}");
-    }
-    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("work.py");
-    std::fs::write(&script, WORKLOAD).unwrap();
-    let before = machine();
+    let Some(Bench { _one, dir, script, before }) = Bench::new() else { return };
     let scratch = dir.path().join("scratch");
     let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
     let mut child = bench_cmd(&scratch, &script, 300)
