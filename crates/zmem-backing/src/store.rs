@@ -319,9 +319,10 @@ const MIN_READAHEAD: usize = 8 << 10;
 /// Gives each store an identity for the per-thread readahead window.
 static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A thread's last read window: which store, at which write epoch, which
-/// file range. Valid only while the store's epoch is unchanged (nothing
-/// has been written to the file since the window was read).
+/// A thread's last read window: which store, at which epoch of the file and
+/// of the window's segment ([`BackingStore::window_epoch`]), which file
+/// range. Valid only while that epoch is unchanged (the file was not
+/// truncated and the segment not written since the window was read).
 struct Window {
     store: u64,
     epoch: u64,
@@ -350,9 +351,7 @@ impl Window {
         self.used = 0;
         self.len = 0;
     }
-}
 
-impl Window {
     fn covers(&self, store: u64, epoch: u64, abs: u64, n: usize) -> bool {
         self.store == store && self.epoch == epoch && abs >= self.lo && abs + n as u64 <= self.lo + self.len as u64
     }

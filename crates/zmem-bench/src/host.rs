@@ -160,7 +160,13 @@ impl MemCgroup {
 
     /// One key of `memory.stat`.
     pub fn stat(&self, key: &str) -> u64 {
-        std::fs::read_to_string(self.path.join("memory.stat"))
+        self.keyed("memory.stat", key)
+    }
+
+    /// `key`'s number in a `key value` file of the cgroup (`memory.stat`,
+    /// `memory.oom_control`); 0 if absent.
+    pub fn keyed(&self, file: &str, key: &str) -> u64 {
+        std::fs::read_to_string(self.path.join(file))
             .unwrap_or_default()
             .lines()
             .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())

@@ -300,12 +300,12 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                     bail!("the pool cap ({cap} bytes) must be below the budget ({b} bytes)");
                 }
                 smallest_cap = smallest_cap.min(cap);
+                let pct = zswap_percent(cap, mem_total);
+                report.zswap_max_pool_percent = pct;
                 for &sys in &cfg.systems {
                     index += 1;
                     let what = format!("-j{jobs} {} disk, budget {} MiB (pool cap {} MiB): {}", kind.name(), b >> 20, cap >> 20, sys.name());
                     progress(Progress::Start { index, total, what: &what });
-                    let pct = (cap * 100).div_ceil(mem_total.max(1)).max(1);
-                    report.zswap_max_pool_percent = pct;
                     if stop.load(Ordering::Relaxed) {
                         report.notes.push("interrupted: the runs after this point did not happen".into());
                         break 'all;
@@ -316,8 +316,6 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                         System::Zram => (b - cap, "workload cgroup = budget - pool cap; zram mem_limit = pool cap".to_string()),
                         System::Zmem => (b - cap, "workload cgroup = budget - pool cap; zmem --max-pool = pool cap".to_string()),
                     };
-                    let pct = (cap * 100).div_ceil(mem_total.max(1)).max(1);
-                    report.zswap_max_pool_percent = pct;
                     let r = measure(cfg, jobs, Some(kind), &disk, sys, b, limit, cap, rule, stop, &zswap)?;
                     progress(Progress::Done { index, total, result: &r });
                     if sys == System::Zswap && r.pool_peak_bytes > 0 && r.cgroup_kmem_peak_bytes >= r.pool_peak_bytes / 2 && charged_note.is_none() {
@@ -348,6 +346,12 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
         ));
     }
     Ok(report)
+}
+
+/// zswap's `max_pool_percent` for a pool cap: whole percents of RAM, at
+/// least 1, never below the cap.
+fn zswap_percent(cap: u64, mem_total: u64) -> u64 {
+    (cap * 100).div_ceil(mem_total.max(1)).max(1)
 }
 
 fn preflight(cfg: &Config) -> anyhow::Result<()> {
@@ -427,8 +431,7 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
         System::Zswap => {
             zswap.set("enabled", "N")?;
             zswap.set("compressor", &cfg.compressor).with_context(|| format!("kernel zswap has no {}", cfg.compressor))?;
-            let pct = (cap * 100).div_ceil(ZswapParams::mem_total().max(1)).max(1);
-            zswap.set("max_pool_percent", &pct.to_string())?;
+            zswap.set("max_pool_percent", &zswap_percent(cap, ZswapParams::mem_total()).to_string())?;
             zswap.set("shrinker_enabled", if cfg.zswap_shrinker { "Y" } else { "N" })?;
             s.swaps.push(SwapOn::on(&swapfile, 10, false)?);
             zswap.set("enabled", "Y")?;
@@ -551,11 +554,7 @@ fn measure(
     let disk_io = disk.stat().since(&d0);
     let exit_ok = status.is_some_and(|s| s.success());
     if error.is_none() && !exit_ok {
-        let oom = host::read_trim(cg.path().join("memory.oom_control"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill ")?.parse::<u64>().ok())
-            .unwrap_or(0);
+        let oom = cg.keyed("memory.oom_control", "oom_kill");
         error = Some(format!(
             "the workload failed ({}){}; log: {}",
             status.map_or("killed".into(), |s| s.to_string()),
