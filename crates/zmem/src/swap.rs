@@ -491,16 +491,28 @@ fn teardown(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Stops the server and waits until it is gone. The wait follows the
+/// process by its start time, not by [`is_our_server`]: an exiting process
+/// loses its command line (its memory is released) well before it is gone,
+/// while it still holds its files and its FUSE mount.
 fn stop_server(pid: u32, dir: &Path) -> anyhow::Result<()> {
     use rustix::process::{kill_process, Pid, Signal};
     let Some(p) = Pid::from_raw(pid as i32) else { return Ok(()) };
+    let Some(born) = proc_stat(pid).map(|s| s.start) else { return Ok(()) };
+    if !is_our_server(pid, dir) {
+        return Ok(());
+    }
+    let running = || proc_stat(pid).is_some_and(|s| s.start == born && s.state != 'Z');
     let _ = kill_process(p, Signal::TERM);
     let end = Instant::now() + Duration::from_secs(15);
-    while is_our_server(pid, dir) && !zombie(pid) {
+    while running() {
         if Instant::now() > end {
             eprintln!("zmem: server {pid} did not stop in 15 s; killing it");
             let _ = kill_process(p, Signal::KILL);
-            std::thread::sleep(Duration::from_millis(200));
+            let end = Instant::now() + Duration::from_secs(5);
+            while running() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -508,11 +520,20 @@ fn stop_server(pid: u32, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
-        .unwrap_or(true)
+/// What `/proc/PID/stat` says of a process: its state letter and its start
+/// time (clock ticks since boot), which tells it from a later process that
+/// got the same pid.
+struct ProcStat {
+    state: char,
+    start: u64,
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces and parentheses:
+    // state is field 3 of stat(5), starttime field 22.
+    let rest: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(ProcStat { state: rest.first()?.chars().next()?, start: rest.get(19)?.parse().ok()? })
 }
 
 // ---- status ----------------------------------------------------------------
