@@ -377,6 +377,12 @@ impl Drop for SwapOn {
 const ZSWAP_PARAMS: &str = "/sys/module/zswap/parameters";
 const ZSWAP_DEBUGFS: &str = "/sys/kernel/debug/zswap";
 
+/// Where zswap's debugfs counter `name` is (debugfs mounted: see
+/// [`ZswapParams::save`]).
+pub fn zswap_counter_path(name: &str) -> PathBuf {
+    Path::new(ZSWAP_DEBUGFS).join(name)
+}
+
 /// zswap's module parameters as found; restored on drop (disabled first,
 /// so nothing is stored while the others change back, `enabled` last).
 pub struct ZswapParams {
@@ -408,7 +414,7 @@ impl ZswapParams {
     /// One of zswap's debugfs counters (`stored_pages`, `pool_total_size`,
     /// `written_back_pages`, `reject_*`).
     pub fn counter(&self, name: &str) -> u64 {
-        read_trim(Path::new(ZSWAP_DEBUGFS).join(name)).ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+        read_trim(zswap_counter_path(name)).ok().and_then(|s| s.parse().ok()).unwrap_or(0)
     }
 
     /// RAM in bytes (`MemTotal`), against which `max_pool_percent` counts.

@@ -9,6 +9,9 @@
 //!   drop.
 //! * [`swap`] — `zmem bench swap`, the seed experiment: a workload under a
 //!   memory limit swapping to disk, zswap, zram and zmem; [`plot`] draws it.
+//! * [`shared_budget`] — one memory budget for a memory cgroup and a
+//!   compressed pool outside it: the cgroup's limit follows the pool (used
+//!   by `zmem swap on --charge-to` and by `zmem bench swap`).
 //! * [`ci`] — skipping a test where a feature is missing, and failing
 //!   instead under CI, where nothing may be missing.
 
@@ -17,6 +20,7 @@ pub mod host;
 pub mod kernel_zram;
 pub mod pages;
 pub mod plot;
+pub mod shared_budget;
 pub mod swap;
 
 pub use kernel_zram::{Unavailable, ZramResult};

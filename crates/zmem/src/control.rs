@@ -16,8 +16,13 @@ use zmem_nbd::Server;
 /// What carries the device's requests.
 pub enum Frontend {
     Nbd(Arc<Server>),
-    /// The FUSE image's counters, and what the server reports of itself.
-    Fuse(Arc<zmem_fuse::FuseStats>, serde_json::Value),
+    /// The FUSE image's counters, what the server got of its protection
+    /// from reclaim, and the budget it shares with a cgroup, if any.
+    Fuse {
+        stats: Arc<zmem_fuse::FuseStats>,
+        safety: serde_json::Value,
+        budget: Option<Arc<zmem_bench::shared_budget::SharedBudget>>,
+    },
 }
 
 /// Everything the control socket reports.
@@ -62,7 +67,7 @@ impl Info {
                     "request_errors": ss.request_errors,
                 })
             }
-            Frontend::Fuse(fs, server) => {
+            Frontend::Fuse { stats: fs, safety, budget } => {
                 let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
                 serde_json::json!({
                     "fuse": {
@@ -73,7 +78,8 @@ impl Info {
                         "discards": n(&fs.discards),
                         "errors": n(&fs.errors),
                     },
-                    "reclaim_safety": server,
+                    "reclaim_safety": safety,
+                    "shared_budget": budget.as_ref().map(|b| b.stats()),
                 })
             }
         };

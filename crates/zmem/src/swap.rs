@@ -80,8 +80,16 @@ pub struct OnArgs {
     /// Run the server in this cgroup (a directory with `cgroup.procs`, v1
     /// or v2), so that its pool is charged to the same memory budget as the
     /// processes that swap to it. It joins before it allocates anything.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "charge_to")]
     pub cgroup: Option<PathBuf>,
+    /// Count the server's memory against this memory cgroup's limit (v1):
+    /// its limit now is the budget for its processes and the pool
+    /// together, and becomes budget − the server's resident memory, kept
+    /// up to date every 10 ms; `off` gives the budget back. The server
+    /// stays outside the cgroup (its own reclaim would otherwise wait on
+    /// its own swap-out). Needs a --max-pool below 3/4 of the budget.
+    #[arg(long)]
+    pub charge_to: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -116,8 +124,10 @@ pub struct ServeArgs {
     /// The device's directory (mountpoint, control socket, ready file).
     #[arg(long)]
     pub dir: PathBuf,
-    #[arg(long)]
+    #[arg(long, conflicts_with = "charge_to")]
     pub cgroup: Option<PathBuf>,
+    #[arg(long)]
+    pub charge_to: Option<PathBuf>,
 }
 
 fn parse_name(s: &str) -> Result<String, String> {
@@ -218,6 +228,10 @@ fn on(a: OnArgs) -> anyhow::Result<()> {
 }
 
 fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
+    let charge = match &a.charge_to {
+        Some(cg) => Some((cg.as_path(), charge_budget(cg, a.pool.max_pool)?)),
+        None => None,
+    };
     let log = std::fs::File::create(dir.join("server.log"))?;
     let exe = std::env::current_exe().context("finding the zmem binary")?;
     let mut cmd = Command::new(exe);
@@ -227,6 +241,7 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
         .arg(dir)
         .args(a.pool.to_args())
         .args(a.cgroup.iter().flat_map(|c| [std::ffi::OsStr::new("--cgroup"), c.as_os_str()]))
+        .args(a.charge_to.iter().flat_map(|c| [std::ffi::OsStr::new("--charge-to"), c.as_os_str()]))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -242,6 +257,7 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
         size,
         priority: a.priority,
         algorithm: a.pool.compressor.clone(),
+        charge_to: charge.map(|(cg, budget)| Charge { cgroup: cg.to_path_buf(), budget }),
     };
     write_state(dir, &st)?;
     let ready = dir.join("ready");
@@ -345,6 +361,31 @@ struct State {
     size: u64,
     priority: i32,
     algorithm: String,
+    /// The cgroup whose limit the server moves, and the budget to give it
+    /// back (`off` does, should the server have died without doing it).
+    #[serde(default)]
+    charge_to: Option<Charge>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+struct Charge {
+    cgroup: PathBuf,
+    budget: u64,
+}
+
+/// The budget of `--charge-to CGROUP` (its limit now), checked against the
+/// pool's cap: the processes must keep at least a quarter of it.
+fn charge_budget(cgroup: &Path, max_pool: u64) -> anyhow::Result<u64> {
+    let budget = zmem_bench::shared_budget::SharedBudget::budget_of(cgroup)?;
+    if max_pool >= budget / 4 * 3 {
+        bail!(
+            "--max-pool ({}) must be below 3/4 of the budget of --charge-to {} ({}), or the pool could leave its processes next to nothing; give a smaller --max-pool",
+            human(max_pool),
+            cgroup.display(),
+            human(budget)
+        );
+    }
+    Ok(budget)
 }
 
 fn write_state(dir: &Path, st: &State) -> anyhow::Result<()> {
@@ -475,6 +516,14 @@ fn teardown(dir: &Path) -> anyhow::Result<()> {
     if let Some(pid) = st.as_ref().map(|s| s.pid).filter(|&p| is_our_server(p, dir)) {
         stop_server(pid, dir)?;
         eprintln!("zmem: stopped server {pid}");
+    }
+    if let Some(c) = st.as_ref().and_then(|s| s.charge_to.as_ref()) {
+        // The server gives the budget back when it stops; this is for one
+        // that died first. Writing it twice is harmless.
+        let f = c.cgroup.join("memory.limit_in_bytes");
+        if c.cgroup.exists() {
+            std::fs::write(&f, c.budget.to_string()).with_context(|| format!("giving {} its limit back ({})", c.cgroup.display(), c.budget))?;
+        }
     }
     let mnt = dir.join("mnt");
     if mounted(&mnt) {
@@ -665,10 +714,21 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         bail!(
             "--cgroup {}: the server would share a memory cgroup with its clients without PR_SET_IO_FLUSHER ({why}), \
              and its own page faults at the cgroup's limit could wait on its own swap-out (a deadlock). \
-             Give it CAP_SYS_RESOURCE, or run it outside that cgroup",
+             Give it CAP_SYS_RESOURCE, or use --charge-to {} to count its memory against that cgroup's limit from outside",
+            cg.display(),
             cg.display()
         );
     }
+    let budget = match &a.charge_to {
+        Some(cg) => {
+            let budget = charge_budget(cg, a.pool.max_pool)?;
+            let me = std::process::id();
+            let keeper = zmem_bench::shared_budget::SharedBudget::start(cg, budget, budget / 4, move || zmem_bench::shared_budget::rss_of(me))?;
+            eprintln!("zmem: counting the server's memory against {} (budget {})", cg.display(), human(budget));
+            Some(Arc::new(keeper))
+        }
+        None => None,
+    };
     if let Some(cg) = &a.cgroup {
         std::fs::write(cg.join("cgroup.procs"), format!("{}\n", std::process::id()))
             .with_context(|| format!("joining cgroup {}", cg.display()))?;
@@ -692,7 +752,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
     let info = Info {
         export: Arc::clone(&export),
-        frontend: Frontend::Fuse(Arc::clone(mounted.stats()), serde_json::to_value(&safety)?),
+        frontend: Frontend::Fuse { stats: Arc::clone(mounted.stats()), safety: serde_json::to_value(&safety)?, budget: budget.clone() },
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
         endpoint: mnt.join(IMAGE).display().to_string(),
@@ -723,6 +783,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(a.dir.join("ready"));
     let st = export.pool().stats();
     mounted.unmount().context("unmounting the FUSE image")?;
+    // Gives the cgroup its budget back.
+    drop(info);
+    drop(budget);
     let mut err = std::io::stderr();
     let _ = writeln!(err, "zmem: swap server stopped; mm_stat {}", st.mm_stat().split_whitespace().collect::<Vec<_>>().join(" "));
     Ok(())
@@ -774,7 +837,7 @@ mod tests {
 
     #[test]
     fn status_table_has_a_row_per_device() {
-        let st = State { name: "zmem0".into(), pid: 1, loop_dev: "/dev/loop7".into(), size: 8 << 30, priority: 100, algorithm: "lz4".into() };
+        let st = State { name: "zmem0".into(), pid: 1, loop_dev: "/dev/loop7".into(), size: 8 << 30, priority: 100, algorithm: "lz4".into(), charge_to: None };
         let stats = json!({"algorithm": "lz4", "stats": {"orig_data_size": 1u64 << 30, "compr_data_size": 300u64 << 20, "mem_used_total": 310u64 << 20}});
         let out = render_status(&[Status { name: "zmem0".into(), state: Some(st), stats: Some(stats), used: Some(1 << 30) }]);
         let lines: Vec<&str> = out.lines().collect();

@@ -123,7 +123,20 @@ fn every_system_swaps_and_the_machine_is_restored() {
     for sys in ["zswap", "zram", "zmem"] {
         let r = run(sys);
         assert!(n(r, "pool_peak_bytes") > 1 << 20, "{sys} held nothing: {r}");
-        assert!(n(r, "cgroup_limit_bytes") < n(disk, "cgroup_limit_bytes"), "{sys}'s workload must give the pool cap up: {r}");
+        // The pool shares the budget: the workload's limit made room for
+        // it, and the two stayed within the budget (up to one 10 ms tick).
+        let sb = &r["shared_budget"];
+        assert!(n(sb, "pool_peak") > 1 << 20 && n(sb, "limit_min") < n(sb, "budget"), "{sys}'s workload must give the pool's memory up: {r}");
+        assert_eq!(n(sb, "budget"), n(disk, "cgroup_limit_bytes"), "{r}");
+        // zswap's cap is whole percents of RAM, above this budget on a
+        // machine with much RAM, and nothing else limits its pool under a
+        // cgroup v1: it may go over, and the report must say so.
+        if sys == "zswap" && n(sb, "peak_total") > n(sb, "budget") + (16 << 20) {
+            let notes = v["notes"].to_string();
+            assert!(notes.contains("zswap's pool went over the budget"), "{notes}");
+        } else {
+            assert!(n(sb, "peak_total") <= n(sb, "budget") + (16 << 20), "{sys}: workload and pool went over the budget: {r}");
+        }
     }
     assert!(n(run("zswap"), "zswpout") > 2560, "{}", run("zswap"));
     assert!(run("zmem")["server_cpu_secs"].as_f64().unwrap() > 0.0, "the zmem server did no work: {}", run("zmem"));

@@ -325,14 +325,18 @@ fn threads_in_d(pid: u32) -> usize {
         .count()
 }
 
-/// The reclaim-safety run: a process rewrites and checks 4x the memory its
-/// cgroup allows, for a minute (ZMEM_RECLAIM_SECS), swapping to zmem all
-/// along. It must end with every byte right, no OOM kill, no hung task, and
-/// no server thread stuck in uninterruptible sleep for 30 s. (The server
-/// runs outside the workload's cgroup: sharing one needs PR_SET_IO_FLUSHER,
-/// see `the_server_refuses_to_share_a_cgroup_it_could_deadlock_in`.) If the
-/// server does get stuck, the FUSE connection is aborted so the machine
-/// recovers, and the test fails.
+/// The reclaim-safety run: a process rewrites and checks 512 MiB for a
+/// minute (ZMEM_RECLAIM_SECS) in a budget of 192 MiB for itself and the
+/// swap server together, swapping to zmem all along. The server's memory
+/// counts against the budget (`--charge-to`: the cgroup's limit follows
+/// the server's resident memory; the server itself stays outside, since
+/// sharing the cgroup needs PR_SET_IO_FLUSHER, see
+/// `the_server_refuses_to_share_a_cgroup_it_could_deadlock_in`). It must
+/// end with every byte right, no OOM kill, no hung task, no server thread
+/// stuck in uninterruptible sleep for 30 s, the pair within the budget (up
+/// to what one 10 ms tick of the keeper lets through), and the budget the
+/// cgroup's limit again after `off`. If the server does get stuck, the FUSE
+/// connection is aborted so the machine recovers, and the test fails.
 #[test]
 fn reclaim_under_pressure_for_a_minute() {
     if !usable_with_cgroups() {
@@ -341,10 +345,16 @@ fn reclaim_under_pressure_for_a_minute() {
     let _turn = exclusive();
     let secs: u64 = std::env::var("ZMEM_RECLAIM_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     let run = RunDir::new();
-    run.ok(&["swap", "on", "--name", "r0", "--size", "2G", "--max-pool", "256M", "--priority", "32767", "--threads", "4"]);
+    const BUDGET: u64 = 192 << 20;
+    let cg = Cgroup::create(&format!("zmem-reclaim-test-{}", std::process::id()), BUDGET);
+    let cgp = cg.0.to_str().unwrap();
+    // A pool cap of most of the budget is refused: it could starve the workload.
+    let out = run.zmem(&["swap", "on", "--name", "r0", "--size", "2G", "--max-pool", "160M", "--charge-to", cgp]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--max-pool"), "{stderr}");
+    run.ok(&["swap", "on", "--name", "r0", "--size", "2G", "--max-pool", "128M", "--priority", "32767", "--threads", "4", "--charge-to", cgp]);
     let pid = run.server_pid("r0");
     let hung_before = hung_tasks();
-    let cg = Cgroup::create(&format!("zmem-reclaim-test-{}", std::process::id()), 128 << 20);
     let script = run.path().join("churn.py");
     std::fs::write(&script, CHURN).unwrap();
     let mut child = cg
@@ -386,16 +396,22 @@ fn reclaim_under_pressure_for_a_minute() {
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     let oom = std::fs::read_to_string(cg.0.join("memory.oom_control")).unwrap();
     let max_usage = cg.get("memory.max_usage_in_bytes");
-    drop(cg);
     let stats = run.server_stats("r0");
+    let shared = &stats["shared_budget"];
     eprintln!(
-        "reclaim run: {secs} s, workload says {:?} in {:.0} s; cgroup max {} MiB of 128; pool mm_stat {}; io_stat {}",
+        "reclaim run: {secs} s, workload says {:?} in {:.0} s; cgroup max {} MiB; shared budget {shared}; pool mm_stat {}; io_stat {}",
         out.trim(),
         start.elapsed().as_secs_f64(),
         max_usage >> 20,
         stats["mm_stat"],
         stats["io_stat"]
     );
+    let n = |k: &str| shared[k].as_u64().unwrap_or_else(|| panic!("shared_budget.{k} missing: {shared}"));
+    assert_eq!(n("budget"), BUDGET);
+    assert!(n("pool_peak") > 32 << 20, "the server's memory was counted: {shared}");
+    assert!(n("limit_min") + n("pool_peak") <= BUDGET + (1 << 20), "the limit made room for the server: {shared}");
+    assert!(n("peak_total") <= BUDGET + (16 << 20), "the workload and the server stayed within the budget: {shared}");
+    assert_eq!(n("floor_ticks"), 0, "{shared}");
     assert!(out.starts_with("OK"), "workload: {out} {err} (status {status:?})");
     assert!(oom.lines().any(|l| l == "oom_kill 0"), "{oom}");
     assert_eq!(hung_tasks(), hung_before, "the kernel reported hung tasks");
@@ -403,6 +419,8 @@ fn reclaim_under_pressure_for_a_minute() {
     assert_eq!(stats["stats"]["failed_reads"].as_u64(), Some(0));
     assert!(stats["stats"]["stores"].as_u64().unwrap() > 32768, "{}", stats["stats"]);
     run.ok(&["swap", "off", "--name", "r0"]);
+    assert_eq!(cg.get("memory.limit_in_bytes"), BUDGET, "off gives the cgroup its budget back");
+    drop(cg);
 }
 
 /// Without PR_SET_IO_FLUSHER (CAP_SYS_RESOURCE), `--cgroup` is refused: a
