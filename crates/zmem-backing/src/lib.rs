@@ -108,7 +108,7 @@ mod store;
 
 pub use error::BackingError;
 pub use file::{BlockFile, Existing, FaultyFile, MemFile, OsFile};
-pub use store::{BackingStore, RECORD_HEADER_SIZE, SEGMENT_SIZE};
+pub use store::{BackingStore, BUFFER_BYTES, RECORD_HEADER_SIZE, SEGMENT_SIZE};
 
 /// Largest payload (and the page size zmem stores).
 pub const PAGE_SIZE: usize = 4096;
@@ -147,6 +147,9 @@ pub struct BackingStats {
     pub bytes_written: u64,
     /// Bytes read from the file: record reads and compaction.
     pub bytes_read: u64,
+    /// Record reads that went to the file (misses of the read windows;
+    /// compaction's reads are not counted).
+    pub read_ops: u64,
     /// Records appended by `write_batch` (zram `bd_writes`).
     pub records_written: u64,
     /// Records read successfully (zram `bd_reads`).

@@ -476,15 +476,15 @@ fn bytes_written_per_record_are_payload_header_and_one_pad_per_batch() {
         "{} B written per record ({:.1}% of a 4096-byte page), {:.1} B of table per record",
         st.bytes_written / records,
         100.0 * st.bytes_written as f64 / (records as f64 * 4096.0),
-        (st.metadata_bytes - 2 * (zmem_backing::SEGMENT_SIZE as u64 + 4096)) as f64 / records as f64,
+        (st.metadata_bytes - zmem_backing::BUFFER_BYTES) as f64 / records as f64,
     );
     assert_eq!((st.records_written, st.records, st.live_bytes), (records, records, live));
     // Batches crossing a segment end are split in two writes: two pads.
     assert!(st.bytes_written >= live && st.bytes_written <= live + 2 * n_batches * 4096, "{st:?}");
     assert!(st.bytes_written < records * 4096 * 6 / 10, "compressed writeback: {st:?}");
-    // metadata_bytes also holds the two 1 MiB append buffers.
-    let buffers = 2 * (zmem_backing::SEGMENT_SIZE as u64 + 4096);
-    let table = st.metadata_bytes - buffers;
+    // metadata_bytes also holds the two 1 MiB append buffers and the read
+    // windows'.
+    let table = st.metadata_bytes - zmem_backing::BUFFER_BYTES;
     assert!(table <= records * 48, "{} B of table per record", table / records);
 }
 

@@ -62,6 +62,12 @@ fn series(report: &Report, disk: crate::swap::DiskKind, jobs: u32, y: impl Fn(&c
 }
 
 fn chart(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, title: &str, y_label: &str, data: &Series) -> anyhow::Result<()> {
+    if data.is_empty() {
+        // Every run of the set failed or was interrupted: no axis to draw
+        // (an empty range sends plotters' tick search into an endless loop).
+        area.titled(&format!("{title}: no run completed"), ("sans-serif", 18))?;
+        return Ok(());
+    }
     let xs = data.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
     let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
     let y1 = data.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(0.0f64, f64::max);
@@ -109,4 +115,41 @@ pub fn swap_png(report: &Report, path: &Path) -> anyhow::Result<()> {
     }
     root.present().with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::swap::{test_run, DiskKind};
+
+    /// `swap_png` on another thread, failing the test if it takes over 60 s.
+    fn plot(report: Report) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.png");
+        let p = path.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(swap_png(&report, &p).map_err(|e| format!("{e:#}"))));
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("plotting hung").expect("plotting failed");
+        std::fs::read(&path).unwrap()
+    }
+
+    fn report(runs: Vec<crate::swap::RunResult>) -> Report {
+        Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, notes: vec![], runs }
+    }
+
+    #[test]
+    fn a_plot_of_runs() {
+        let d = Some(DiskKind::Real);
+        let runs = vec![test_run(System::Disk, d, 400 << 20, 100.0, 1 << 30), test_run(System::Zmem, d, 400 << 20, 60.0, 1 << 28)];
+        assert_eq!(&plot(report(runs))[1..4], b"PNG");
+    }
+
+    #[test]
+    fn a_set_whose_every_run_failed_still_plots() {
+        // As after a Ctrl-C during the first limited run.
+        let mut r = test_run(System::Disk, Some(DiskKind::Throttled), 434 << 20, 50.0, 1 << 29);
+        r.exit_ok = false;
+        let base = test_run(System::Disk, None, 0, 90.0, 0);
+        assert_eq!(&plot(report(vec![base, r]))[1..4], b"PNG");
+    }
 }

@@ -795,40 +795,44 @@ pub fn render(report: &Report) -> String {
     out
 }
 
+/// A finished run with made-up figures, for tests.
+#[cfg(test)]
+pub(crate) fn test_run(system: System, disk: Option<DiskKind>, budget: u64, wall: f64, io: u64) -> RunResult {
+    RunResult {
+        system,
+        disk,
+        jobs: 4,
+        budget_bytes: budget,
+        cgroup_limit_bytes: budget,
+        pool_cap_bytes: 0,
+        memory_rule: String::new(),
+        exit_ok: true,
+        error: None,
+        wall_secs: wall,
+        cpu_secs: 1.0,
+        server_cpu_secs: 0.0,
+        kswapd_cpu_secs: 0.0,
+        pswpin: 0,
+        pswpout: 0,
+        pgmajfault: 0,
+        zswpout: 0,
+        zswpin: 0,
+        zswpwb: 0,
+        disk_io: DiskStat { read_ops: 1, read_bytes: io, write_ops: 1, write_bytes: io },
+        cgroup_peak_bytes: 0,
+        anon_peak_bytes: 0,
+        cgroup_kmem_peak_bytes: 0,
+        pool_peak_bytes: 0,
+        written_back_pages: 0,
+        shared_budget: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn run(system: System, disk: Option<DiskKind>, budget: u64, wall: f64, io: u64) -> RunResult {
-        RunResult {
-            system,
-            disk,
-            jobs: 4,
-            budget_bytes: budget,
-            cgroup_limit_bytes: budget,
-            pool_cap_bytes: 0,
-            memory_rule: String::new(),
-            exit_ok: true,
-            error: None,
-            wall_secs: wall,
-            cpu_secs: 1.0,
-            server_cpu_secs: 0.0,
-            kswapd_cpu_secs: 0.0,
-            pswpin: 0,
-            pswpout: 0,
-            pgmajfault: 0,
-            zswpout: 0,
-            zswpin: 0,
-            zswpwb: 0,
-            disk_io: DiskStat { read_ops: 1, read_bytes: io, write_ops: 1, write_bytes: io },
-            cgroup_peak_bytes: 0,
-            anon_peak_bytes: 0,
-            cgroup_kmem_peak_bytes: 0,
-            pool_peak_bytes: 0,
-            written_back_pages: 0,
-            shared_budget: None,
-        }
-    }
+    use super::test_run as run;
 
     fn report(runs: Vec<RunResult>) -> Report {
         Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, notes: vec![], runs }

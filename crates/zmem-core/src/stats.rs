@@ -143,6 +143,8 @@ pub struct Stats {
     /// Bytes actually written to / read from the backing file.
     pub backing_bytes_written: u64,
     pub backing_bytes_read: u64,
+    /// Reads of the backing file for loads (what the read windows missed).
+    pub backing_read_ops: u64,
     /// Length of the backing file, and bytes of live records in it.
     pub backing_file_bytes: u64,
     pub backing_live_bytes: u64,

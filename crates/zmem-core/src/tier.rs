@@ -325,6 +325,7 @@ impl Tier {
         st.bd_writes = b.records_written;
         st.backing_bytes_written = b.bytes_written;
         st.backing_bytes_read = b.bytes_read;
+        st.backing_read_ops = b.read_ops;
         st.backing_file_bytes = b.file_bytes;
         st.backing_live_bytes = b.live_bytes;
         st.backing_metadata_bytes = b.metadata_bytes;

@@ -16,7 +16,10 @@ use common::*;
 use zmem_backing::{BackingStore, FaultyFile, MemFile};
 use zmem_core::{Pool, PoolConfig, ZmemError};
 
-const LIMIT: u64 = 4 << 20;
+/// A pool with a tier holds 2.6 MiB of buffers (append buffers and read
+/// windows, `zmem_backing::BUFFER_BYTES`) before its first page written
+/// back: the limit leaves room for pages too.
+const LIMIT: u64 = 6 << 20;
 
 /// How keys are chosen: a dense run, or one key per index block (the
 /// index's worst case: a whole block and a map slot per page).

@@ -136,13 +136,14 @@ pub fn render(v: &Value) -> String {
     }
     if st.get("backing_file_bytes").is_some() && (g("bd_writes") > 0 || v["backing"].is_string()) {
         out += &format!(
-            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read, file {} ({} live), {} pages brought back\n",
+            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads, file {} ({} live), {} pages brought back\n",
             g("bd_count"),
             g("bd_reads"),
             g("bd_writes"),
             g("written_back_pages"),
             human(g("backing_bytes_written")),
             human(g("backing_bytes_read")),
+            g("backing_read_ops"),
             human(g("backing_file_bytes")),
             human(g("backing_live_bytes")),
             g("promoted_pages")
