@@ -229,7 +229,14 @@ fn on(a: OnArgs) -> anyhow::Result<()> {
 
 fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
     let charge = match &a.charge_to {
-        Some(cg) => Some((cg.as_path(), charge_budget(cg, a.pool.max_pool)?)),
+        Some(cg) => {
+            // A second keeper would take the first one's lowered limit for
+            // the budget, and the two would fight over it.
+            if let Some(other) = charged_by_another(&a.run_dir, dir, cg) {
+                bail!("--charge-to {}: device {other} already counts its memory against that cgroup; one device per cgroup", cg.display());
+            }
+            Some((cg.as_path(), charge_budget(cg, a.pool.max_pool)?))
+        }
         None => None,
     };
     let log = std::fs::File::create(dir.join("server.log"))?;
@@ -371,6 +378,20 @@ struct State {
 struct Charge {
     cgroup: PathBuf,
     budget: u64,
+}
+
+/// The device under `run_dir`, other than `me`, whose server counts its
+/// memory against `cgroup`, if any.
+fn charged_by_another(run_dir: &Path, me: &Path, cgroup: &Path) -> Option<String> {
+    let same = |p: &Path| std::fs::canonicalize(p).ok() == std::fs::canonicalize(cgroup).ok();
+    std::fs::read_dir(run_dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|d| d != me)
+        .filter_map(|d| read_state(&d))
+        .find(|st| st.charge_to.as_ref().is_some_and(|c| same(&c.cgroup)) && is_our_server(st.pid, &run_dir.join(&st.name)))
+        .map(|st| st.name)
 }
 
 /// The budget of `--charge-to CGROUP` (its limit now), checked against the
@@ -673,6 +694,8 @@ fn status(a: StatusArgs) -> anyhow::Result<()> {
 #[derive(Debug, Clone, serde::Serialize)]
 struct ReclaimSafety {
     mlockall: bool,
+    /// malloc tuned to give freed memory back under mlockall.
+    malloc_tuned: bool,
     io_flusher: Option<String>,
     oom_score_adj: String,
 }
@@ -683,6 +706,10 @@ struct ReclaimSafety {
 /// withhold even from root: then the server says so and runs without them.
 fn reclaim_safety() -> anyhow::Result<ReclaimSafety> {
     use rustix::mm::{mlockall, MlockAllFlags};
+    let malloc_tuned = crate::sys::malloc_for_mlock();
+    if !malloc_tuned {
+        eprintln!("zmem: warning: could not tune malloc for mlockall: memory the server frees may stay resident");
+    }
     mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT)
         .context("mlockall: a swap server must never be swapped into itself (needs root or a large RLIMIT_MEMLOCK)")?;
     let io_flusher = match rustix::process::configure_io_flusher_behavior(true) {
@@ -699,7 +726,7 @@ fn reclaim_safety() -> anyhow::Result<ReclaimSafety> {
             std::fs::read_to_string("/proc/self/oom_score_adj").unwrap_or_default().trim().to_string()
         }
     };
-    Ok(ReclaimSafety { mlockall: true, io_flusher, oom_score_adj })
+    Ok(ReclaimSafety { mlockall: true, malloc_tuned, io_flusher, oom_score_adj })
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {

@@ -282,6 +282,52 @@ fn a_config_file_brings_devices_up() {
     assert!(std::fs::read_dir(run.path()).unwrap().flatten().all(|e| !e.path().is_dir()));
 }
 
+/// `--charge-to`: the cgroup's limit makes room for the server at once,
+/// a second device may not count against the same cgroup, a cgroup with no
+/// limit has no budget, and `off` gives the budget back, also after the
+/// server was killed.
+#[test]
+fn charge_to_lends_the_cgroup_s_budget_and_off_gives_it_back() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let _turn = exclusive();
+    let run = RunDir::new();
+    const BUDGET: u64 = 256 << 20;
+    let cg = Cgroup::create(&format!("zmem-charge-test-{}", std::process::id()), BUDGET);
+    let cgp = cg.0.to_str().unwrap();
+    run.ok(&["swap", "on", "--name", "a", "--size", "64M", "--max-pool", "32M", "--charge-to", cgp]);
+    let pid = run.server_pid("a");
+    let rss = || {
+        let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap();
+        statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while cg.get("memory.limit_in_bytes") == BUDGET {
+        assert!(std::time::Instant::now() < end, "the limit never made room for the server");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (limit, held) = (cg.get("memory.limit_in_bytes"), rss());
+    assert!(limit + held >= BUDGET - (2 << 20) && limit + held <= BUDGET + (2 << 20), "limit {limit} + server {held} against {BUDGET}");
+    let out = run.zmem(&["swap", "on", "--name", "b", "--size", "64M", "--max-pool", "32M", "--charge-to", cgp]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("already counts"), "{stderr}");
+    assert!(!run.device("b").exists());
+    let unlimited = Cgroup::create(&format!("zmem-charge-test-free-{}", std::process::id()), u64::MAX / 2);
+    unlimited.set("memory.limit_in_bytes", "-1");
+    let out = run.zmem(&["swap", "on", "--name", "b", "--size", "64M", "--max-pool", "32M", "--charge-to", unlimited.0.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no memory limit"), "{stderr}");
+    // Killed: the budget stays lent until `off`.
+    let lo = run.loop_dev("a");
+    run_ok(Command::new("kill").args(["-KILL", &pid.to_string()]), T);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(cg.get("memory.limit_in_bytes") < BUDGET);
+    run.ok(&["swap", "off", "--name", "a"]);
+    assert_gone(&run, "a", &lo, pid);
+    assert_eq!(cg.get("memory.limit_in_bytes"), BUDGET, "off gives the budget back");
+}
+
 /// Rewrites and checks random pages of `argv[1]` MiB for `argv[2]` seconds,
 /// then checks every page: prints `OK ops pages` or `BAD n`.
 const CHURN: &str = r#"
@@ -412,6 +458,12 @@ fn reclaim_under_pressure_for_a_minute() {
     assert!(n("limit_min") + n("pool_peak") <= BUDGET + (1 << 20), "the limit made room for the server: {shared}");
     assert!(n("peak_total") <= BUDGET + (16 << 20), "the workload and the server stayed within the budget: {shared}");
     assert_eq!(n("floor_ticks"), 0, "{shared}");
+    // What the server holds beyond its pool's own books (binary, stacks,
+    // buffers, malloc's slack) stays small: under mlockall, memory freed
+    // into malloc's arenas could not be given back (see sys::malloc_for_mlock).
+    let used_max = stats["stats"]["mem_used_max"].as_u64().unwrap();
+    assert!(n("pool_peak") <= used_max + (32 << 20), "server RSS peak {} against a pool peak of {used_max}", n("pool_peak"));
+    assert_eq!(stats["reclaim_safety"]["malloc_tuned"], true, "{}", stats["reclaim_safety"]);
     assert!(out.starts_with("OK"), "workload: {out} {err} (status {status:?})");
     assert!(oom.lines().any(|l| l == "oom_kill 0"), "{oom}");
     assert_eq!(hung_tasks(), hung_before, "the kernel reported hung tasks");
