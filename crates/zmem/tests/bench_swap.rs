@@ -135,7 +135,11 @@ fn every_system_swaps_and_the_machine_is_restored() {
             let notes = v["notes"].to_string();
             assert!(notes.contains("zswap's pool went over the budget"), "{notes}");
         } else {
-            assert!(n(sb, "peak_total") <= n(sb, "budget") + (16 << 20), "{sys}: workload and pool went over the budget: {r}");
+            // 24 MiB: what a pool grows while the keeper's lowering of the
+            // limit waits on reclaim (zram went 16 MiB over in the full
+            // bench); without the keeper the pair would go over by the
+            // whole pool (a 35 MiB cap here).
+            assert!(n(sb, "peak_total") <= n(sb, "budget") + (24 << 20), "{sys}: workload and pool went over the budget: {r}");
         }
     }
     assert!(n(run("zswap"), "zswpout") > 2560, "{}", run("zswap"));
