@@ -305,18 +305,14 @@ struct Appender {
 /// in an order of its own and the shrinker's writes keep ending windows
 /// early, and then every miss reading 64 KiB for one record multiplied the
 /// disk bytes read by 16 (seen in `zmem bench swap`). So the read-ahead
-/// adapts by what windows served: a window of which less than a quarter
-/// was records that were read makes the next one a quarter as large (down
-/// to the record's own sectors), one of which half or more was read doubles
-/// it (up to this). A window of only its own record counts as well used,
-/// so after a shrink to nothing the next miss tries 8 KiB again: on a swap
-/// storm that probing found enough neighbours to halve the read operations
-/// against judging the read-ahead part alone (`zmem bench swap`: 22k reads
-/// of 15 KiB against 44k of 3.4 KiB, and 20 % less wall time), and
-/// operations, not bytes, are what a disk (or a cloud volume's IOPS
-/// budget) charges most for.
+/// adapts ([`Windows::victim`], [`Windows::continues`]): a window replaced
+/// with less than a quarter of it served quarters it, down to
+/// [`MIN_READAHEAD`] and never to nothing (reading only the record's own
+/// sectors doubled the read operations on a swap storm, and operations,
+/// not bytes, are what a disk or a cloud volume's IOPS budget charges most
+/// for); a miss just past a window's end doubles it, up to this.
 const READAHEAD: usize = 64 << 10;
-/// The smallest readahead that is not none.
+/// The smallest read-ahead after a miss.
 const MIN_READAHEAD: usize = 8 << 10;
 /// Read windows a store keeps. Shared by every thread that reads, because
 /// the pages of one run of swap-ins reach the server as separate requests
@@ -670,15 +666,13 @@ impl BackingStore {
             let mut ws = self.windows.lock();
             if let Some(w) = ws.find(epoch, abs, n) {
                 let rec = &w.buf.as_ref().map_or(&[][..], |b| b.get(w.len))[(abs - w.lo) as usize..][..n];
-                let Some((_, payload)) = verify(rec, e.len, Some(key)) else {
+                let r = self.serve(rec, id, key, e.len, out);
+                match r {
+                    Ok(()) => w.used += n,
                     // Never trust this window again: a retry reads the disk.
-                    w.len = 0;
-                    return Err(BackingError::Checksum { id: id.to_raw() });
-                };
-                out.extend_from_slice(payload);
-                w.used += n;
-                self.c.records_read.fetch_add(1, Relaxed);
-                return Ok(());
+                    Err(_) => w.len = 0,
+                }
+                return r;
             }
             if ws.continues(e.seg as u64, abs) {
                 ws.ahead = (ws.ahead * 2).clamp(MIN_READAHEAD, READAHEAD);
@@ -701,12 +695,7 @@ impl BackingStore {
                     got,
                 });
             }
-            let rec = &buf.get(got)[(abs - lo) as usize..][..n];
-            let Some((_, payload)) = verify(rec, e.len, Some(key)) else {
-                return Err(BackingError::Checksum { id: id.to_raw() });
-            };
-            out.extend_from_slice(payload);
-            self.c.records_read.fetch_add(1, Relaxed);
+            self.serve(&buf.get(got)[(abs - lo) as usize..][..n], id, key, e.len, out)?;
             // Keep what was read for the records next to this one.
             let mut ws = self.windows.lock();
             let clock = ws.clock;
@@ -718,6 +707,15 @@ impl BackingStore {
             *w = Window { epoch, seg: e.seg as u64, lo, len: got, buf: Some(spare), used: n, last: clock };
             Ok(())
         })
+    }
+
+    /// Verify record `id` as read (`rec`: header and payload) and append
+    /// its payload to `out`; a mismatch is an error, never data.
+    fn serve(&self, rec: &[u8], id: RecordId, key: u64, len: u16, out: &mut Vec<u8>) -> Result<()> {
+        let (_, payload) = verify(rec, len, Some(key)).ok_or(BackingError::Checksum { id: id.to_raw() })?;
+        out.extend_from_slice(payload);
+        self.c.records_read.fetch_add(1, Relaxed);
+        Ok(())
     }
 
     /// Forget a record. Its id (and any copy of it) becomes invalid.

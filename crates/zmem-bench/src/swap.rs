@@ -295,7 +295,7 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
         index += 1;
         let what = format!("-j{jobs} baseline: no limit, no swap");
         progress(Progress::Start { index, total, what: &what });
-        let base = measure(cfg, jobs, None, &disk, System::Disk, 0, 0, 0, String::from("no limit"), stop, &zswap)?;
+        let base = measure(cfg, jobs, None, &disk, System::Disk, 0, 0, String::from("no limit"), stop, &zswap)?;
         progress(Progress::Done { index, total, result: &base });
         if stop.load(Ordering::Relaxed) {
             bail!("interrupted during the baseline run");
@@ -330,7 +330,7 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                         System::Zram => "workload cgroup = budget - zram mem_used_total; zram mem_limit = pool cap".to_string(),
                         System::Zmem => "workload cgroup = budget - zmem server RSS; zmem --max-pool = pool cap".to_string(),
                     };
-                    let r = measure(cfg, jobs, Some(kind), &disk, sys, b, b, cap, rule, stop, &zswap)?;
+                    let r = measure(cfg, jobs, Some(kind), &disk, sys, b, cap, rule, stop, &zswap)?;
                     progress(Progress::Done { index, total, result: &r });
                     if sys == System::Zswap && r.pool_peak_bytes > 0 && r.cgroup_kmem_peak_bytes >= r.pool_peak_bytes / 2 && charged_note.is_none() {
                         charged_note = Some(format!(
@@ -495,13 +495,13 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
 /// What a system's pool holds in memory now, read on the budget keeper's
 /// thread.
 fn pool_gauge(sys: System, s: &Setup, server_pid: Option<u32>) -> anyhow::Result<Box<dyn FnMut() -> Option<u64> + Send>> {
-    let first_number = |p: PathBuf, field: usize| move || std::fs::read_to_string(&p).ok()?.split_whitespace().nth(field)?.parse().ok();
+    let field_of = |p: PathBuf, field: usize| move || std::fs::read_to_string(&p).ok()?.split_whitespace().nth(field)?.parse().ok();
     Ok(match sys {
         System::Disk => bail!("disk swap has no pool"),
-        System::Zswap => Box::new(first_number(host::zswap_counter_path("pool_total_size"), 0)),
+        System::Zswap => Box::new(field_of(host::zswap_counter_path("pool_total_size"), 0)),
         System::Zram => {
             let dev = s.zram.as_ref().context("no zram device")?;
-            Box::new(first_number(PathBuf::from("/sys/block").join(dev.name()).join("mm_stat"), 2))
+            Box::new(field_of(PathBuf::from("/sys/block").join(dev.name()).join("mm_stat"), 2))
         }
         System::Zmem => {
             let pid = server_pid.context("the zmem server's pid is unknown")?;
@@ -528,7 +528,6 @@ fn measure(
     disk: &LoopDisk,
     sys: System,
     budget: u64,
-    limit: u64,
     cap: u64,
     rule: String,
     stop: &Arc<AtomicBool>,
@@ -540,7 +539,9 @@ fn measure(
     }
     drop_caches();
     let setup = if kind.is_some() { Some(set_up(cfg, sys, cap, disk, zswap)?) } else { None };
-    let cg = MemCgroup::create(CGROUP, (limit > 0).then_some(limit), cfg.swappiness)?;
+    // The workload's cgroup starts at the budget; for a compressed system
+    // the keeper below then takes the pool's share from it.
+    let cg = MemCgroup::create(CGROUP, (budget > 0).then_some(budget), cfg.swappiness)?;
     let server_pid = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status()).and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
     let server_cpu0 = server_pid.and_then(host::cpu_secs).unwrap_or(0.0);
     let keeper = match (&setup, sys) {
@@ -634,7 +635,7 @@ fn measure(
         disk: kind,
         jobs,
         budget_bytes: budget,
-        cgroup_limit_bytes: limit,
+        cgroup_limit_bytes: budget,
         pool_cap_bytes: if kind.is_some() && sys != System::Disk { cap } else { 0 },
         memory_rule: rule,
         exit_ok,

@@ -180,16 +180,6 @@ fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn rss_bytes(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    l.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|kb| kb * 1024)
-}
-
 /// What every target is filled with, and how the random jobs write.
 struct Plan {
     data: PathBuf,
@@ -420,13 +410,13 @@ fn bench_zmem(a: &Args, plan: &mut Plan, dir: &Path) -> anyhow::Result<TargetRes
         ));
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
-        let rss0 = rss_bytes(server.pid());
+        let rss0 = zmem_bench::shared_budget::rss_of(server.pid());
         jobs.push(fill_and_run(a, plan, job, "nbd", &uri)?);
         if job.name == "fill" {
             let v = crate::stat::query(&ctl)?;
             let st = &v["stats"];
             mem = st["mem_used_total"].as_u64();
-            rss = rss_bytes(server.pid())
+            rss = zmem_bench::shared_budget::rss_of(server.pid())
                 .zip(rss0)
                 .map(|(b, a)| b.saturating_sub(a));
             if a.compress_percentage.is_none() {
@@ -475,10 +465,10 @@ fn bench_nbdkit(a: &Args, plan: &Plan, dir: &Path, allocator: Option<&str>) -> a
         ));
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
-        let rss0 = rss_bytes(server.pid());
+        let rss0 = zmem_bench::shared_budget::rss_of(server.pid());
         jobs.push(fill_and_run(a, plan, job, "nbd", &uri)?);
         if job.name == "fill" {
-            rss = rss_bytes(server.pid())
+            rss = zmem_bench::shared_budget::rss_of(server.pid())
                 .zip(rss0)
                 .map(|(b, a)| b.saturating_sub(a));
         }

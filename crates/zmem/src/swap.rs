@@ -779,7 +779,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
     let info = Info {
         export: Arc::clone(&export),
-        frontend: Frontend::Fuse { stats: Arc::clone(mounted.stats()), safety: serde_json::to_value(&safety)?, budget: budget.clone() },
+        frontend: Frontend::Fuse { stats: Arc::clone(mounted.stats()), safety: serde_json::to_value(&safety)?, budget },
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
         endpoint: mnt.join(IMAGE).display().to_string(),
@@ -810,9 +810,8 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(a.dir.join("ready"));
     let st = export.pool().stats();
     mounted.unmount().context("unmounting the FUSE image")?;
-    // Gives the cgroup its budget back.
+    // With it the budget keeper: the cgroup gets its budget back.
     drop(info);
-    drop(budget);
     let mut err = std::io::stderr();
     let _ = writeln!(err, "zmem: swap server stopped; mm_stat {}", st.mm_stat().split_whitespace().collect::<Vec<_>>().join(" "));
     Ok(())
