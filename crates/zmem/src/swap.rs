@@ -16,9 +16,10 @@
 //! has it, but this path is not built yet; every kernel has FUSE and loop.
 //!
 //! The server protects itself from reclaim, since the kernel may need it to
-//! finish a swap-out in order to free memory: `mlockall(MCL_CURRENT |
-//! MCL_FUTURE | MCL_ONFAULT)` (the pool is never swapped into itself; the
-//! allocator still gives emptied spans back), `PR_SET_IO_FLUSHER` (its
+//! finish a swap-out in order to free memory: `mlockall(MCL_CURRENT)` then
+//! `mlockall(MCL_FUTURE | MCL_ONFAULT)` (the pool is never swapped into
+//! itself; later mappings cost only the pages touched; the allocator still
+//! gives emptied spans back), `PR_SET_IO_FLUSHER` (its
 //! allocations do not recurse into I/O reclaim), and `oom_score_adj -1000`.
 
 use std::io::Write;
@@ -710,8 +711,14 @@ fn reclaim_safety() -> anyhow::Result<ReclaimSafety> {
     if !malloc_tuned {
         eprintln!("zmem: warning: could not tune malloc for mlockall: memory the server frees may stay resident");
     }
-    mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT)
-        .context("mlockall: a swap server must never be swapped into itself (needs root or a large RLIMIT_MEMLOCK)")?;
+    // What is mapped now (the binary's code and data) is faulted in and
+    // locked, so no code path is first read from disk in a swap storm;
+    // what is mapped later (pool spans, malloc's heap, thread stacks, fuser's
+    // buffers) is locked as it is touched. MCL_FUTURE alone keeps the
+    // current mappings locked.
+    let hint = "mlockall: a swap server must never be swapped into itself (needs root or a large RLIMIT_MEMLOCK)";
+    mlockall(MlockAllFlags::CURRENT).context(hint)?;
+    mlockall(MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT).context(hint)?;
     let io_flusher = match rustix::process::configure_io_flusher_behavior(true) {
         Ok(()) => None,
         Err(e) => {
@@ -766,14 +773,10 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&mnt)?;
     let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false };
     let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).with_context(|| format!("mounting the FUSE image at {}", mnt.display()))?;
-    // Now that the workers and their buffers exist, fault in and lock all
-    // that is mapped (stacks, request buffers): a request must not need a
-    // new page to be received. Later mappings are locked as they are touched.
-    {
-        use rustix::mm::{mlockall, MlockAllFlags};
-        mlockall(MlockAllFlags::CURRENT).context("mlockall(MCL_CURRENT)")?;
-        mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT).context("mlockall")?;
-    }
+    // The workers' stacks and fuser's receive buffers are locked as they
+    // are touched (MCL_ONFAULT), not faulted in whole: fuser sizes each
+    // buffer for its own 16 MiB max_write, the kernel fills at most MAX_IO
+    // (1 MiB) of it, and faulting in all of it held 32 MiB for two workers.
     let control_path = a.dir.join("control.sock");
     let control = bind_unix(&control_path, 0o600, None)?;
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
