@@ -105,9 +105,16 @@ pub struct PoolConfig {
     pub shards: usize,
     /// Largest span the allocator may use for a size class, in pages.
     pub max_span_pages: usize,
-    /// zswap's `max_pool_percent`, as bytes of allocator pages: past it, a
-    /// pool with a backing store writes its coldest pages back; one without
-    /// rejects stores (`pool_limit_hit`) until it is below the accept threshold.
+    /// zswap's `max_pool_percent`, in bytes: past it, a pool with a backing
+    /// store writes its coldest pages back; one without rejects stores
+    /// (`pool_limit_hit`) until it is below the accept threshold. It bounds
+    /// the allocator's pages plus the metadata that grows with the data
+    /// (allocator tables, index, LRU, dedup table, the backing store's
+    /// record tables), so that it bounds what the pool takes from the
+    /// machine; metadata counts for at most 3/4 of it, so pages always keep
+    /// a quarter (the tables of written-back pages cannot be written back).
+    /// Fixed costs (the shard arrays, the backing store's I/O buffers) are
+    /// not counted.
     pub max_pool: Option<u64>,
     /// zswap's `accept_threshold_percent`: after hitting `max_pool`, accept
     /// again (or stop writing back) below this share of it.
@@ -317,8 +324,11 @@ pub(crate) struct Engine {
     shard_bits: u32,
     pub(crate) dedup: Option<Box<[Mutex<DedupShard>]>>,
     pub(crate) counters: Counters,
-    /// Allocator pages allowed (u64::MAX: no max_pool).
+    /// `max_pool` in pages (u64::MAX: none); compared with [`Engine::held_pages`].
     pub(crate) max_pool_pages: AtomicU64,
+    /// What the budget holds that does not grow with the data: the shard
+    /// arrays, and the backing store's I/O buffers once made.
+    fixed_bytes: u64,
     /// zswap's `zswap_pool_reached_full`: set at max_pool, cleared below the
     /// accept threshold (pools without a backing store).
     pool_full: AtomicBool,
@@ -541,7 +551,9 @@ impl Engine {
             }
         }
         let counters = Counters::default();
+        let buffers = if tier.is_some() { zmem_backing::BUFFER_BYTES } else { 0 };
         Ok(Engine {
+            fixed_bytes: budget.used() + buffers,
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
             max_pool_pages: AtomicU64::new(
                 cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64)),
@@ -566,6 +578,22 @@ impl Engine {
     fn fixed_bytes(shards: usize, dedup: bool) -> u64 {
         let dedup = if dedup { DEDUP_SHARDS * std::mem::size_of::<Mutex<DedupShard>>() } else { 0 };
         (shards * std::mem::size_of::<Mutex<Shard>>() + dedup) as u64
+    }
+
+    /// What `max_pool` bounds, in pages: the allocator's pages plus the
+    /// metadata that grows with the data, of which at most 3/4 of
+    /// `max_pool` counts. O(1): the budget's total, less the allocator's
+    /// pages, the fixed costs and the bound charged ahead of a backing
+    /// write in flight (a write's growth counts once it has happened).
+    pub(crate) fn held_pages(&self) -> u64 {
+        let pages = self.alloc.pages_used();
+        let max = self.max_pool_pages.load(Relaxed);
+        if max == u64::MAX {
+            return pages;
+        }
+        let ahead = self.tier.as_ref().map_or(0, |t| t.reserved_now());
+        let meta = self.budget().used().saturating_sub(pages * PAGE_SIZE as u64 + self.fixed_bytes + ahead);
+        pages + (meta / PAGE_SIZE as u64).min(max - max / 4)
     }
 
     /// What every growth of the pool is charged to (zram's mem_limit).
@@ -709,7 +737,7 @@ impl Engine {
         if max == u64::MAX {
             return Ok(());
         }
-        let used = self.alloc.pages_used();
+        let used = self.held_pages();
         if let Some(t) = &self.tier {
             if used < max {
                 return Ok(());
@@ -1177,6 +1205,7 @@ impl Engine {
         st.objs_allocated = a.objs_allocated;
         let max = self.max_pool_pages.load(Relaxed);
         st.max_pool_bytes = if max == u64::MAX { 0 } else { max * PAGE_SIZE as u64 };
+        st.max_pool_used_bytes = self.held_pages() * PAGE_SIZE as u64;
         st.accept_threshold_percent = self.cfg.accept_threshold_percent as u64;
         self.counters.fill(&mut st);
         st

@@ -156,6 +156,10 @@ pub struct Stats {
     pub writeback_fail: u64,
     /// zswap's max_pool as bytes (0: none), and accept_threshold_percent.
     pub max_pool_bytes: u64,
+    /// What max_pool is compared with: pool pages plus the metadata that
+    /// grows with the data, at most 3/4 of max_pool of it (pool pages when
+    /// there is no max_pool).
+    pub max_pool_used_bytes: u64,
     pub accept_threshold_percent: u64,
 
     // zram dedup patch

@@ -18,7 +18,9 @@
 //!   it waits for the shrinker to push the cold end out, then goes in.
 //!
 //! # The shrinker thread and the three marks
-//! `max_pool` is a limit, as zswap's is. Below it sit two marks: the
+//! `max_pool` is a limit, as zswap's is, on the pool's pages plus the
+//! metadata that grows with the data ([`Engine::held_pages`]; zswap counts
+//! pages only). Below it sit two marks: the
 //! **high mark**, halfway between the accept threshold and `max_pool`, and
 //! the **accept threshold** (`accept_threshold_percent` of `max_pool`). A
 //! store that leaves the pool at or over the high mark wakes the shrinker
@@ -131,6 +133,8 @@ pub(crate) struct Tier {
     writeback_fail: AtomicU64,
     /// What the budget holds for the backing store's tables.
     backing_charged: Mutex<BackingCharge>,
+    /// `BackingCharge::reserved`, readable without the lock (`held_pages`).
+    reserved_now: AtomicU64,
 }
 
 /// The budget's charge for the backing store's tables: what they held at
@@ -210,6 +214,7 @@ impl Tier {
             promoted: AtomicU64::new(0),
             writeback_fail: AtomicU64::new(0),
             backing_charged: Mutex::new(BackingCharge::default()),
+            reserved_now: AtomicU64::new(0),
         }
     }
 
@@ -260,7 +265,13 @@ impl Tier {
         let mut c = self.backing_charged.lock();
         b.try_charge(bound)?;
         c.reserved += bound;
+        self.reserved_now.store(c.reserved, Relaxed);
         Ok(())
+    }
+
+    /// The bound charged ahead of the backing write in flight (0: none).
+    pub(crate) fn reserved_now(&self) -> u64 {
+        self.reserved_now.load(Relaxed)
     }
 
     /// Bring the budget's charge for the backing store's tables to what
@@ -273,6 +284,7 @@ impl Tier {
         let mut c = self.backing_charged.lock();
         let actual = self.store.metadata_bytes();
         c.reserved -= reserved;
+        self.reserved_now.store(c.reserved, Relaxed);
         if reserved == 0 && c.reserved > 0 {
             if actual < c.charged {
                 b.uncharge(c.charged - actual);
@@ -352,7 +364,7 @@ pub(crate) fn shrinker_main(e: &Engine) {
         t.wanted.store(false, Release);
         let r = e.shrink_round(t);
         let failed = match &r {
-            Ok((_, exhausted)) => *exhausted && e.alloc.pages_used() >= e.max_pool_pages.load(Relaxed),
+            Ok((_, exhausted)) => *exhausted && e.held_pages() >= e.max_pool_pages.load(Relaxed),
             Err(err) => {
                 e.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
                 e.counters.warn.warn(|| format!("writeback failed; the pool stays near its limit: {err}"));
@@ -409,7 +421,7 @@ impl Engine {
     /// After a store: wake the shrinker if the pool is at its high mark.
     pub(crate) fn kick_shrinker(&self) {
         if let Some(t) = &self.tier {
-            if self.alloc.pages_used() >= self.high_pages() {
+            if self.held_pages() >= self.high_pages() {
                 t.kick();
             }
         }
@@ -426,7 +438,7 @@ impl Engine {
         let mut c = t.ctl.lock();
         let start = c.rounds;
         loop {
-            if self.alloc.pages_used() < max {
+            if self.held_pages() < max {
                 return Ok(());
             }
             let gave_up = c.last_failed && !c.running && c.rounds > start;
@@ -452,7 +464,7 @@ impl Engine {
         let mut total = 0;
         let mut batches = 0u32;
         let mut exhausted = false;
-        while self.alloc.pages_used() > target && !t.stopping() {
+        while self.held_pages() > target && !t.stopping() {
             let r = self.writeback_lru_batch(t);
             t.note_progress();
             let (written, examined) = r?;
@@ -468,7 +480,7 @@ impl Engine {
                 self.alloc.compact();
             }
         }
-        if self.alloc.pages_used() > target {
+        if self.held_pages() > target {
             self.alloc.compact();
         }
         Ok((total, exhausted))
@@ -747,7 +759,7 @@ impl Engine {
         })?;
         OBJ.with_borrow_mut(|obj| {
             self.read_record(t, key, id, info, obj, buf)?;
-            if self.alloc.pages_used() >= self.accept_pages() {
+            if self.held_pages() >= self.accept_pages() {
                 return Ok(());
             }
             let old = {
@@ -788,7 +800,7 @@ impl Engine {
                 ZmemError::Corrupt { source, .. } => ZmemError::Corrupt { key, source },
                 e => e,
             })?;
-            if self.alloc.pages_used() >= self.accept_pages() {
+            if self.held_pages() >= self.accept_pages() {
                 return Ok(());
             }
             {

@@ -154,7 +154,7 @@ fn fill_until_writing(p: &Arc<Pool>, file: &Arc<FaultyFile<MemFile>>) -> u64 {
     finishes(WAIT, move || {
         let mut k = 0u64;
         while !f2.wait_held(1, Duration::ZERO) {
-            if p2.stats().pool_pages + 2 >= max_pages {
+            if p2.stats().max_pool_used_bytes / 4096 + 2 >= max_pages {
                 assert!(f2.wait_held(1, WAIT), "the shrinker started writing");
                 break;
             }

@@ -357,3 +357,41 @@ fn concurrent_writeback_keeps_every_page() {
     assert!(st.written_back_pages > 1000, "{st:?}");
     assert_eq!(st.reject_reclaim_fail, 0);
 }
+
+/// `max_pool` bounds pages and the tables that grow with the data, as a
+/// cap on what the pool takes from the machine must: sparse keys (a
+/// 16-entry index block each, with access times) make the index grow as
+/// fast as the compressed pages, and the pool's pages make room for it.
+/// Metadata counts for at most 3/4 of the cap, so pages keep the rest.
+#[test]
+fn max_pool_bounds_pages_and_tables() {
+    const MAX: u64 = 2 * MIB;
+    const SLACK: u64 = 64 * 1024;
+    let p = tiered(MAX, mem_file());
+    let n = 8000u64;
+    let key = |i: u64| i * 16;
+    for i in 0..n {
+        p.store(key(i), &compressible(i)).unwrap();
+        if i % 256 == 255 {
+            let st = p.stats();
+            assert!(st.max_pool_used_bytes <= MAX + SLACK, "after {i} stores: {st:?}");
+            let tables = st.index_bytes + st.lru_bytes;
+            assert!(
+                st.pool_total_size + tables.min(MAX - MAX / 4) <= MAX + SLACK,
+                "after {i} stores the pages did not make room for the tables: {st:?}"
+            );
+        }
+    }
+    assert!(p.settle(std::time::Duration::from_secs(30)), "the shrinker settles");
+    let st = p.stats();
+    eprintln!("{st:?}");
+    // The tables alone reached the 3/4 that may count: pages keep a quarter.
+    assert!(st.index_bytes > MAX, "the test's keys make a large index: {st:?}");
+    assert!(st.pool_total_size >= MAX / 8, "pages keep room under a large index: {st:?}");
+    assert!(st.pool_total_size <= MAX / 4 + SLACK, "{st:?}");
+    let mut buf = vec![0u8; PAGE];
+    for i in 0..n {
+        p.load(key(i), &mut buf).unwrap();
+        assert_eq!(buf, compressible(i), "key {}", key(i));
+    }
+}

@@ -22,7 +22,8 @@ pub struct PoolArgs {
     /// it); writes that need memory past it fail with ENOSPC.
     #[arg(long, value_parser = parse_size)]
     pub mem_limit: Option<u64>,
-    /// zswap's max_pool: a size (512M) or a share of RAM (20%). Without
+    /// zswap's max_pool: a size (512M) or a share of RAM (20%), for the
+    /// compressed pages and the tables that grow with them. Without
     /// --backing, writes past it fail with ENOSPC until the pool is back
     /// under --accept-threshold; with it, the coldest pages are written back.
     #[arg(long, default_value = "20%", value_parser = parse_pool_limit)]

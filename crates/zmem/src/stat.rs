@@ -127,7 +127,8 @@ pub fn render(v: &Value) -> String {
     }
     if g("max_pool_bytes") > 0 {
         out += &format!(
-            "max_pool: {} (accept below {}%), pool_limit_hit {}, reject_reclaim_fail {}\n",
+            "max_pool: {} used of {} (pages and tables; accept below {}%), pool_limit_hit {}, reject_reclaim_fail {}\n",
+            human(g("max_pool_used_bytes")),
             human(g("max_pool_bytes")),
             g("accept_threshold_percent"),
             g("pool_limit_hit"),
