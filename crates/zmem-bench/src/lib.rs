@@ -1,4 +1,7 @@
-//! Benchmark support for zmem.
+//! Benchmark support for zmem: where benchmark pages come from, the kernel
+//! yardstick, the machine as a benchmark changes it, and the drivers of
+//! `zmem bench` (the `zmem` binary only parses their arguments and prints
+//! their reports).
 //!
 //! * [`pages`] — where benchmark pages come from: files and directories,
 //!   the anonymous memory of a live process, or a built-in default process.
@@ -7,6 +10,10 @@
 //! * [`host`] — the machine as a benchmark changes it (cgroups, loop
 //!   disks, throttles, swap, zswap's parameters), every change undone on
 //!   drop.
+//! * [`store`] — `zmem bench store`: the engine's pool against the raw
+//!   compressor and kernel zram, on the same pages.
+//! * [`blockdev`] — `zmem bench blockdev`: `zmem serve` under fio against
+//!   nbdkit's memory plugin and kernel zram.
 //! * [`swap`] — `zmem bench swap`, the seed experiment: a workload under a
 //!   memory limit swapping to disk, zswap, zram and zmem; [`plot`] draws it.
 //! * [`shared_budget`] — one memory budget for a memory cgroup and a
@@ -15,12 +22,16 @@
 //! * [`ci`] — skipping a test where a feature is missing, and failing
 //!   instead under CI, where nothing may be missing.
 
+#![deny(unsafe_code)]
+
+pub mod blockdev;
 pub mod ci;
 pub mod host;
 pub mod kernel_zram;
 pub mod pages;
 pub mod plot;
 pub mod shared_budget;
+pub mod store;
 pub mod swap;
 
 pub use kernel_zram::{Unavailable, ZramResult};

@@ -33,6 +33,12 @@
 //! nothing in RAM can be written back. A round that fails backs off for
 //! 100 ms before the next, so a dead disk is not hammered.
 //!
+//! A round compacts the allocator before each batch and writes back only
+//! when compaction freed nothing: spans return pages only when they empty,
+//! and writing back more than the pages still to free trades disk I/O for
+//! nothing. For the same reason a batch carries at most the compressed
+//! bytes of the pages still to free.
+//!
 //! # LRU
 //! Each index shard keeps a FIFO of [`LruItem`]s in store order, and so does
 //! each dedup shard for its shared objects (a shared object is written back

@@ -13,13 +13,6 @@ pub fn geteuid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Send SIGTERM to a child process we spawned and have not reaped yet (so
-/// the pid cannot have been reused).
-pub fn terminate(child: &std::process::Child) {
-    // SAFETY: kill takes plain integers; the pid is our own unreaped child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-}
-
 /// Run `f` with the process umask set to `mask`, then restore it. Used to
 /// create a socket with its final permissions, with no window where it is
 /// more open.

@@ -33,15 +33,6 @@ pub fn parse_on_off(s: &str) -> anyhow::Result<bool> {
     }
 }
 
-/// Megabytes (10^6 bytes) per second.
-pub fn mbps(bytes: u64, secs: f64) -> f64 {
-    if secs <= 0.0 {
-        0.0
-    } else {
-        bytes as f64 / 1e6 / secs
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
