@@ -52,8 +52,13 @@
 //! bytes plus two segments and a free segment lies below its end, it moves
 //! the last segment's records down and truncates the file. Compaction runs
 //! automatically after a write when the occupied segments exceed twice the
-//! live bytes plus one segment, so under any churn the file stays within
-//! about `2 × live + 2 segments`. A record that fails verification during
+//! live bytes plus one segment, but then goes only as far as it must: sparse
+//! segments until the occupied ones are back under that target, and a
+//! dense last segment only when the file is over `4 × live + 4 segments`
+//! (records die by themselves, under a swap storm within seconds, and
+//! every record moved is read and written again). So under any churn the
+//! file stays within about `4 × live + 4 segments`, and an explicit
+//! `compact` brings it to `2 × live + 2 segments`. A record that fails verification during
 //! compaction is never copied (that could make a transient read fault
 //! permanent): its segment is left alone and logged.
 //!

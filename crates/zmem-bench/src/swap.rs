@@ -230,6 +230,11 @@ pub struct RunResult {
     pub written_back_pages: u64,
     /// How the workload's limit followed the pool (compressed systems).
     pub shared_budget: Option<BudgetStats>,
+    /// The zmem server's own counters at the end of the run (`zmem stat
+    /// --json`'s `stats`): backing reads and their operations, records
+    /// loaded from the file, what the pool held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_stats: Option<serde_json::Value>,
 }
 
 impl RunResult {
@@ -613,6 +618,7 @@ fn measure(
     }
     let mut written_back = 0;
     let mut server_cpu = 0.0;
+    let mut server_stats = None;
     match sys {
         System::Zswap if kind.is_some() => written_back = zswap.counter("written_back_pages").saturating_sub(wb0),
         System::Zram => {
@@ -625,6 +631,7 @@ fn measure(
                 let st = &v["server"]["stats"];
                 pool_peak = st["mem_used_max"].as_u64().unwrap_or(0);
                 written_back = st["written_back_pages"].as_u64().unwrap_or(0);
+                server_stats = Some(st.clone());
             }
             server_cpu = server_pid.and_then(host::cpu_secs).map_or(0.0, |c| c - server_cpu0);
         }
@@ -657,6 +664,7 @@ fn measure(
         pool_peak_bytes: pool_peak,
         written_back_pages: written_back,
         shared_budget,
+        server_stats,
     };
     drop(cg);
     drop(setup);
@@ -826,6 +834,7 @@ pub(crate) fn test_run(system: System, disk: Option<DiskKind>, budget: u64, wall
         pool_peak_bytes: 0,
         written_back_pages: 0,
         shared_budget: None,
+        server_stats: None,
     }
 }
 
