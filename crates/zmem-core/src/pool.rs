@@ -119,6 +119,19 @@ pub struct PoolConfig {
     /// zswap's `accept_threshold_percent`: after hitting `max_pool`, accept
     /// again (or stop writing back) below this share of it.
     pub accept_threshold_percent: u8,
+    /// zswap's exclusive loads, as far as a block device allows: a load is
+    /// taken to be the page's last use in the pool, because whoever reads
+    /// a block device through the page cache or the swap cache now holds
+    /// the page itself (the kernel frees a swap slot when it writes to the
+    /// page, and says so to zmem only when it reuses or discards the slot).
+    /// So a loaded object goes to the cold end of the LRU, to be the first
+    /// written back, instead of getting a second chance in RAM; and a
+    /// written-back page that is loaded stays in the file instead of coming
+    /// back to RAM. The copy is never dropped: a clean page the kernel
+    /// evicts is read from its slot again (2 % of loads on a swap storm).
+    /// Shared (deduplicated) objects keep their second chance: a load
+    /// through one key says nothing about the others.
+    pub exclusive_loads: bool,
 }
 
 /// Default huge threshold: pages that compress to 4032 bytes or more are
@@ -145,6 +158,7 @@ impl Default for PoolConfig {
             max_span_pages: 32,
             max_pool: None,
             accept_threshold_percent: 90,
+            exclusive_loads: false,
         }
     }
 }
@@ -359,7 +373,8 @@ impl Pool {
     /// `backing_dev`), and on request ([`Pool::writeback`]). Starts the
     /// shrinker thread.
     pub fn with_backing(cfg: PoolConfig, backing: BackingStore) -> Result<Pool> {
-        Self::build(cfg, Some(Tier::new(backing)))
+        let exclusive = cfg.exclusive_loads;
+        Self::build(cfg, Some(Tier::new(backing, exclusive)))
     }
 
     fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Pool> {
@@ -1065,17 +1080,23 @@ impl Engine {
     /// Look `key` up under its shard lock; a tiered pool also records the
     /// access (zswap's referenced bit, zram's ac_time).
     fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64) -> Result<(MutexGuard<'a, Shard>, Entry)> {
-        let e = if self.tier.is_some() {
-            let Some(slot) = s.index.access(key, self.now()) else {
-                return Err(ZmemError::NotFound { key });
-            };
-            if matches!(slot.slot(), Slot::Obj(..)) {
-                *slot = slot.with_referenced(true);
-            }
-            *slot
-        } else {
-            s.index.get(key).ok_or(ZmemError::NotFound { key })?
+        let Some(t) = &self.tier else {
+            let e = s.index.get(key).ok_or(ZmemError::NotFound { key })?;
+            return Ok((s, e));
         };
+        let Some(slot) = s.index.access(key, self.now()) else {
+            return Err(ZmemError::NotFound { key });
+        };
+        let e = *slot;
+        if !matches!(e.slot(), Slot::Obj(..)) || e.referenced() {
+            return Ok((s, e));
+        }
+        let e = e.with_referenced(true);
+        *slot = e;
+        if t.exclusive {
+            // (Once: the bit now marks an object queued at the cold end.)
+            t.queue_cold(&mut s, key, e, self.budget());
+        }
         Ok((s, e))
     }
 

@@ -102,6 +102,65 @@ fn lru_keeps_the_newest_and_the_hot() {
     assert!(p.stats().bd_reads > 0);
 }
 
+/// zswap's exclusive loads, as a block device allows them: a page loaded
+/// from RAM is written back before pages never loaded (whoever read it
+/// holds it now), and a page loaded from the file stays there. Without
+/// them the same loads give a second chance and bring pages back.
+#[test]
+fn exclusive_loads_write_loaded_pages_back_first_and_leave_them_on_file() {
+    let mut buf = vec![0u8; PAGE];
+    for exclusive in [false, true] {
+        let store = BackingStore::new(Box::new(mem_file()), None);
+        let cfg = PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, exclusive_loads: exclusive, ..PoolConfig::default() };
+        let p = Pool::with_backing(cfg, store).unwrap();
+        // Fill to 80 % of the cap, under the shrinker's marks, then load
+        // the newest tenth.
+        let mut n = 0u64;
+        while p.stats().max_pool_used_bytes < MIB * 8 / 10 {
+            p.store(n, &compressible(n)).unwrap();
+            n += 1;
+        }
+        assert_eq!(p.stats().written_back_pages, 0);
+        let loaded: Vec<u64> = (n - n / 10..n).collect();
+        for &k in &loaded {
+            p.load(k, &mut buf).unwrap();
+        }
+        // Store on until the shrinker has written back the loaded pages'
+        // number and a twentieth more.
+        let mut m = n;
+        while p.stats().written_back_pages < loaded.len() as u64 + n / 20 {
+            p.store(m, &compressible(m)).unwrap();
+            m += 1;
+        }
+        assert!(p.settle(std::time::Duration::from_secs(30)));
+        let st = p.stats();
+        let written = st.written_back_pages;
+        let loaded_out = loaded.iter().filter(|&&k| p.residency(k) == Some(Residency::Backed)).count();
+        let oldest_out = (0..n / 10).filter(|&k| p.residency(k) == Some(Residency::Backed)).count();
+        eprintln!("exclusive {exclusive}: {n} pages, {written} written back, loaded ones out {loaded_out}/{}, oldest tenth out {oldest_out}", loaded.len());
+        if exclusive {
+            assert_eq!(loaded_out, loaded.len(), "loaded pages go first: {st:?}");
+            assert!(oldest_out > 0, "then the oldest, in store order");
+        } else {
+            assert_eq!(loaded_out, 0, "a load gives a second chance: {st:?}");
+            assert!(oldest_out as u64 >= n / 20, "the oldest go first");
+        }
+        // A load from the file, with room in the pool: back to RAM, or not.
+        for k in n..m {
+            p.invalidate(k);
+        }
+        let k = if exclusive { loaded[0] } else { 0 };
+        p.load(k, &mut buf).unwrap();
+        assert_eq!(buf, compressible(k));
+        let want = if exclusive { Residency::Backed } else { Residency::Ram };
+        assert_eq!(p.residency(k), Some(want), "exclusive {exclusive}");
+        for k in 0..n {
+            p.load(k, &mut buf).unwrap();
+            assert_eq!(buf, compressible(k), "key {k}");
+        }
+    }
+}
+
 #[test]
 fn explicit_writeback_modes_and_budget() {
     let file = mem_file();

@@ -43,14 +43,23 @@ pub struct PoolArgs {
     /// Cap on the backing file's size (e.g. 4G).
     #[arg(long, value_parser = parse_size, requires = "backing")]
     pub backing_limit: Option<u64>,
+    /// zswap's exclusive loads, on or off: a page read from the pool is
+    /// taken to be held by the kernel's swap or page cache from then on,
+    /// so its compressed copy is the first written back (never dropped)
+    /// and a written-back page read from the file stays there. [default:
+    /// on for `zmem swap on`, off for `zmem serve`]
+    #[arg(long, value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub exclusive_loads: Option<bool>,
 }
 
 impl PoolArgs {
     /// The pool these options describe (opening the backing store, if
     /// any), and its compressor.
-    pub fn build(&self) -> anyhow::Result<(Pool, Compressor)> {
+    /// `exclusive_loads` is the command's default for --exclusive-loads.
+    pub fn build(&self, exclusive_loads: bool) -> anyhow::Result<(Pool, Compressor)> {
         let comp: Compressor = self.compressor.parse()?;
         let cfg = PoolConfig {
+            exclusive_loads: self.exclusive_loads.unwrap_or(exclusive_loads),
             compressor: comp,
             dedup: self.dedup,
             mem_limit: self.mem_limit,
@@ -87,6 +96,9 @@ impl PoolArgs {
         ];
         if let Some(l) = self.mem_limit {
             v.extend(["--mem-limit".into(), l.to_string()]);
+        }
+        if let Some(x) = self.exclusive_loads {
+            v.extend(["--exclusive-loads".into(), if x { "on" } else { "off" }.into()]);
         }
         if let Some(b) = &self.backing {
             v.extend(["--backing".into(), b.display().to_string()]);

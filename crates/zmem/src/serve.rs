@@ -133,7 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.export_name.len() > 4096 || a.export_name.contains('\0') {
         bail!("--export-name must be at most 4096 bytes without NUL");
     }
-    let (pool, comp) = a.pool.build()?;
+    let (pool, comp) = a.pool.build(false)?;
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     if a.max_inflight < 1 << 20 {
         bail!("--max-inflight must be at least 1M, got {}", a.max_inflight);

@@ -767,7 +767,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         std::fs::write(cg.join("cgroup.procs"), format!("{}\n", std::process::id()))
             .with_context(|| format!("joining cgroup {}", cg.display()))?;
     }
-    let (pool, comp) = a.pool.build()?;
+    let (pool, comp) = a.pool.build(true)?;
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
     std::fs::create_dir_all(&mnt)?;
