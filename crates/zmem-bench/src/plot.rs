@@ -134,7 +134,7 @@ mod tests {
     }
 
     fn report(runs: Vec<crate::swap::RunResult>) -> Report {
-        Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, notes: vec![], runs }
+        Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, zmem_args: vec![], notes: vec![], runs }
     }
 
     #[test]

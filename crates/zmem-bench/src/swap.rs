@@ -182,6 +182,9 @@ pub struct Config {
     /// zram's disksize as a multiple of the pool cap (the compression
     /// ratio it is sized for; past it, swap goes to the swap file).
     pub zram_ratio: f64,
+    /// Extra arguments for `zmem swap on` (to compare zmem's settings:
+    /// `--exclusive-loads off`, `--dedup on`, ...).
+    pub zmem_args: Vec<String>,
     /// A run taking longer than this is killed and reported failed.
     pub timeout: Duration,
 }
@@ -250,6 +253,8 @@ pub struct Report {
     pub compressor: String,
     pub mem_total_bytes: u64,
     pub zswap_max_pool_percent: u64,
+    /// The extra arguments zmem's runs were started with.
+    pub zmem_args: Vec<String>,
     pub notes: Vec<String>,
     pub runs: Vec<RunResult>,
 }
@@ -278,6 +283,7 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
         compressor: cfg.compressor.clone(),
         mem_total_bytes: mem_total,
         zswap_max_pool_percent: 0,
+        zmem_args: cfg.zmem_args.clone(),
         notes: Vec::new(),
         runs: Vec::new(),
     };
@@ -488,7 +494,8 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
                     .arg(&backing)
                     .arg("--force")
                     .arg("--run-dir")
-                    .arg(&run_dir),
+                    .arg(&run_dir)
+                    .args(&cfg.zmem_args),
             )
             .context("zmem swap on")?;
             s.zmem = Some(z);
@@ -727,6 +734,9 @@ pub fn render(report: &Report) -> String {
             base.anon_peak_bytes >> 20
         );
     }
+    if !report.zmem_args.is_empty() {
+        out += &format!("zmem swap on with: {}\n", report.zmem_args.join(" "));
+    }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB",
         "pool MB", "mem MB", "wb pages", "t/disk", "t/zswap", "io/disk", "io/zswap",
@@ -845,7 +855,7 @@ mod tests {
     use super::test_run as run;
 
     fn report(runs: Vec<RunResult>) -> Report {
-        Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, notes: vec![], runs }
+        Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, zmem_args: vec![], notes: vec![], runs }
     }
 
     #[test]

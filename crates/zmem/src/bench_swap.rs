@@ -53,6 +53,10 @@ pub struct Args {
     /// zram's disksize as a multiple of the pool cap.
     #[arg(long, default_value_t = 3.0)]
     pub zram_ratio: f64,
+    /// An extra argument for `zmem swap on`, repeated for each (e.g.
+    /// `--zmem-arg=--exclusive-loads --zmem-arg=off`).
+    #[arg(long = "zmem-arg", allow_hyphen_values = true, value_name = "ARG")]
+    pub zmem_args: Vec<String>,
     /// Kill a run that takes longer than this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub timeout: u64,
@@ -126,6 +130,7 @@ fn config(a: &Args) -> anyhow::Result<Config> {
         swappiness: a.swappiness,
         zswap_shrinker: a.zswap_shrinker,
         zram_ratio: a.zram_ratio,
+        zmem_args: a.zmem_args.clone(),
         timeout: Duration::from_secs(a.timeout),
     })
 }
