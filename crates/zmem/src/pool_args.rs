@@ -46,8 +46,9 @@ pub struct PoolArgs {
     /// zswap's exclusive loads, on or off: a page read from the pool is
     /// taken to be held by the kernel's swap or page cache from then on,
     /// so its compressed copy is the first written back (never dropped)
-    /// and a written-back page read from the file stays there. [default:
-    /// on for `zmem swap on`, off for `zmem serve`]
+    /// and a written-back page read from the file stays there. Off by
+    /// default: under swap, most loads are read faults whose slot the
+    /// kernel keeps, and it reads the page again after it evicts it clean.
     #[arg(long, value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub exclusive_loads: Option<bool>,
 }

@@ -4,7 +4,7 @@
 //! pool and serves it as one file in a FUSE filesystem of its own
 //! (`zmem-fuse`), puts a loop device with direct I/O over that file, runs
 //! mkswap and `swapon --discard`, so that slots the kernel frees leave the
-//! pool (zram's `notify_free`). Everything a device is made of lives under
+//! pool (zram's `notify_free`; but see [`Discard`]: only whole clusters). Everything a device is made of lives under
 //! one directory, `RUN_DIR/NAME/`: the mountpoint `mnt/` (with `image`),
 //! the control socket, the server's log and `state.json`. `off` undoes
 //! every step in reverse from what it finds there and in the kernel's own
@@ -75,6 +75,10 @@ pub struct OnArgs {
     /// Threads serving the FUSE image.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
+    /// How the kernel tells the pool which slots it freed (swapon's
+    /// --discard policy).
+    #[arg(long, value_enum, default_value_t = Discard::Both)]
+    pub discard: Discard,
     /// Where devices keep their runtime state.
     #[arg(long, default_value = DEFAULT_RUN_DIR)]
     pub run_dir: PathBuf,
@@ -91,6 +95,34 @@ pub struct OnArgs {
     /// its own swap-out). Needs a --max-pool below 3/4 of the budget.
     #[arg(long)]
     pub charge_to: Option<PathBuf>,
+}
+
+/// swapon's discard policy. A block device other than zram learns of a
+/// freed slot only through a discard, and the kernel discards whole
+/// clusters (512 slots) once every slot in them is free; a slot freed alone
+/// keeps its page in the pool until the kernel writes that slot again.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Discard {
+    /// `--discard`: the whole device at swapon, and each cluster as it
+    /// comes free.
+    Both,
+    /// `--discard=pages`: each cluster as it comes free.
+    Pages,
+    /// `--discard=once`: the whole device at swapon only.
+    Once,
+    /// No discards.
+    Off,
+}
+
+impl Discard {
+    fn swapon_flag(self) -> Option<&'static str> {
+        match self {
+            Discard::Both => Some("--discard"),
+            Discard::Pages => Some("--discard=pages"),
+            Discard::Once => Some("--discard=once"),
+            Discard::Off => None,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -291,7 +323,7 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
         std::fs::write(&wbt, "0").with_context(|| format!("turning off writeback throttling ({})", wbt.display()))?;
     }
     tool(Command::new("mkswap").args(["-q", "-L", &format!("zmem-{}", a.name)]).arg(&st.loop_dev))?;
-    tool(Command::new("swapon").args(["--discard", "-p", &a.priority.to_string()]).arg(&st.loop_dev))?;
+    tool(Command::new("swapon").args(a.discard.swapon_flag()).args(["-p", &a.priority.to_string()]).arg(&st.loop_dev))?;
     Ok(st)
 }
 
@@ -767,7 +799,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         std::fs::write(cg.join("cgroup.procs"), format!("{}\n", std::process::id()))
             .with_context(|| format!("joining cgroup {}", cg.display()))?;
     }
-    let (pool, comp) = a.pool.build(true)?;
+    let (pool, comp) = a.pool.build(false)?;
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
     std::fs::create_dir_all(&mnt)?;

@@ -151,6 +151,17 @@ fn assert_gone(run: &RunDir, name: &str, lo: &str, pid: u32) {
 /// A process in a 64 MiB memory cgroup touches 160 MiB and verifies every
 /// byte; what does not fit goes to zmem swap. Discards free the slots when
 /// it exits. Then `off` undoes everything.
+/// Write and verify 160 MiB in a 64 MiB memory cgroup (removed after),
+/// so that at least 96 MiB goes to swap.
+fn swap_160m_in_64m(run: &RunDir, tag: &str) {
+    let cg = Cgroup::create(&format!("zmem-swap-test-{tag}{}", std::process::id()), 64 << 20);
+    let script = run.path().join("w.py");
+    std::fs::write(&script, WORKLOAD).unwrap();
+    let out = run_ok(cg.python(&script, "160").stderr(Stdio::piped()), T);
+    assert_eq!(out.trim(), "OK", "workload output: {out}");
+    assert!(cg.get("memory.max_usage_in_bytes") <= 64 << 20);
+}
+
 #[test]
 fn swap_on_a_workload_then_off() {
     if !usable_with_cgroups() {
@@ -166,13 +177,7 @@ fn swap_on_a_workload_then_off() {
     let status = run.ok(&["swap", "status"]);
     assert!(status.lines().nth(1).is_some_and(|l| l.starts_with("t0") && l.contains(&lo)), "{status}");
 
-    let cg = Cgroup::create(&format!("zmem-swap-test-{}", std::process::id()), 64 << 20);
-    let script = run.path().join("w.py");
-    std::fs::write(&script, WORKLOAD).unwrap();
-    let out = run_ok(cg.python(&script, "160").stderr(Stdio::piped()), T);
-    assert_eq!(out.trim(), "OK", "workload output: {out}");
-    assert!(cg.get("memory.max_usage_in_bytes") <= 64 << 20);
-    drop(cg);
+    swap_160m_in_64m(&run, "");
 
     let stats = run.server_stats("t0");
     let st = &stats["stats"];
@@ -198,6 +203,32 @@ fn swap_on_a_workload_then_off() {
     assert_gone(&run, "t0", &lo, pid);
     // Off again: nothing to do, and that is not an error.
     run.ok(&["swap", "off", "--name", "t0"]);
+}
+
+/// `--discard off` reaches swapon: the same workload leaves its pages in
+/// the pool (no discard, no notify_free), where the default dropped them.
+/// `--discard` takes only swapon's policies.
+#[test]
+fn discard_off_leaves_freed_slots_in_the_pool() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let _turn = exclusive();
+    let run = RunDir::new();
+    let bad = run.zmem(&["swap", "on", "--name", "t3", "--size", "64M", "--discard", "sometimes"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("once"), "the error names the choices");
+    run.ok(&["swap", "on", "--name", "t3", "--size", "512M", "--max-pool", "256M", "--priority", "32767", "--discard", "off"]);
+    let (lo, pid) = (run.loop_dev("t3"), run.server_pid("t3"));
+    swap_160m_in_64m(&run, "discard-");
+    let stats = run.server_stats("t3");
+    let st = &stats["stats"];
+    assert!(st["stores"].as_u64().unwrap() >= 8192, "at least 32 MiB went to swap: {st}");
+    assert_eq!(stats["fuse"]["discards"].as_u64(), Some(0), "{}", stats["fuse"]);
+    assert_eq!(st["notify_free"].as_u64(), Some(0), "{st}");
+    assert!(st["stored_pages"].as_u64().unwrap() >= 8192, "the workload's pages are still held: {st}");
+    run.ok(&["swap", "off", "--name", "t3"]);
+    assert_gone(&run, "t3", &lo, pid);
 }
 
 /// `on` twice is refused; `off` cleans up after a server killed with
