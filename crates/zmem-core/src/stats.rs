@@ -152,6 +152,10 @@ pub struct Stats {
     pub backing_metadata_bytes: u64,
     /// Written-back pages a load brought back into RAM.
     pub promoted_pages: u64,
+    /// Loaded pages queued at the cold end under exclusive loads, and
+    /// whether loads are exclusive now (`--exclusive-loads auto` switches).
+    pub cold_queued_pages: u64,
+    pub exclusive_loads: bool,
     /// Writeback batches that failed (the pages stayed in RAM).
     pub writeback_fail: u64,
     /// zswap's max_pool as bytes (0: none), and accept_threshold_percent.

@@ -62,7 +62,13 @@
 //! that holds more unread pages in RAM: 7 % fewer pages read from the
 //! file, 8 % fewer bytes. On a build it read 27 % more, since most of its
 //! swap-ins are read faults whose pages the kernel evicts clean and reads
-//! again; so it is an option (`--exclusive-loads on`), off by default.
+//! again; so it is an option, switched at run time
+//! ([`Pool::set_exclusive_loads`](crate::Pool::set_exclusive_loads)):
+//! `zmem swap on` follows the kernel's own rule by default
+//! (`--exclusive-loads auto`: on while the system's swap is more than half
+//! full, when the kernel frees a slot at every swap-in, read faults too).
+//! A switch changes what the referenced bit means for bits already set:
+//! that costs a second chance or an early writeback, never data.
 //!
 //! # Loads of written-back pages
 //! A load notes the record id under the shard lock, drops every lock,
@@ -135,10 +141,13 @@ struct Ctl {
 
 pub(crate) struct Tier {
     pub store: BackingStore,
-    /// [`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads):
+    /// [`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads),
+    /// changed at run time by [`Pool::set_exclusive_loads`](crate::Pool::set_exclusive_loads):
     /// an entry's referenced bit then means "loaded, queued at the cold
-    /// end" (written back first), not "give it a second chance".
-    pub exclusive: bool,
+    /// end" (written back first), not "give it a second chance". A switch
+    /// only changes policy: a bit set under one meaning and read under the
+    /// other costs a second chance or an early writeback, never data.
+    exclusive: AtomicBool,
     seq: AtomicU32,
     /// Held by whoever writes back: a shrinker round or an explicit writeback.
     writing: Mutex<()>,
@@ -151,6 +160,7 @@ pub(crate) struct Tier {
     wanted: AtomicBool,
     written_back: AtomicU64,
     promoted: AtomicU64,
+    cold_queued: AtomicU64,
     writeback_fail: AtomicU64,
     /// What the budget holds for the backing store's tables.
     backing_charged: Mutex<BackingCharge>,
@@ -227,7 +237,7 @@ impl Tier {
     pub fn new(store: BackingStore, exclusive: bool) -> Tier {
         Tier {
             store,
-            exclusive,
+            exclusive: AtomicBool::new(exclusive),
             seq: AtomicU32::new(0),
             writing: Mutex::new(()),
             ctl: Mutex::new(Ctl::default()),
@@ -236,6 +246,7 @@ impl Tier {
             wanted: AtomicBool::new(false),
             written_back: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
+            cold_queued: AtomicU64::new(0),
             writeback_fail: AtomicU64::new(0),
             backing_charged: Mutex::new(BackingCharge::default()),
             reserved_now: AtomicU64::new(0),
@@ -284,6 +295,7 @@ impl Tier {
         // modulo 2^32 from a point 2^30 ahead of now (writeback_lru_batch).
         let seq = self.seq.load(Relaxed).wrapping_sub(1 << 31);
         s.lru.push_front(LruItem { key, seq, gen: e.gen() }, b);
+        self.cold_queued.fetch_add(1, Relaxed);
         self.trim_lru(s, b);
     }
 
@@ -336,6 +348,15 @@ impl Tier {
         c.charged = actual;
     }
 
+    /// Whether loads are exclusive now.
+    pub fn exclusive(&self) -> bool {
+        self.exclusive.load(Relaxed)
+    }
+
+    pub fn set_exclusive(&self, on: bool) {
+        self.exclusive.store(on, Relaxed);
+    }
+
     /// Ask the shrinker for a round (cheap when it is already asked).
     pub fn kick(&self) {
         if !self.wanted.swap(true, Release) {
@@ -383,6 +404,8 @@ impl Tier {
         st.backing_metadata_bytes = b.metadata_bytes;
         st.written_back_pages = self.written_back.load(Relaxed);
         st.promoted_pages = self.promoted.load(Relaxed);
+        st.cold_queued_pages = self.cold_queued.load(Relaxed);
+        st.exclusive_loads = self.exclusive();
         st.writeback_fail = self.writeback_fail.load(Relaxed);
     }
 }
@@ -600,7 +623,7 @@ impl Engine {
             if e.gen() != item.gen {
                 continue;
             }
-            if e.referenced() && !p.t.exclusive {
+            if e.referenced() && !p.t.exclusive() {
                 s.index.set(item.key, e.with_referenced(false));
                 s.lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
                 continue;
@@ -807,7 +830,7 @@ impl Engine {
         })?;
         OBJ.with_borrow_mut(|obj| {
             self.read_record(t, key, id, info, obj, buf)?;
-            if self.cfg.exclusive_loads || self.held_pages() >= self.accept_pages() {
+            if t.exclusive() || self.held_pages() >= self.accept_pages() {
                 return Ok(());
             }
             let old = {
@@ -893,7 +916,7 @@ fn requeue_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, victims: impl DoubleEnd
         if now.gen() != item.gen || now.slot() != v.entry.slot() {
             continue; // overwritten or gone: its new entry has its own item
         }
-        if now.referenced() && !t.exclusive {
+        if now.referenced() && !t.exclusive() {
             s.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
         } else {
             s.lru.push_front(item, b);
@@ -933,7 +956,7 @@ fn settle_keys<'v>(
         let now = s.index.get(v.key);
         // With exclusive loads, a load during the write changes nothing:
         // the object was going to the cold end anyway.
-        if now == Some(v.entry) || (t.exclusive && now == Some(v.entry.with_referenced(true))) {
+        if now == Some(v.entry) || (t.exclusive() && now == Some(v.entry.with_referenced(true))) {
             let b = Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen());
             s.account(v.entry, false);
             s.account(b, true);

@@ -105,14 +105,21 @@ fn lru_keeps_the_newest_and_the_hot() {
 /// zswap's exclusive loads, as a block device allows them: a page loaded
 /// from RAM is written back before pages never loaded (whoever read it
 /// holds it now), and a page loaded from the file stays there. Without
-/// them the same loads give a second chance and bring pages back.
+/// them the same loads give a second chance and bring pages back. A pool
+/// switched at run time (`--exclusive-loads auto`) behaves as if built so.
 #[test]
 fn exclusive_loads_write_loaded_pages_back_first_and_leave_them_on_file() {
     let mut buf = vec![0u8; PAGE];
-    for exclusive in [false, true] {
+    for (built, switched) in [(false, None), (true, None), (false, Some(true)), (true, Some(false))] {
         let store = BackingStore::new(Box::new(mem_file()), None);
-        let cfg = PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, exclusive_loads: exclusive, ..PoolConfig::default() };
+        let cfg = PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, exclusive_loads: built, ..PoolConfig::default() };
         let p = Pool::with_backing(cfg, store).unwrap();
+        assert_eq!(p.exclusive_loads(), built);
+        if let Some(on) = switched {
+            p.set_exclusive_loads(on);
+        }
+        let exclusive = switched.unwrap_or(built);
+        assert_eq!(p.exclusive_loads(), exclusive);
         // Fill to 80 % of the cap, under the shrinker's marks, then load
         // the newest tenth.
         let mut n = 0u64;

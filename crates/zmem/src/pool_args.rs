@@ -2,6 +2,8 @@
 //! `zmem swap on`), and building the pool from them.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::Context;
 use zmem_compress::Compressor;
@@ -43,24 +45,81 @@ pub struct PoolArgs {
     /// Cap on the backing file's size (e.g. 4G).
     #[arg(long, value_parser = parse_size, requires = "backing")]
     pub backing_limit: Option<u64>,
-    /// zswap's exclusive loads, on or off: a page read from the pool is
-    /// taken to be held by the kernel's swap or page cache from then on,
-    /// so its compressed copy is the first written back (never dropped)
-    /// and a written-back page read from the file stays there. Off by
-    /// default: under swap, most loads are read faults whose slot the
-    /// kernel keeps, and it reads the page again after it evicts it clean.
-    #[arg(long, value_parser = parse_on_off, action = clap::ArgAction::Set)]
-    pub exclusive_loads: Option<bool>,
+    /// zswap's exclusive loads: on, off or auto. On: a page read from the
+    /// pool is taken to be held by the kernel's swap or page cache from
+    /// then on, so its compressed copy is the first written back (never
+    /// dropped) and a written-back page read from the file stays there.
+    /// Off: a load gives the page a second chance in RAM. Auto follows the
+    /// kernel's rule for swap: on while the system's swap is more than half
+    /// full (then the kernel frees a slot as soon as it has read it in),
+    /// off below that (it keeps the slot of a page faulted in for reading,
+    /// evicts the page clean and reads the slot again).
+    #[arg(long, value_enum)]
+    pub exclusive_loads: Option<ExclusiveLoads>,
+}
+
+/// `--exclusive-loads`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExclusiveLoads {
+    On,
+    Off,
+    /// On while the system's swap is more than half full: see
+    /// [`follow_swap_fullness`].
+    Auto,
+}
+
+impl ExclusiveLoads {
+    fn name(self) -> &'static str {
+        match self {
+            ExclusiveLoads::On => "on",
+            ExclusiveLoads::Off => "off",
+            ExclusiveLoads::Auto => "auto",
+        }
+    }
+
+    /// Whether loads are exclusive now, in this mode.
+    fn now(self) -> bool {
+        match self {
+            ExclusiveLoads::On => true,
+            ExclusiveLoads::Off => false,
+            ExclusiveLoads::Auto => swap_over_half_full(),
+        }
+    }
+}
+
+/// The kernel's `vm_swap_full()`: free swap slots are fewer than half of
+/// all of them. While it holds, a swap-in frees its slot at once, even for
+/// a read fault (`should_try_to_free_swap` in mm/memory.c), and reclaim
+/// frees the slots of swap-cache pages it keeps; so a load is the last use
+/// of what the pool holds for that slot.
+fn swap_half_full(total: u64, free: u64) -> bool {
+    free.saturating_mul(2) < total
+}
+
+fn swap_over_half_full() -> bool {
+    let s = rustix::system::sysinfo();
+    swap_half_full(s.totalswap, s.freeswap)
+}
+
+/// `--exclusive-loads auto`: every 100 ms, switch the pool's exclusive
+/// loads to whether the system's swap is more than half full, until `stop`.
+/// A switch changes only which pages are written back first.
+pub fn follow_swap_fullness(pool: &Pool, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        pool.set_exclusive_loads(swap_over_half_full());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 impl PoolArgs {
     /// The pool these options describe (opening the backing store, if
     /// any), and its compressor.
-    /// `exclusive_loads` is the command's default for --exclusive-loads.
-    pub fn build(&self, exclusive_loads: bool) -> anyhow::Result<(Pool, Compressor)> {
+    /// `default` is the command's default for --exclusive-loads; with
+    /// auto, the caller runs [`follow_swap_fullness`].
+    pub fn build(&self, default: ExclusiveLoads) -> anyhow::Result<(Pool, Compressor)> {
         let comp: Compressor = self.compressor.parse()?;
         let cfg = PoolConfig {
-            exclusive_loads: self.exclusive_loads.unwrap_or(exclusive_loads),
+            exclusive_loads: self.exclusive_mode(default).now(),
             compressor: comp,
             dedup: self.dedup,
             mem_limit: self.mem_limit,
@@ -83,6 +142,11 @@ impl PoolArgs {
         Ok((pool, comp))
     }
 
+    /// --exclusive-loads as given, or the command's default.
+    pub fn exclusive_mode(&self, default: ExclusiveLoads) -> ExclusiveLoads {
+        self.exclusive_loads.unwrap_or(default)
+    }
+
     /// The same options as command-line words (for a child server process).
     pub fn to_args(&self) -> Vec<String> {
         let mut v = vec![
@@ -99,7 +163,7 @@ impl PoolArgs {
             v.extend(["--mem-limit".into(), l.to_string()]);
         }
         if let Some(x) = self.exclusive_loads {
-            v.extend(["--exclusive-loads".into(), if x { "on" } else { "off" }.into()]);
+            v.extend(["--exclusive-loads".into(), x.name().into()]);
         }
         if let Some(b) = &self.backing {
             v.extend(["--backing".into(), b.display().to_string()]);
@@ -111,5 +175,41 @@ impl PoolArgs {
             }
         }
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_full_is_the_kernels_vm_swap_full() {
+        // vm_swap_full(): nr_swap_pages * 2 < total_swap_pages.
+        assert!(!swap_half_full(0, 0), "no swap at all");
+        assert!(!swap_half_full(1000, 1000));
+        assert!(!swap_half_full(1000, 500), "exactly half free is not full");
+        assert!(swap_half_full(1000, 499));
+        assert!(swap_half_full(1000, 0));
+        assert!(!swap_half_full(u64::MAX, u64::MAX), "no overflow");
+    }
+
+    #[test]
+    fn exclusive_loads_parse_and_round_trip() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            pool: PoolArgs,
+        }
+        for mode in ["on", "off", "auto"] {
+            let c = Cli::try_parse_from(["zmem", "--exclusive-loads", mode]).unwrap();
+            let words = c.pool.to_args();
+            let i = words.iter().position(|w| w == "--exclusive-loads").expect("passed on to the server");
+            assert_eq!(words[i + 1], mode);
+        }
+        let err = Cli::try_parse_from(["zmem", "--exclusive-loads", "sometimes"]).err().expect("refused").to_string();
+        assert!(err.contains("on") && err.contains("auto"), "names the choices: {err}");
+        let c = Cli::try_parse_from(["zmem"]).unwrap();
+        assert_eq!(c.pool.exclusive_mode(ExclusiveLoads::Auto), ExclusiveLoads::Auto);
     }
 }

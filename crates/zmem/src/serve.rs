@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use zmem_nbd::{Export, Listener, Server, ServerConfig};
 
 use crate::control::{bind_unix, control_loop, Frontend, Info};
-use crate::pool_args::PoolArgs;
+use crate::pool_args::{follow_swap_fullness, ExclusiveLoads, PoolArgs};
 use crate::util::parse_size;
 
 #[derive(clap::Args, Debug)]
@@ -133,7 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.export_name.len() > 4096 || a.export_name.contains('\0') {
         bail!("--export-name must be at most 4096 bytes without NUL");
     }
-    let (pool, comp) = a.pool.build(false)?;
+    let (pool, comp) = a.pool.build(ExclusiveLoads::Off)?;
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     if a.max_inflight < 1 << 20 {
         bail!("--max-inflight must be at least 1M, got {}", a.max_inflight);
@@ -212,6 +212,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if let Some(l) = control {
             let info = &info;
             s.spawn(move || control_loop(l, info, stop()));
+        }
+        if a.pool.exclusive_mode(ExclusiveLoads::Off) == ExclusiveLoads::Auto {
+            let pool = server.export().pool();
+            s.spawn(move || follow_swap_fullness(pool, stop()));
         }
         let r = server.run(&listener, stop());
         stop().store(true, Ordering::SeqCst); // also ends the control thread on error

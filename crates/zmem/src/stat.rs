@@ -137,7 +137,7 @@ pub fn render(v: &Value) -> String {
     }
     if st.get("backing_file_bytes").is_some() && (g("bd_writes") > 0 || v["backing"].is_string()) {
         out += &format!(
-            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads, file {} ({} live), {} pages brought back\n",
+            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads, file {} ({} live), {} pages brought back\nexclusive loads: {} now, {} loaded pages queued at the cold end\n",
             g("bd_count"),
             g("bd_reads"),
             g("bd_writes"),
@@ -147,7 +147,9 @@ pub fn render(v: &Value) -> String {
             g("backing_read_ops"),
             human(g("backing_file_bytes")),
             human(g("backing_live_bytes")),
-            g("promoted_pages")
+            g("promoted_pages"),
+            if st.get("exclusive_loads").and_then(serde_json::Value::as_bool) == Some(true) { "on" } else { "off" },
+            g("cold_queued_pages")
         );
     }
     out

@@ -231,6 +231,51 @@ fn discard_off_leaves_freed_slots_in_the_pool() {
     assert_gone(&run, "t3", &lo, pid);
 }
 
+/// `zmem swap on` at the highest priority with a backing file in the run
+/// directory, and `extra` options.
+fn on_with_backing(run: &RunDir, name: &str, size: &str, max_pool: &str, extra: &[&str]) {
+    let backing = run.path().join(format!("{name}-backing.img"));
+    let mut args = vec!["swap", "on", "--name", name, "--size", size, "--max-pool", max_pool, "--priority", "32767"];
+    args.extend(["--backing", backing.to_str().unwrap()]);
+    args.extend(extra);
+    run.ok(&args);
+}
+
+/// `--exclusive-loads auto` follows the kernel's `vm_swap_full()`: while
+/// the workload has more than half of the swap in use, its swap-ins are
+/// loads the pool treats as exclusive (queued at the cold end); once it
+/// has exited and its slots are discarded, loads are not exclusive again.
+/// (The rule reads the system's swap totals: this must be the only swap.)
+#[test]
+fn auto_exclusive_loads_follow_swap_fullness() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let _turn = exclusive();
+    let run = RunDir::new();
+    on_with_backing(&run, "x0", "160M", "64M", &["--exclusive-loads", "auto"]);
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
+    assert_eq!(swaps.lines().count(), 2, "another swap is active, so the share in use is not ours to control:\n{swaps}");
+    let before = run.server_stats("x0");
+    assert_eq!(before["stats"]["exclusive_loads"], false, "an empty swap is not half full: {}", before["stats"]);
+    // 160 MiB in 64 MiB: over 96 MiB of the 160 MiB device in use while
+    // the workload reads its pages back.
+    swap_160m_in_64m(&run, "auto-");
+    let mut st = run.server_stats("x0")["stats"].clone();
+    for _ in 0..50 {
+        if st["exclusive_loads"] == false {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        st = run.server_stats("x0")["stats"].clone();
+    }
+    eprintln!("auto exclusive loads: {} loads, {} queued at the cold end", st["loads"], st["cold_queued_pages"]);
+    assert!(st["cold_queued_pages"].as_u64().unwrap() > 1000, "swap-ins while over half full were exclusive: {st}");
+    assert_eq!(st["exclusive_loads"], false, "the swap is empty again: {st}");
+    assert_eq!(st["failed_reads"].as_u64(), Some(0));
+    run.ok(&["swap", "off", "--name", "x0"]);
+}
+
 /// `on` twice is refused; `off` cleans up after a server killed with
 /// SIGKILL, and after an `on` that stopped half way; a stray SIGTERM to the
 /// server of an active device does not stop it.
@@ -551,10 +596,7 @@ fn writeback_under_swap() {
     }
     let _turn = exclusive();
     let run = RunDir::new();
-    let backing = run.path().join("backing.img");
-    run.ok(&[
-        "swap", "on", "--name", "w0", "--size", "1G", "--max-pool", "12M", "--backing", backing.to_str().unwrap(), "--priority", "32767",
-    ]);
+    on_with_backing(&run, "w0", "1G", "12M", &[]);
     // Room enough that the kernel never has to OOM-kill while swap-outs
     // wait for the shrinker (seen once at 64 MiB with a 16 MiB pool, as the workload exited).
     let cg = Cgroup::create(&format!("zmem-wb-test-{}", std::process::id()), 80 << 20);
