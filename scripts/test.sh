@@ -9,17 +9,25 @@ export RUST_BACKTRACE=1
 cargo build --release -q -p zmem
 cargo test --workspace --no-fail-fast -- --test-threads=2
 
-# The allocator's unsafe module (mmap, madvise, raw slices) under valgrind's
-# memcheck: stable Rust has no Miri or sanitizers here, memcheck needs neither.
-if command -v valgrind >/dev/null 2>&1; then
-    bin=$(cargo test -q -p zmem-alloc --test pool --no-run --message-format=json 2>/dev/null \
+# The unsafe code under valgrind's memcheck (stable Rust has no Miri or
+# sanitizers here; memcheck needs neither): the allocator's module (mmap,
+# madvise, raw slices), and liblz4 fed corrupt streams by zmem-compress's
+# property tests.
+test_binary() {
+    cargo test -q -p "$1" "${@:2}" --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import sys, json
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])' | tail -1)
+        print(m["executable"])' | tail -1
+}
+if command -v valgrind >/dev/null 2>&1; then
+    bin=$(test_binary zmem-alloc --test pool)
     echo "memcheck: $bin"
     PROPTEST_CASES=4 valgrind --error-exitcode=99 -q "$bin" --test-threads=1
+    bin=$(test_binary zmem-compress --lib)
+    echo "memcheck: $bin"
+    PROPTEST_CASES=64 valgrind --error-exitcode=99 -q "$bin" --test-threads=1
 else
     echo "memcheck: skipped, valgrind is not installed"
 fi
