@@ -5,7 +5,9 @@
 //! entries packs without padding):
 //!
 //! * `meta` packs the kind (object / same-filled / deduplicated), the
-//!   algorithm tag (or RAW for huge pages) and the compressed length.
+//!   algorithm tag (or RAW for huge pages), the compressed length, and
+//!   flags: referenced, the LRU generation, the recompression priority and
+//!   "recompression cannot shrink it" (zram's `incompressible`).
 //! * `data` is the allocator handle, the fill pattern of a same-filled page,
 //!   or the content hash of a deduplicated object (the dedup table maps it to
 //!   the shared handle and its reference count).
@@ -30,6 +32,13 @@ const KIND_BACKED: u32 = 3;
 const REF_BIT: u32 = 1 << 19;
 const GEN_SHIFT: u32 = 20;
 const GEN_MASK: u32 = 0xFF;
+/// zram's recompression priority: 0 for the pool's compressor, 1..=3 for
+/// the recompression algorithm that last rewrote the object.
+const PRIO_SHIFT: u32 = 28;
+const PRIO_MASK: u32 = 0b11;
+/// zram's `incompressible` for recompression: no algorithm up to the top
+/// priority made the object smaller, so it is not tried again.
+const NO_RECOMP_BIT: u32 = 1 << 30;
 const TAG_SHIFT: u32 = 2;
 const LEN_SHIFT: u32 = 6;
 const LEN_MASK: u32 = 0x1FFF;
@@ -127,6 +136,20 @@ impl Entry {
         let meta = if on { self.meta | REF_BIT } else { self.meta & !REF_BIT };
         Entry { meta, ..self }
     }
+    /// Recompression priority of the algorithm that wrote the object.
+    pub fn prio(self) -> u8 {
+        ((self.meta >> PRIO_SHIFT) & PRIO_MASK) as u8
+    }
+    pub fn with_prio(self, prio: u8) -> Entry {
+        Entry { meta: (self.meta & !(PRIO_MASK << PRIO_SHIFT)) | ((prio as u32 & PRIO_MASK) << PRIO_SHIFT), ..self }
+    }
+    /// Marked: recompression cannot shrink this object.
+    pub fn no_recomp(self) -> bool {
+        self.meta & NO_RECOMP_BIT != 0
+    }
+    pub fn with_no_recomp(self) -> Entry {
+        Entry { meta: self.meta | NO_RECOMP_BIT, ..self }
+    }
     pub fn slot(self) -> Slot {
         match self.meta & KIND_MASK {
             KIND_SAME => Slot::Same(self.data()),
@@ -178,6 +201,11 @@ mod tests {
         assert_eq!((b.gen(), b.referenced()), (255, true));
         assert!(!b.with_referenced(false).referenced());
         assert_eq!(b.with_gen(3).gen(), 3);
+        let r = b.with_prio(3).with_no_recomp();
+        assert_eq!((r.prio(), r.no_recomp(), r.gen(), r.referenced()), (3, true, 255, true));
+        assert_eq!(r.slot(), b.slot(), "the recompression bits leave the payload alone");
+        assert!(!r.is_empty(), "a marked entry is never the empty one");
+        assert_eq!((b.prio(), b.no_recomp()), (0, false));
     }
 
     #[test]

@@ -27,7 +27,10 @@ const BLOCK: usize = 1 << BLOCK_SHIFT;
 const MASK: u64 = BLOCK as u64 - 1;
 
 /// Sixteen entries, and their last-access times (zram's `ac_time`, seconds
-/// since the pool was created) once a writeback tier asks for them.
+/// since the pool was created), which every pool keeps: they name idle
+/// pages for writeback and recompression. 80 bytes a block (5 a key) with
+/// malloc's header, 0.2 % of `mem_used_total` on the `/usr/lib` tar, in a
+/// second allocation so that a load touches it only after the entry.
 struct Block {
     e: [Entry; BLOCK],
     ac: Option<Box<[u32; BLOCK]>>,

@@ -52,12 +52,14 @@ mod entry;
 mod error;
 mod index;
 mod pool;
+mod recompress;
 mod stats;
 mod tier;
 
 pub use error::{Result, ZmemError};
 pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
 pub use stats::{RateLimited, Stats};
+pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use tier::WritebackMode;
 pub use zmem_backing::{BackingError, BackingStore, Existing};
 pub use zmem_compress::{Algorithm, Compressor};

@@ -70,6 +70,7 @@ use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, T
 use crate::error::{Result, ZmemError};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
 use crate::stats::{Counters, Stats};
+use crate::recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 use crate::tier::{Tier, WritebackMode};
 
 /// Where a stored page lives (see [`Pool::residency`]).
@@ -146,6 +147,10 @@ pub struct PoolConfig {
     /// Off by default; [`Pool::set_exclusive_loads`] switches them at run
     /// time (`zmem swap on` does, following the swap's fullness).
     pub exclusive_loads: bool,
+    /// zram's `recomp_algorithm`: up to three algorithms for
+    /// [`Pool::recompress`], by priority (the first is priority 1; the
+    /// pool's `compressor` is priority 0). Empty: no recompression.
+    pub recomp_algorithms: Vec<Compressor>,
 }
 
 /// Default huge threshold: pages that compress to 4032 bytes or more are
@@ -173,6 +178,7 @@ impl Default for PoolConfig {
             max_pool: None,
             accept_threshold_percent: 90,
             exclusive_loads: false,
+            recomp_algorithms: Vec::new(),
         }
     }
 }
@@ -421,6 +427,27 @@ impl Pool {
         self.e.compressor.store(encode_compressor(c), Relaxed);
     }
 
+    /// zram's `recompress`: rewrite the objects in RAM that `req` picks
+    /// with a stronger algorithm of [`PoolConfig::recomp_algorithms`],
+    /// keeping each only where it lands in a smaller size class; objects
+    /// none can shrink are marked and not tried again. See the
+    /// `recompress` module's design notes. Loads and stores go on meanwhile.
+    pub fn recompress(&self, req: &Recompress) -> Result<RecompressReport> {
+        self.e.recompress(req)
+    }
+
+    /// zram's `recompress type=idle` as a policy (`zmem serve
+    /// --recompress-idle`): until `stop`, recompress objects idle for
+    /// `idle_secs`, using at most `cpu_percent` of one CPU. After each
+    /// shard it sleeps long enough to keep that share of the time it
+    /// worked; after each pass over the pool it waits a quarter of
+    /// `idle_secs` (1 to 60 s), since pages grow idle in the meantime.
+    /// Returns the totals, or the first error (a pool with no
+    /// recompression algorithm).
+    pub fn recompress_idle_until(&self, idle_secs: u32, cpu_percent: u8, stop: &AtomicBool) -> Result<RecompressReport> {
+        self.e.recompress_idle_until(idle_secs, cpu_percent, stop)
+    }
+
     /// Switch exclusive loads on or off ([`PoolConfig::exclusive_loads`]),
     /// e.g. when the kernel starts or stops freeing swap slots on swap-in.
     /// A pool without a backing store has no LRU and ignores it.
@@ -569,9 +596,17 @@ impl Engine {
                 cfg.max_span_pages
             )));
         }
+        if cfg.recomp_algorithms.len() > MAX_RECOMP_ALGORITHMS {
+            return Err(ZmemError::Config(format!(
+                "{} recompression algorithms ({}): at most {MAX_RECOMP_ALGORITHMS}, as zram's priorities 1 to 3",
+                cfg.recomp_algorithms.len(),
+                crate::recompress::names(&cfg.recomp_algorithms)
+            )));
+        }
         let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
-        let with_ac = tier.is_some();
-        let shards: Box<[Mutex<Shard>]> = (0..nshards).map(|_| Mutex::new(Shard::new(with_ac))).collect();
+        // Every pool keeps access times (zram's ac_time): idle pages can be
+        // named for writeback and recompression alike.
+        let shards: Box<[Mutex<Shard>]> = (0..nshards).map(|_| Mutex::new(Shard::new(true))).collect();
         let dedup: Option<Box<[Mutex<DedupShard>]>> = cfg
             .dedup
             .then(|| (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect());
@@ -765,9 +800,9 @@ impl Engine {
         if let Some(o) = old {
             s.account(o, false);
         }
+        s.index.touch(key, self.now());
         if let Some(t) = &self.tier {
             t.queue(s, key, new, b);
-            s.index.touch(key, self.now());
             t.trim_lru(s, b);
         }
         Ok(old)
@@ -832,6 +867,7 @@ impl Engine {
                 self.counters.reject_compress_poor.fetch_add(1, Relaxed);
                 return Err(ZmemError::CompressPoor);
             }
+            self.counters.huge_pages_since.fetch_add(1, Relaxed);
             f(page, info)
         })
     }
@@ -1105,11 +1141,11 @@ impl Engine {
         }
     }
 
-    /// Look `key` up under its shard lock; a tiered pool also records the
-    /// access (zswap's referenced bit, zram's ac_time).
+    /// Look `key` up under its shard lock and record the access (zram's
+    /// ac_time; a tiered pool also sets zswap's referenced bit).
     fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64) -> Result<(MutexGuard<'a, Shard>, Entry)> {
         let Some(t) = &self.tier else {
-            let e = s.index.get(key).ok_or(ZmemError::NotFound { key })?;
+            let e = *s.index.access(key, self.now()).ok_or(ZmemError::NotFound { key })?;
             return Ok((s, e));
         };
         let Some(slot) = s.index.access(key, self.now()) else {

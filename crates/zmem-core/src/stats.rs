@@ -22,6 +22,10 @@ pub(crate) struct Counters {
     pub invalid_io: AtomicU64,
     pub notify_free: AtomicU64,
     pub free_fail: AtomicU64,
+    pub huge_pages_since: AtomicU64,
+    pub recompressed_pages: AtomicU64,
+    pub recompress_saved_bytes: AtomicU64,
+    pub recompress_marked: AtomicU64,
     /// Warnings from paths that cannot return an error (frees, the shrinker).
     pub warn: RateLimited,
 }
@@ -43,6 +47,10 @@ impl Counters {
         st.invalid_io = self.invalid_io.load(Relaxed);
         st.notify_free = self.notify_free.load(Relaxed);
         st.free_fail = self.free_fail.load(Relaxed);
+        st.huge_pages_since = self.huge_pages_since.load(Relaxed);
+        st.recompressed_pages = self.recompressed_pages.load(Relaxed);
+        st.recompress_saved_bytes = self.recompress_saved_bytes.load(Relaxed);
+        st.recompress_marked = self.recompress_marked.load(Relaxed);
         st.warnings_suppressed = self.warn.suppressed_total();
     }
 }
@@ -95,7 +103,7 @@ impl RateLimited {
 
 /// A snapshot of a pool's counters.
 ///
-/// The first eight fields are zram's `mm_stat`, in its order; the zswap block
+/// The first nine fields are zram's `mm_stat`, in its order; the zswap block
 /// uses zswap's debugfs names; `dup_data_size`/`meta_data_size` are the zram
 /// dedup patch's. All sizes are bytes, all `*_pages` are 4 KiB pages.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -117,6 +125,16 @@ pub struct Stats {
     pub pages_compacted: u64,
     /// Pages stored raw because they did not compress below the huge threshold.
     pub huge_pages: u64,
+    /// Pages stored raw since the pool was created (zram's 9th field).
+    pub huge_pages_since: u64,
+
+    // zram recompression (`Pool::recompress`)
+    /// Objects rewritten smaller by a recompression algorithm, cumulative.
+    pub recompressed_pages: u64,
+    /// Compressed bytes those rewrites saved, cumulative.
+    pub recompress_saved_bytes: u64,
+    /// Objects marked as beyond recompression (zram's `incompressible`).
+    pub recompress_marked: u64,
 
     // zswap debugfs
     pub stored_pages: u64,
@@ -206,7 +224,7 @@ impl Stats {
     /// zram's `/sys/block/zramX/mm_stat` line, same fields, same order.
     pub fn mm_stat(&self) -> String {
         format!(
-            "{:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "{:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
             self.orig_data_size,
             self.compr_data_size,
             self.mem_used_total,
@@ -214,7 +232,8 @@ impl Stats {
             self.mem_used_max,
             self.same_pages,
             self.pages_compacted,
-            self.huge_pages
+            self.huge_pages,
+            self.huge_pages_since
         )
     }
 

@@ -84,14 +84,17 @@ fn same_filled_and_huge_pages_are_counted() {
     assert!(st.compr_data_size >= 4096);
     assert!(st.compr_data_size < 4096 + DEFAULT_HUGE_THRESHOLD as u64);
     let fields: Vec<u64> = st.mm_stat().split_whitespace().map(|f| f.parse().unwrap()).collect();
-    assert_eq!(fields.len(), 8);
+    assert_eq!(fields.len(), 9, "zram's nine fields");
     assert_eq!(fields[0], 4 * 4096);
     assert_eq!(fields[5], 2);
     assert_eq!(fields[7], 1);
-    // Overwrite a huge page with a same-filled one: counters follow.
+    assert_eq!(fields[8], 1, "huge_pages_since");
+    // Overwrite a huge page with a same-filled one: counters follow, but
+    // huge_pages_since counts stores.
     p.store(2, &same_filled(7)).unwrap();
     let st = p.stats();
     assert_eq!((st.same_pages, st.huge_pages, st.objs_used), (3, 0, 1));
+    assert_eq!(st.huge_pages_since, 1);
 }
 
 #[test]

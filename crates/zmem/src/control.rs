@@ -131,8 +131,19 @@ fn control_client(s: UnixStream, info: &Info) -> std::io::Result<()> {
             },
             Err(e) => serde_json::json!({"error": e}),
         },
+        cmd if cmd.starts_with("recompress") => {
+            let pool = info.export.pool();
+            match crate::recompress::parse_command(cmd, &pool.config().recomp_algorithms) {
+                Ok(req) => match pool.recompress(&req) {
+                    Ok(r) => serde_json::json!({"ok": true, "candidates": r.candidates, "recompressed": r.recompressed,
+                        "saved_bytes": r.saved_bytes, "marked": r.marked, "skipped": r.skipped}),
+                    Err(e) => serde_json::json!({"error": e.to_string()}),
+                },
+                Err(e) => serde_json::json!({"error": e}),
+            }
+        }
         other => serde_json::json!({
-            "error": format!("unknown command {other:?}; try stats, compact, writeback MODE [LIMIT]")
+            "error": format!("unknown command {other:?}; try stats, compact, writeback MODE [LIMIT], recompress [FILTERS]")
         }),
     };
     writeln!(w, "{reply}")?;

@@ -8,6 +8,7 @@
 //! * `zmem serve` — a compressed-RAM block device over NBD.
 //! * `zmem stat` — what a running `zmem serve` holds, like zramctl.
 //! * `zmem writeback` — zram's explicit writeback, for `zmem serve --backing`.
+//! * `zmem recompress` — zram's recompression with a stronger algorithm.
 //! * `zmem swap on|off|status` — zmem as a swap device (FUSE image + loop).
 
 #![deny(unsafe_code)]
@@ -17,6 +18,7 @@ mod bench_store;
 mod bench_swap;
 mod control;
 mod pool_args;
+mod recompress;
 mod serve;
 mod stat;
 mod swap;
@@ -45,6 +47,9 @@ enum Cmd {
     /// Write pages of a running `zmem serve --backing FILE` back to its file
     /// (zram's writeback: idle, huge, incompressible or all, with a budget).
     Writeback(writeback::Args),
+    /// Rewrite pages of a running server with a stronger algorithm (zram's
+    /// recompress: idle, huge or large pages, kept only where smaller).
+    Recompress(recompress::Args),
     /// zmem as swap (zswap's job): `on`, `off`, `status`.
     #[command(subcommand)]
     Swap(swap::SwapCmd),
@@ -95,6 +100,7 @@ fn main() {
         Cmd::Swap(c) => swap::run(c),
         Cmd::Stat(a) => stat::run(a),
         Cmd::Writeback(a) => writeback::run(a),
+        Cmd::Recompress(a) => recompress::run(a),
     };
     if let Err(e) = res {
         eprintln!("zmem: error: {e:#}");

@@ -56,6 +56,17 @@ pub struct PoolArgs {
     /// evicts the page clean and reads the slot again).
     #[arg(long, value_enum)]
     pub exclusive_loads: Option<ExclusiveLoads>,
+    /// zram's recomp_algorithm: an algorithm for `zmem recompress` and
+    /// --recompress-idle, repeated for up to three, by priority.
+    #[arg(long = "recomp-algo", value_name = "ALGO", default_value = "zstd:9", action = clap::ArgAction::Append)]
+    pub recomp_algo: Vec<String>,
+    /// Recompress pages idle this long in the background (300s, 5m; zram
+    /// does it only when told, `zmem recompress`).
+    #[arg(long, value_name = "DURATION", value_parser = crate::recompress::parse_secs)]
+    pub recompress_idle: Option<u32>,
+    /// The share of one CPU --recompress-idle may use, in percent.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=100), requires = "recompress_idle")]
+    pub recompress_cpu: u8,
 }
 
 /// `--exclusive-loads`.
@@ -101,6 +112,16 @@ fn swap_over_half_full() -> bool {
     swap_half_full(s.totalswap, s.freeswap)
 }
 
+/// `--recompress-idle`: the pool's idle recompression policy until `stop`
+/// (an error, such as no algorithm, is logged and ends it).
+pub fn recompress_idle(pool: &Pool, a: &PoolArgs, stop: &AtomicBool) {
+    let Some(secs) = a.recompress_idle else { return };
+    match pool.recompress_idle_until(secs, a.recompress_cpu, stop) {
+        Ok(r) => tracing::info!("idle recompression: {} pages rewritten, {} bytes saved", r.recompressed, r.saved_bytes),
+        Err(e) => tracing::warn!("idle recompression stopped: {e}"),
+    }
+}
+
 /// `--exclusive-loads auto`: every 100 ms, switch the pool's exclusive
 /// loads to whether the system's swap is more than half full, until `stop`.
 /// A switch changes only which pages are written back first.
@@ -125,6 +146,7 @@ impl PoolArgs {
             mem_limit: self.mem_limit,
             max_pool: Some(self.max_pool),
             accept_threshold_percent: self.accept_threshold,
+            recomp_algorithms: self.recomp_algo.iter().map(|a| a.parse()).collect::<Result<_, _>>().context("--recomp-algo")?,
             ..Default::default()
         };
         let pool = match &self.backing {
@@ -164,6 +186,12 @@ impl PoolArgs {
         }
         if let Some(x) = self.exclusive_loads {
             v.extend(["--exclusive-loads".into(), x.name().into()]);
+        }
+        for a in &self.recomp_algo {
+            v.extend(["--recomp-algo".into(), a.clone()]);
+        }
+        if let Some(s) = self.recompress_idle {
+            v.extend(["--recompress-idle".into(), s.to_string(), "--recompress-cpu".into(), self.recompress_cpu.to_string()]);
         }
         if let Some(b) = &self.backing {
             v.extend(["--backing".into(), b.display().to_string()]);

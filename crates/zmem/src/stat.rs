@@ -122,6 +122,14 @@ pub fn render(v: &Value) -> String {
     if let Some(io) = v["io_stat"].as_str() {
         out += &format!("io_stat: {io}\n");
     }
+    if g("recompressed_pages") + g("recompress_marked") > 0 {
+        out += &format!(
+            "recompress: {} pages rewritten smaller, {} saved, {} beyond it (marked)\n",
+            g("recompressed_pages"),
+            human(g("recompress_saved_bytes")),
+            g("recompress_marked")
+        );
+    }
     if g("free_fail") > 0 {
         out += &format!("free_fail: {} (frees that failed: a bug, see the server's log)\n", g("free_fail"));
     }

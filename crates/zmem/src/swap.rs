@@ -34,7 +34,7 @@ use serde_json::json;
 use zmem_export::Export;
 
 use crate::control::{bind_unix, control_loop, Frontend, Info};
-use crate::pool_args::{follow_swap_fullness, ExclusiveLoads, PoolArgs};
+use crate::pool_args::{follow_swap_fullness, recompress_idle, ExclusiveLoads, PoolArgs};
 use crate::stat::human;
 use crate::util::{have, parse_size};
 
@@ -834,6 +834,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         s.spawn(|| control_loop(control, &info, stop));
         if a.pool.exclusive_mode(EXCLUSIVE_LOADS) == ExclusiveLoads::Auto {
             s.spawn(|| follow_swap_fullness(export.pool(), stop));
+        }
+        if a.pool.recompress_idle.is_some() {
+            s.spawn(|| recompress_idle(export.pool(), &a.pool, stop));
         }
         loop {
             while !stop.load(Ordering::Relaxed) {

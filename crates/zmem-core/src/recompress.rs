@@ -1,0 +1,268 @@
+//! Recompression: zram's `recompress`, rewriting objects in RAM with a
+//! stronger algorithm.
+//!
+//! # Design
+//! A pool stores with a fast compressor (lz4) so that stores and loads of
+//! hot pages run at its speed. Pages that have sat idle, or that the fast
+//! compressor could not shrink (huge pages, stored raw), are worth the CPU
+//! of a stronger one: ChromeOS found zstd packs about half of the pages lzo
+//! gave up on. As in zram, a pool has up to three recompression algorithms
+//! in priority order (1..=3; the pool's own compressor is priority 0), and
+//! [`Pool::recompress`](crate::Pool::recompress) takes a filter (idle for S
+//! seconds, huge, compressed size at least N) and optionally one priority.
+//!
+//! For each object in RAM that the filter picks, under its shard lock: the
+//! entry is noted and the object's bytes copied (the lock keeps it alive,
+//! as for a load). With no lock held, it is decompressed and each algorithm above the object's
+//! priority compresses the page in turn; the first whose output lands in a
+//! smaller size class of the allocator wins (a smaller output in the same
+//! class frees nothing, so zram's rule rejects it too). Its object is
+//! allocated, and under the shard lock again, if the entry is unchanged
+//! (same object, same generation, not loaded meanwhile) and so are the
+//! object's bytes (a store of the same length rewrites an object in place,
+//! under the same handle), it is swapped in,
+//! keeping its LRU generation, and the old object is freed. A page changed
+//! meanwhile keeps its new contents and the rewritten copy is freed: the
+//! race costs CPU, never data.
+//!
+//! An object that no algorithm up to the top priority could shrink is
+//! marked (zram's `incompressible`), and later passes skip it without
+//! decompressing it. A recompressed object records the priority that
+//! wrote it and its algorithm's tag, so loads decode it whatever the pool
+//! does next, and only higher priorities are tried on it again.
+//!
+//! # Trade-offs
+//! * Shared (deduplicated) objects and written-back pages are left alone:
+//!   a shared object would need its dedup shard's lock held across the
+//!   swap, and a record on disk costs no RAM.
+//! * Each pass walks the shard's index under its lock to pick candidates
+//!   (O(entries), like zram's scan of its slots), then takes the lock once
+//!   per candidate; loads and stores of other keys in the shard wait at
+//!   most one decompression.
+//! * Loads of pages never recompressed do not change at all: the algorithm
+//!   is in the entry, so a recompressed neighbour costs them nothing.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use zmem_alloc::ZsPool;
+use zmem_compress::Compressor;
+
+use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
+use crate::error::{Result, ZmemError};
+use crate::pool::{decode, Engine, Shard};
+
+/// The most recompression algorithms a pool may have (zram: 4 algorithms
+/// with the primary).
+pub const MAX_RECOMP_ALGORITHMS: usize = 3;
+
+/// Which objects [`Pool::recompress`](crate::Pool::recompress) rewrites,
+/// and with what. Every condition given must hold (zram's `type=idle`,
+/// `type=huge`, `type=huge_idle`, `threshold=`); none given picks every
+/// object in RAM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recompress {
+    /// Not accessed for at least this many seconds.
+    pub idle_secs: Option<u32>,
+    /// Stored raw (zram's huge pages).
+    pub huge: bool,
+    /// Compressed size at least this many bytes (raw pages count 4096).
+    pub min_size: Option<u32>,
+    /// Only this priority (1..=3); by default each one above the object's.
+    pub prio: Option<u8>,
+    /// At most this many objects rewritten.
+    pub limit: Option<u64>,
+}
+
+impl Recompress {
+    fn picks(&self, info: ObjInfo, ac: u32, now: u32) -> bool {
+        self.idle_secs.is_none_or(|s| now.saturating_sub(ac) >= s)
+            && (!self.huge || info.is_huge())
+            && self.min_size.is_none_or(|m| info.len as u32 >= m)
+    }
+}
+
+/// What a recompression pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RecompressReport {
+    /// Objects the filter picked (not marked, below the top priority).
+    pub candidates: u64,
+    /// Objects rewritten smaller.
+    pub recompressed: u64,
+    /// Compressed bytes saved by them (old length minus new).
+    pub saved_bytes: u64,
+    /// Objects no algorithm could shrink, now marked and skipped later.
+    pub marked: u64,
+    /// Objects changed, freed or loaded during the pass, or not rewritten
+    /// for want of memory: left as they were.
+    pub skipped: u64,
+}
+
+impl Engine {
+    /// [`Pool::recompress`](crate::Pool::recompress).
+    pub(crate) fn recompress(&self, req: &Recompress) -> Result<RecompressReport> {
+        self.recompress_with(req, |_| true)
+    }
+
+    /// [`recompress`](Self::recompress), calling `after_shard` with the
+    /// report so far after each shard; it returns false to stop the pass.
+    pub(crate) fn recompress_with(
+        &self,
+        req: &Recompress,
+        mut after_shard: impl FnMut(&RecompressReport) -> bool,
+    ) -> Result<RecompressReport> {
+        let algs = &self.cfg.recomp_algorithms;
+        let top = algs.len() as u8;
+        if top == 0 {
+            return Err(ZmemError::Config(
+                "this pool has no recompression algorithm: configure one (zmem serve --recomp-algo zstd:9)".into(),
+            ));
+        }
+        if let Some(p) = req.prio {
+            if p == 0 || p > top {
+                return Err(ZmemError::Config(format!(
+                    "recompression priority {p} does not exist: this pool has priorities 1..={top} ({})",
+                    names(algs)
+                )));
+            }
+        }
+        let now = self.now();
+        let mut rep = RecompressReport::default();
+        let mut budget = req.limit.unwrap_or(u64::MAX);
+        let mut page = vec![0u8; PAGE_SIZE];
+        let mut old = vec![0u8; PAGE_SIZE];
+        let mut out = vec![0u8; PAGE_SIZE];
+        for shard in self.shards.iter() {
+            if budget == 0 {
+                break;
+            }
+            let picked: Vec<(u64, Entry)> = {
+                let s = shard.lock();
+                s.index
+                    .iter()
+                    .filter(|&(_, e, ac)| match e.slot() {
+                        Slot::Obj(_, info) => {
+                            !e.no_recomp() && e.prio() < req.prio.unwrap_or(top) && req.picks(info, ac, now)
+                        }
+                        _ => false,
+                    })
+                    .map(|(k, e, _)| (k, e))
+                    .collect()
+            };
+            rep.candidates += picked.len() as u64;
+            for (key, e) in picked {
+                if budget == 0 {
+                    break;
+                }
+                let Slot::Obj(old_h, old_info) = e.slot() else { continue };
+                let len = old_info.len as usize;
+                let copied = {
+                    let s = shard.lock();
+                    s.index.get(key) == Some(e)
+                        && self.alloc.read(old_h, |obj| obj.get(..len).map(|b| old[..len].copy_from_slice(b)).is_some()).unwrap_or(false)
+                };
+                if !copied || decode(key, old_info, &old[..len], &mut page).is_err() {
+                    rep.skipped += 1;
+                    continue;
+                }
+                // The entry alone does not prove the page unchanged: a
+                // store of the same length rewrites the object in place.
+                let unchanged = |s: &Shard| s.index.get(key) == Some(e) && self.alloc.read(old_h, |obj| obj.get(..len) == Some(&old[..len])).unwrap_or(false);
+                let old_class = ZsPool::class_size(old_info.len as usize).unwrap_or(PAGE_SIZE);
+                let prios = match req.prio {
+                    Some(p) => p..=p,
+                    None => e.prio() + 1..=top,
+                };
+                let mut won = None;
+                for p in prios {
+                    let c = algs[p as usize - 1];
+                    let Ok(n) = c.compress(&page, &mut out) else { continue };
+                    let smaller = n < self.cfg.huge_threshold && ZsPool::class_size(n).is_some_and(|k| k < old_class);
+                    if smaller {
+                        won = Some((p, ObjInfo::compressed(c.algorithm, n)));
+                        break;
+                    }
+                }
+                let Some((p, info)) = won else {
+                    // zram marks a page only once the top priority failed too.
+                    let tried_top = req.prio.is_none_or(|p| p == top);
+                    let mut s = shard.lock();
+                    if tried_top && unchanged(&s) {
+                        s.index.set(key, e.with_no_recomp());
+                        rep.marked += 1;
+                    }
+                    continue;
+                };
+                let Ok(h) = self.alloc_write(&out[..info.len as usize]) else {
+                    rep.skipped += 1;
+                    continue;
+                };
+                let new = Entry::obj(h, info).with_gen(e.gen()).with_referenced(e.referenced()).with_prio(p);
+                let swapped = {
+                    let mut s = shard.lock();
+                    let same = unchanged(&s);
+                    if same {
+                        s.account(e, false);
+                        s.account(new, true);
+                        s.index.set(key, new);
+                    }
+                    same
+                };
+                let gone = if swapped { old_h } else { h };
+                if let Err(err) = self.alloc.free(gone) {
+                    self.free_failed(&err.to_string());
+                }
+                if swapped {
+                    rep.recompressed += 1;
+                    rep.saved_bytes += (old_info.len - info.len) as u64;
+                    budget -= 1;
+                } else {
+                    rep.skipped += 1;
+                }
+            }
+            if !after_shard(&rep) {
+                break;
+            }
+        }
+        self.counters.recompressed_pages.fetch_add(rep.recompressed, Relaxed);
+        self.counters.recompress_saved_bytes.fetch_add(rep.saved_bytes, Relaxed);
+        self.counters.recompress_marked.fetch_add(rep.marked, Relaxed);
+        self.alloc.compact();
+        Ok(rep)
+    }
+}
+
+impl Engine {
+    /// [`Pool::recompress_idle_until`](crate::Pool::recompress_idle_until).
+    pub(crate) fn recompress_idle_until(&self, idle_secs: u32, cpu_percent: u8, stop: &AtomicBool) -> Result<RecompressReport> {
+        let share = f64::from(cpu_percent.clamp(1, 100)) / 100.0;
+        let mut total = RecompressReport::default();
+        let nap = |d: Duration| {
+            let until = Instant::now() + d;
+            while !stop.load(Relaxed) && Instant::now() < until {
+                std::thread::sleep((until - Instant::now()).min(Duration::from_millis(100)));
+            }
+        };
+        while !stop.load(Relaxed) {
+            let req = Recompress { idle_secs: Some(idle_secs), ..Recompress::default() };
+            let mut since = Instant::now();
+            let r = self.recompress_with(&req, |_| {
+                nap(since.elapsed().mul_f64((1.0 - share) / share));
+                since = Instant::now();
+                !stop.load(Relaxed)
+            })?;
+            total.candidates += r.candidates;
+            total.recompressed += r.recompressed;
+            total.saved_bytes += r.saved_bytes;
+            total.marked += r.marked;
+            total.skipped += r.skipped;
+            nap(Duration::from_secs(u64::from(idle_secs / 4).clamp(1, 60)));
+        }
+        Ok(total)
+    }
+}
+
+/// "zstd:9, lzo": the algorithms by priority, for errors.
+pub(crate) fn names(algs: &[Compressor]) -> String {
+    algs.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+}
