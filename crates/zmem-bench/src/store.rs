@@ -58,6 +58,9 @@ pub struct Config {
     pub backing: Option<PathBuf>,
     /// Write the same pages to kernel zram too.
     pub kernel: bool,
+    /// Recompression algorithms by priority (empty: none): after the timed
+    /// passes, every page is recompressed and loads are timed again.
+    pub recompress: Vec<Compressor>,
 }
 
 /// The pool's cap, as given: a size, or a share of the data set (known
@@ -132,6 +135,116 @@ pub struct Report {
     pub kernel_zram_skipped: Option<String>,
     pub mem_used_vs_kernel_zram: Option<f64>,
     pub writeback: Option<WritebackReport>,
+    pub recompress: Option<RecompressReport>,
+}
+
+/// "Store with the fast compressor, then recompress": what it saves, what
+/// it costs, and what loads cost afterwards. Memory is compared compacted
+/// on both sides; load speeds are the best of `repeat` per page, summed
+/// over the pages in each group, before and after, in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecompressReport {
+    pub algorithms: Vec<String>,
+    pub recompress_secs: f64,
+    /// MB/s of original data passed through recompression.
+    pub recompress_mbps: f64,
+    pub recompressed_pages: u64,
+    pub saved_bytes: u64,
+    pub marked_pages: u64,
+    pub compr_bytes_before: u64,
+    pub compr_bytes_after: u64,
+    pub mem_used_bytes_before: u64,
+    pub mem_used_bytes_after: u64,
+    pub mem_used_after_vs_before: f64,
+    /// Objects the first compressor wrote that idle recompression left
+    /// alone (they were read meanwhile): their load speed, loaded alone,
+    /// before it and after it, and the ratio (loads of pages never
+    /// recompressed must not slow).
+    pub untouched_pages: u64,
+    pub untouched_load_mbps_before: f64,
+    pub untouched_load_mbps_after: f64,
+    pub untouched_after_vs_before: f64,
+    /// Pages rewritten: load speed before (first compressor) and after.
+    pub recompressed_load_mbps_before: f64,
+    pub recompressed_load_mbps_after: f64,
+}
+
+/// The best time of `repeat` loads of each page of `keys`, page by page
+/// (single thread; the timer's own cost is the same before and after).
+fn load_times(pool: &Pool, keys: &[u64], repeat: usize) -> anyhow::Result<Vec<f64>> {
+    let mut best = vec![f64::MAX; keys.len()];
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for _ in 0..repeat {
+        for (&k, b) in keys.iter().zip(best.iter_mut()) {
+            let t = Instant::now();
+            pool.load(k, &mut buf).with_context(|| format!("loading page {k}"))?;
+            *b = b.min(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(best)
+}
+
+/// How long pages must sit unread to count as idle in the recompression pass.
+const IDLE_SECS: u32 = 2;
+
+/// zram's "store with lz4, recompress idle pages": every page of `pool`
+/// (holding `n`) is left idle, then half of them (every other block of 16
+/// keys, loaded meanwhile, so not idle) are kept as they are while
+/// `Recompress { idle }` rewrites the rest. The kept half is loaded alone
+/// before and after, so its speed is compared with nothing else in the
+/// caches; then the rest is recompressed too, for the memory figure.
+fn recompress_pass(pool: &Pool, n: usize, repeat: usize, algos: &[Compressor]) -> anyhow::Result<RecompressReport> {
+    pool.compact();
+    let before = pool.stats();
+    let all: Vec<u64> = (0..n as u64).collect();
+    let t_before = load_times(pool, &all, 1)?;
+    std::thread::sleep(std::time::Duration::from_secs(u64::from(IDLE_SECS) + 1));
+    let kept: Vec<u64> = all.iter().copied().filter(|k| (k >> 4) % 2 == 0).collect();
+    let kept_before = load_times(pool, &kept, repeat)?;
+    let t = Instant::now();
+    let idle = pool.recompress(&zmem_core::Recompress { idle_secs: Some(IDLE_SECS), ..Default::default() })?;
+    let mut recompress_secs = t.elapsed().as_secs_f64();
+    let kept_after = load_times(pool, &kept, repeat)?;
+    let untouched: Vec<bool> = kept.iter().map(|&k| pool.recomp_priority(k) == Some(0)).collect();
+    let t = Instant::now();
+    let rest = pool.recompress(&zmem_core::Recompress::default())?;
+    recompress_secs += t.elapsed().as_secs_f64();
+    let after = pool.stats();
+    let t_after = load_times(pool, &all, 1)?;
+    let rewritten: Vec<bool> = all.iter().map(|&k| pool.recomp_priority(k).is_some_and(|p| p > 0)).collect();
+    let group = |times: &[f64], members: &[bool]| -> (u64, f64) {
+        let (count, secs) = times.iter().zip(members).filter(|(_, &m)| m).fold((0u64, 0.0), |(c, s), (t, _)| (c + 1, s + t));
+        (count, if count == 0 { 0.0 } else { mbps(count * PAGE_SIZE as u64, secs) })
+    };
+    let (untouched_pages, ub) = group(&kept_before, &untouched);
+    let (_, ua) = group(&kept_after, &untouched);
+    let (_, rb) = group(&t_before, &rewritten);
+    let (_, ra) = group(&t_after, &rewritten);
+    let r = zmem_core::RecompressReport {
+        recompressed: idle.recompressed + rest.recompressed,
+        saved_bytes: idle.saved_bytes + rest.saved_bytes,
+        marked: idle.marked + rest.marked,
+        ..Default::default()
+    };
+    Ok(RecompressReport {
+        algorithms: algos.iter().map(|c| c.to_string()).collect(),
+        recompress_secs,
+        recompress_mbps: mbps((n * PAGE_SIZE) as u64, recompress_secs),
+        recompressed_pages: r.recompressed,
+        saved_bytes: r.saved_bytes,
+        marked_pages: r.marked,
+        compr_bytes_before: before.compr_data_size,
+        compr_bytes_after: after.compr_data_size,
+        mem_used_bytes_before: before.mem_used_total,
+        mem_used_bytes_after: after.mem_used_total,
+        mem_used_after_vs_before: after.mem_used_total as f64 / before.mem_used_total.max(1) as f64,
+        untouched_pages,
+        untouched_load_mbps_before: ub,
+        untouched_load_mbps_after: ua,
+        untouched_after_vs_before: if ub > 0.0 { ua / ub } else { 0.0 },
+        recompressed_load_mbps_before: rb,
+        recompressed_load_mbps_after: ra,
+    })
 }
 
 /// The writeback tier's figures, over the whole run.
@@ -258,6 +371,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
         dedup: cfg.dedup,
         huge_threshold: cfg.huge_threshold,
         max_pool,
+        recomp_algorithms: cfg.recompress.clone(),
         ..PoolConfig::default()
     };
     // The backing file, when the run has a writeback tier.
@@ -401,6 +515,19 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
     }
     let raw_compr: u64 = raw_len.iter().map(|&l| l as u64).sum();
     let st = pool.stats();
+    let recompress = if cfg.recompress.is_empty() {
+        None
+    } else {
+        progress(Progress::Pass("recompress"));
+        let r = recompress_pass(&pool, n, cfg.repeat, &cfg.recompress)?;
+        for (i, want) in data.chunks_exact(PAGE_SIZE).enumerate() {
+            pool.load(i as u64, &mut buf)?;
+            if buf != want {
+                bail!("page {i} read back wrong after recompression: this is a bug, please report it");
+            }
+        }
+        Some(r)
+    };
     drop(pool);
 
     let (kernel_zram, kernel_zram_skipped) = if !cfg.kernel {
@@ -474,6 +601,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
             .map(|k| st.mem_used_total as f64 / k.mem_used_bytes.max(1) as f64),
         stats: st,
         writeback,
+        recompress,
         kernel_zram,
         kernel_zram_skipped,
     })
@@ -546,6 +674,30 @@ pub fn render(r: &Report) -> String {
             mib(r.meta_data_size)
         );
     }
+    if let Some(c) = &r.recompress {
+        out += &format!(
+            "  recompress with {}: {} pages rewritten in {:.1} s ({:.0} MB/s), {} marked; compressed {:.1} -> {:.1} MiB, memory {:.1} -> {:.1} MiB ({:.3}x)\n",
+            c.algorithms.join(", "),
+            c.recompressed_pages,
+            c.recompress_secs,
+            c.recompress_mbps,
+            c.marked_pages,
+            mib(c.compr_bytes_before),
+            mib(c.compr_bytes_after),
+            mib(c.mem_used_bytes_before),
+            mib(c.mem_used_bytes_after),
+            c.mem_used_after_vs_before
+        );
+        out += &format!(
+            "  loads after recompression: {} untouched pages {:.0} -> {:.0} MB/s ({:.3}x); rewritten pages {:.0} -> {:.0} MB/s\n",
+            c.untouched_pages,
+            c.untouched_load_mbps_before,
+            c.untouched_load_mbps_after,
+            c.untouched_after_vs_before,
+            c.recompressed_load_mbps_before,
+            c.recompressed_load_mbps_after
+        );
+    }
     if let Some(w) = &r.writeback {
         out += &format!(
             "  writeback: max_pool {:.1} MiB, {} pages written back, {:.1} MiB written to {} ({:.3}x of {:.1} MiB uncompressed)\n",
@@ -593,6 +745,7 @@ mod tests {
             max_pool: None,
             backing: None,
             kernel: false,
+            recompress: vec![],
         }
     }
 
@@ -615,6 +768,41 @@ mod tests {
         assert!(table.starts_with("zmem bench store: 16 pages (0.1 MiB) from 1 sources, lz4, dedup off, 2 thread(s), best of 2\n"), "{table}");
         assert!(table.contains("kernel zram: not compared (skipped: --no-kernel)"), "{table}");
         assert!(table.ends_with(&format!("  mm_stat: {}\n", r.mm_stat)), "{table}");
+    }
+
+    /// --recompress: pages lz4 leaves raw are rewritten with zstd, memory
+    /// drops, loads of both groups are timed, and every page reads back.
+    #[test]
+    fn recompress_reports_savings_and_load_speeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("data");
+        let mut x = 7u64;
+        let mut data: Vec<u8> = (0..32 * PAGE_SIZE)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b'0' + (x % 64) as u8
+            })
+            .collect();
+        // Random pages: raw under both, marked, left untouched.
+        data.extend((0..32 * PAGE_SIZE).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        }));
+        std::fs::write(&f, &data).unwrap();
+        let mut c = config(f);
+        c.recompress = vec!["zstd:3".parse().unwrap()];
+        let r = run(&c, |_| {}).unwrap();
+        let rc = r.recompress.as_ref().expect("a recompression report");
+        assert_eq!((rc.recompressed_pages, rc.marked_pages), (32, 32), "{rc:?}");
+        assert!(rc.mem_used_bytes_after < rc.mem_used_bytes_before, "{rc:?}");
+        assert_eq!(rc.compr_bytes_before - rc.compr_bytes_after, rc.saved_bytes);
+        assert!(rc.untouched_load_mbps_after > 0.0 && rc.recompressed_load_mbps_after > 0.0, "{rc:?}");
+        assert!(rc.untouched_pages > 0 && rc.untouched_pages < 64, "{rc:?}");
+        assert!(render(&r).contains("recompress with zstd:3"), "{}", render(&r));
     }
 
     #[test]

@@ -507,6 +507,15 @@ impl Pool {
         self.e.residency(key)
     }
 
+    /// The recompression priority of the object in RAM under `key`: 0 if
+    /// the pool's compressor wrote it, 1..=3 if a recompression algorithm
+    /// rewrote it; None for a same-filled, shared or written-back page, or
+    /// no page.
+    pub fn recomp_priority(&self, key: u64) -> Option<u8> {
+        let e = self.e.shard(key).lock().index.get(key)?;
+        matches!(e.slot(), Slot::Obj(..)).then(|| e.prio())
+    }
+
     /// Whether `key` holds a page.
     pub fn contains(&self, key: u64) -> bool {
         self.e.shard(key).lock().index.contains(key)

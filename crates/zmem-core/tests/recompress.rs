@@ -76,6 +76,9 @@ fn recompression_rewrites_smaller_marks_the_rest_and_every_page_reads_back() {
         assert_eq!((after.recompressed_pages, after.recompress_saved_bytes), (r.recompressed, r.saved_bytes));
         assert_eq!(after.huge_pages_since, 2 * n, "a counter of stores, not of what is held");
         check_all(&p, (0..3 * n).map(|k| (k, page(k % 3, k))));
+        let rewritten = (0..3 * n).filter(|&k| p.recomp_priority(k) == Some(1)).count() as u64;
+        assert_eq!(rewritten, r.recompressed);
+        assert!((0..3 * n).filter(|k| k % 3 == 0).all(|k| p.recomp_priority(k) == Some(1)), "every six-bit page");
 
         // Rewritten objects are at the top priority and the rest are
         // marked: a second pass has nothing to try.

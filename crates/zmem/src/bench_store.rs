@@ -49,6 +49,11 @@ pub struct Args {
     /// Skip the kernel zram comparison.
     #[arg(long)]
     pub no_kernel: bool,
+    /// After the timed passes, recompress every page with these algorithms
+    /// (comma-separated, by priority, e.g. zstd:9) and report the memory
+    /// saved and the load speed of untouched and rewritten pages.
+    #[arg(long, value_name = "ALGO[,ALGO...]", value_delimiter = ',')]
+    pub recompress: Vec<String>,
     /// Print one JSON object instead of a table (no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -83,6 +88,7 @@ fn config(a: &Args) -> anyhow::Result<Config> {
         max_pool: a.max_pool.as_deref().map(parse_max_pool).transpose()?,
         backing: a.backing.clone(),
         kernel: !a.no_kernel,
+        recompress: a.recompress.iter().map(|c| c.parse()).collect::<Result<_, _>>().context("--recompress")?,
     })
 }
 

@@ -238,7 +238,7 @@ fn stat_table_bad_input_and_clean_shutdown() {
     }
     assert!(lines[1].contains("16M"), "{table}");
     assert!(
-        lines[2].starts_with("mm_stat:") && lines[2].split_whitespace().count() == 9,
+        lines[2].starts_with("mm_stat:") && lines[2].split_whitespace().count() == 10,
         "{table}"
     );
     assert!(
