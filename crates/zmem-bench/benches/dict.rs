@@ -3,7 +3,8 @@
 //! would hold for lz4, zstd:3 and zstd:9, each without and with a zstd
 //! dictionary trained on a sample of the same pages.
 //!
-//! `cargo bench -p zmem-bench --bench dict [-- DICT_KIB [SAMPLE_EVERY]]`
+//! `cargo bench -p zmem-bench --bench dict [-- DICT_KIB [SAMPLE_EVERY [LEVEL]]]`
+//! (LEVEL: the strong zstd level, default 9)
 //!
 //! Data sets (the three of the issue): the pages of
 //! `/usr/lib/x86_64-linux-gnu` (128 MiB), the anonymous memory of a live
@@ -38,6 +39,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let dict_kib: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(64);
     let every: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let strong: i32 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(9);
     let mut sets: Vec<(String, PageSet)> = Vec::new();
     sets.push(("/usr/lib tar".into(), pages::read_paths(&[PathBuf::from("/usr/lib/x86_64-linux-gnu")], Some(128 << 20))?));
     let mut child = pages::spawn_default_process(64 << 20)?;
@@ -50,7 +52,8 @@ fn main() -> anyhow::Result<()> {
         sets.push(("cargo build output".into(), pages::read_paths(&[deps], Some(128 << 20))?));
     }
     println!("dictionary {dict_kib} KiB trained on every {every}th page; pool bytes in MB (10^6), ratio to lz4 alone");
-    println!("{:<20} {:>7} {:>9} {:>13} {:>9} {:>13} {:>9} {:>13} {:>8}", "data", "pages", "lz4", "lz4+dict", "zstd:3", "zstd:3+dict", "zstd:9", "zstd:9+dict", "train s");
+    let (sl, sld) = (format!("zstd:{strong}"), format!("zstd:{strong}+dict"));
+    println!("{:<20} {:>7} {:>9} {:>13} {:>9} {:>13} {:>9} {:>13} {:>8}", "data", "pages", "lz4", "lz4+dict", "zstd:3", "zstd:3+dict", sl, sld, "train s");
     for (name, set) in &sets {
         let pages: Vec<&[u8]> = set.iter().filter(|p| p.iter().any(|&b| b != p[0])).collect();
         let samples: Vec<&[u8]> = pages.iter().step_by(every.max(1)).copied().collect();
@@ -61,8 +64,8 @@ fn main() -> anyhow::Result<()> {
         let mut out = vec![0u8; 4 * PAGE];
         let mut lz4 = (0u64, 0u64);
         let mut z = [(0u64, 0u64); 2];
-        let (mut c3, mut c9) = (zstd::bulk::Compressor::new(3)?, zstd::bulk::Compressor::new(9)?);
-        let (mut d3, mut d9) = (zstd::bulk::Compressor::with_dictionary(3, &dict)?, zstd::bulk::Compressor::with_dictionary(9, &dict)?);
+        let (mut c3, mut c9) = (zstd::bulk::Compressor::new(3)?, zstd::bulk::Compressor::new(strong)?);
+        let (mut d3, mut d9) = (zstd::bulk::Compressor::with_dictionary(3, &dict)?, zstd::bulk::Compressor::with_dictionary(strong, &dict)?);
         for p in &pages {
             let n = lz4_flex::block::compress_into(p, &mut out).map_err(|e| anyhow::anyhow!("lz4: {e} (page {} bytes, out {})", p.len(), out.len()))?;
             lz4.0 += pool_bytes(n);
