@@ -220,12 +220,8 @@ fn recompress_pass(pool: &Pool, n: usize, repeat: usize, algos: &[Compressor]) -
     let (_, ua) = group(&kept_after, &untouched);
     let (_, rb) = group(&t_before, &rewritten);
     let (_, ra) = group(&t_after, &rewritten);
-    let r = zmem_core::RecompressReport {
-        recompressed: idle.recompressed + rest.recompressed,
-        saved_bytes: idle.saved_bytes + rest.saved_bytes,
-        marked: idle.marked + rest.marked,
-        ..Default::default()
-    };
+    let mut r = idle;
+    r += rest;
     Ok(RecompressReport {
         algorithms: algos.iter().map(|c| c.to_string()).collect(),
         recompress_secs,

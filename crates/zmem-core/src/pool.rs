@@ -225,9 +225,11 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    fn new(with_ac: bool) -> Shard {
+    fn new() -> Shard {
         Shard {
-            index: BlockIndex::new(with_ac),
+            // Every pool keeps access times (zram's ac_time): idle pages can
+            // be named for writeback and recompression alike.
+            index: BlockIndex::new(true),
             lru: Lru::default(),
             next_gen: 0,
             compr_bytes: 0,
@@ -619,9 +621,7 @@ impl Engine {
             )));
         }
         let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
-        // Every pool keeps access times (zram's ac_time): idle pages can be
-        // named for writeback and recompression alike.
-        let shards: Box<[Mutex<Shard>]> = (0..nshards).map(|_| Mutex::new(Shard::new(true))).collect();
+        let shards: Box<[Mutex<Shard>]> = (0..nshards).map(|_| Mutex::new(Shard::new())).collect();
         let dedup: Option<Box<[Mutex<DedupShard>]>> = cfg
             .dedup
             .then(|| (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect());
@@ -1108,8 +1108,10 @@ impl Engine {
         let mut tries = 0;
         loop {
             tries += 1;
+            // Read the clock before the lock: the critical section only stores it.
+            let now = self.now();
             let s = self.shard(key).lock();
-            let (s, e) = self.access(s, key)?;
+            let (s, e) = self.access(s, key, now)?;
             let r = match e.slot() {
                 Slot::Same(p) => {
                     fill_pattern(buf, p);
@@ -1122,7 +1124,6 @@ impl Engine {
                         what: "a shared-page entry in a pool without dedup".into(),
                     })?;
                     let mut ds = Self::dedup_shard(d, hash).lock();
-                    let now = self.now();
                     let tiered = self.tier.is_some();
                     let rec = ds.map.get_mut(&hash).ok_or_else(|| ZmemError::Inconsistent {
                         key,
@@ -1156,17 +1157,14 @@ impl Engine {
         }
     }
 
-    /// Look `key` up under its shard lock and record the access (zram's
-    /// ac_time; a tiered pool also sets zswap's referenced bit).
-    fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64) -> Result<(MutexGuard<'a, Shard>, Entry)> {
+    /// Look `key` up under its shard lock and record the access at `now`
+    /// (zram's ac_time; a tiered pool also sets zswap's referenced bit).
+    fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64, now: u32) -> Result<(MutexGuard<'a, Shard>, Entry)> {
+        let slot = s.index.access(key, now).ok_or(ZmemError::NotFound { key })?;
+        let e = *slot;
         let Some(t) = &self.tier else {
-            let e = *s.index.access(key, self.now()).ok_or(ZmemError::NotFound { key })?;
             return Ok((s, e));
         };
-        let Some(slot) = s.index.access(key, self.now()) else {
-            return Err(ZmemError::NotFound { key });
-        };
-        let e = *slot;
         if !matches!(e.slot(), Slot::Obj(..)) || e.referenced() {
             return Ok((s, e));
         }

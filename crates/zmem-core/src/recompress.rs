@@ -98,18 +98,28 @@ pub struct RecompressReport {
     pub skipped: u64,
 }
 
+impl std::ops::AddAssign for RecompressReport {
+    fn add_assign(&mut self, r: RecompressReport) {
+        self.candidates += r.candidates;
+        self.recompressed += r.recompressed;
+        self.saved_bytes += r.saved_bytes;
+        self.marked += r.marked;
+        self.skipped += r.skipped;
+    }
+}
+
 impl Engine {
     /// [`Pool::recompress`](crate::Pool::recompress).
     pub(crate) fn recompress(&self, req: &Recompress) -> Result<RecompressReport> {
-        self.recompress_with(req, |_| true)
+        self.recompress_with(req, || true)
     }
 
-    /// [`recompress`](Self::recompress), calling `after_shard` with the
-    /// report so far after each shard; it returns false to stop the pass.
+    /// [`recompress`](Self::recompress), calling `after_shard` after each
+    /// shard; it returns false to stop the pass.
     pub(crate) fn recompress_with(
         &self,
         req: &Recompress,
-        mut after_shard: impl FnMut(&RecompressReport) -> bool,
+        mut after_shard: impl FnMut() -> bool,
     ) -> Result<RecompressReport> {
         let algs = &self.cfg.recomp_algorithms;
         let top = algs.len() as u8;
@@ -220,7 +230,7 @@ impl Engine {
                     rep.skipped += 1;
                 }
             }
-            if !after_shard(&rep) {
+            if !after_shard() {
                 break;
             }
         }
@@ -240,22 +250,18 @@ impl Engine {
         let nap = |d: Duration| {
             let until = Instant::now() + d;
             while !stop.load(Relaxed) && Instant::now() < until {
-                std::thread::sleep((until - Instant::now()).min(Duration::from_millis(100)));
+                std::thread::sleep(until.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
             }
         };
         while !stop.load(Relaxed) {
             let req = Recompress { idle_secs: Some(idle_secs), ..Recompress::default() };
             let mut since = Instant::now();
-            let r = self.recompress_with(&req, |_| {
+            let r = self.recompress_with(&req, || {
                 nap(since.elapsed().mul_f64((1.0 - share) / share));
                 since = Instant::now();
                 !stop.load(Relaxed)
             })?;
-            total.candidates += r.candidates;
-            total.recompressed += r.recompressed;
-            total.saved_bytes += r.saved_bytes;
-            total.marked += r.marked;
-            total.skipped += r.skipped;
+            total += r;
             nap(Duration::from_secs(u64::from(idle_secs / 4).clamp(1, 60)));
         }
         Ok(total)

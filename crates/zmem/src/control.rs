@@ -135,8 +135,7 @@ fn control_client(s: UnixStream, info: &Info) -> std::io::Result<()> {
             let pool = info.export.pool();
             match crate::recompress::parse_command(cmd, &pool.config().recomp_algorithms) {
                 Ok(req) => match pool.recompress(&req) {
-                    Ok(r) => serde_json::json!({"ok": true, "candidates": r.candidates, "recompressed": r.recompressed,
-                        "saved_bytes": r.saved_bytes, "marked": r.marked, "skipped": r.skipped}),
+                    Ok(r) => serde_json::json!({"ok": true, "report": r}),
                     Err(e) => serde_json::json!({"error": e.to_string()}),
                 },
                 Err(e) => serde_json::json!({"error": e}),

@@ -62,7 +62,7 @@ pub struct PoolArgs {
     pub recomp_algo: Vec<String>,
     /// Recompress pages idle this long in the background (300s, 5m; zram
     /// does it only when told, `zmem recompress`).
-    #[arg(long, value_name = "DURATION", value_parser = crate::recompress::parse_secs)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_secs)]
     pub recompress_idle: Option<u32>,
     /// The share of one CPU --recompress-idle may use, in percent.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=100), requires = "recompress_idle")]
@@ -114,9 +114,8 @@ fn swap_over_half_full() -> bool {
 
 /// `--recompress-idle`: the pool's idle recompression policy until `stop`
 /// (an error, such as no algorithm, is logged and ends it).
-pub fn recompress_idle(pool: &Pool, a: &PoolArgs, stop: &AtomicBool) {
-    let Some(secs) = a.recompress_idle else { return };
-    match pool.recompress_idle_until(secs, a.recompress_cpu, stop) {
+fn recompress_idle(pool: &Pool, secs: u32, cpu_percent: u8, stop: &AtomicBool) {
+    match pool.recompress_idle_until(secs, cpu_percent, stop) {
         Ok(r) => tracing::info!("idle recompression: {} pages rewritten, {} bytes saved", r.recompressed, r.saved_bytes),
         Err(e) => tracing::warn!("idle recompression stopped: {e}"),
     }
@@ -125,7 +124,7 @@ pub fn recompress_idle(pool: &Pool, a: &PoolArgs, stop: &AtomicBool) {
 /// `--exclusive-loads auto`: every 100 ms, switch the pool's exclusive
 /// loads to whether the system's swap is more than half full, until `stop`.
 /// A switch changes only which pages are written back first.
-pub fn follow_swap_fullness(pool: &Pool, stop: &AtomicBool) {
+fn follow_swap_fullness(pool: &Pool, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         pool.set_exclusive_loads(swap_over_half_full());
         std::thread::sleep(Duration::from_millis(100));
@@ -136,7 +135,7 @@ impl PoolArgs {
     /// The pool these options describe (opening the backing store, if
     /// any), and its compressor.
     /// `default` is the command's default for --exclusive-loads; with
-    /// auto, the caller runs [`follow_swap_fullness`].
+    /// auto, the caller runs [`PoolArgs::spawn_policies`].
     pub fn build(&self, default: ExclusiveLoads) -> anyhow::Result<(Pool, Compressor)> {
         let comp: Compressor = self.compressor.parse()?;
         let cfg = PoolConfig {
@@ -162,6 +161,25 @@ impl PoolArgs {
             None => Pool::new(cfg)?,
         };
         Ok((pool, comp))
+    }
+
+    /// Start the threads these options ask of a server's pool, in `scope`,
+    /// until `stop`: the exclusive-loads follower (auto, with `default` as
+    /// the command's default) and idle recompression.
+    pub fn spawn_policies<'s>(
+        &self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        pool: &'s Pool,
+        stop: &'s AtomicBool,
+        default: ExclusiveLoads,
+    ) {
+        if self.exclusive_mode(default) == ExclusiveLoads::Auto {
+            scope.spawn(move || follow_swap_fullness(pool, stop));
+        }
+        if let Some(secs) = self.recompress_idle {
+            let cpu = self.recompress_cpu;
+            scope.spawn(move || recompress_idle(pool, secs, cpu, stop));
+        }
     }
 
     /// --exclusive-loads as given, or the command's default.

@@ -16,7 +16,7 @@ use zmem_core::{Compressor, Recompress};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Pages not accessed for at least this long (300, 300s, 5m, 1h).
-    #[arg(long, value_name = "DURATION", value_parser = parse_secs)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_secs)]
     pub idle: Option<u32>,
     /// Pages stored raw because the pool's compressor could not shrink
     /// them below the huge threshold (zram's huge pages).
@@ -96,31 +96,13 @@ pub fn parse_command(cmd: &str, algos: &[Compressor]) -> Result<Recompress, Stri
     Ok(req)
 }
 
-/// Seconds from `300`, `300s`, `5m`, `2h` or `1d`.
-pub fn parse_secs(s: &str) -> anyhow::Result<u32> {
-    let t = s.trim();
-    let (num, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => t.split_at(i),
-        None => (t, ""),
-    };
-    let mult: u64 = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => bail!("bad duration `{s}`: a number of seconds, or with s, m, h or d (300s, 5m)"),
-    };
-    let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("bad duration `{s}`: a number of seconds, or with s, m, h or d (300s, 5m)"))?;
-    u32::try_from(n.saturating_mul(mult)).map_err(|_| anyhow::anyhow!("duration `{s}` is too long"))
-}
-
 pub fn run(a: Args) -> anyhow::Result<()> {
     let path = a.control.clone().unwrap_or_else(crate::serve::default_control_path);
     let v = crate::stat::request(&path, &command(&a))?;
     if let Some(e) = v.get("error") {
         bail!("server: {}", e.as_str().unwrap_or("unknown error"));
     }
-    let g = |k: &str| v[k].as_u64().unwrap_or(0);
+    let g = |k: &str| v["report"][k].as_u64().unwrap_or(0);
     println!(
         "{} pages recompressed, {} bytes saved; {} could not shrink (marked), {} changed meanwhile; {} picked",
         g("recompressed"),
@@ -152,6 +134,7 @@ mod tests {
 
     #[test]
     fn durations() {
+        use crate::util::parse_secs;
         assert_eq!(parse_secs("300").unwrap(), 300);
         assert_eq!(parse_secs("300s").unwrap(), 300);
         assert_eq!(parse_secs("5m").unwrap(), 300);

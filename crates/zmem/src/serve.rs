@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use zmem_nbd::{Export, Listener, Server, ServerConfig};
 
 use crate::control::{bind_unix, control_loop, Frontend, Info};
-use crate::pool_args::{follow_swap_fullness, recompress_idle, ExclusiveLoads, PoolArgs};
+use crate::pool_args::{ExclusiveLoads, PoolArgs};
 use crate::util::parse_size;
 
 #[derive(clap::Args, Debug)]
@@ -213,14 +213,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let info = &info;
             s.spawn(move || control_loop(l, info, stop()));
         }
-        if a.pool.exclusive_mode(ExclusiveLoads::Off) == ExclusiveLoads::Auto {
-            let pool = server.export().pool();
-            s.spawn(move || follow_swap_fullness(pool, stop()));
-        }
-        if a.pool.recompress_idle.is_some() {
-            let (pool, args) = (server.export().pool(), &a.pool);
-            s.spawn(move || recompress_idle(pool, args, stop()));
-        }
+        a.pool.spawn_policies(s, server.export().pool(), stop(), ExclusiveLoads::Off);
         let r = server.run(&listener, stop());
         stop().store(true, Ordering::SeqCst); // also ends the control thread on error
         r

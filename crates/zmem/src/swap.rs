@@ -34,7 +34,7 @@ use serde_json::json;
 use zmem_export::Export;
 
 use crate::control::{bind_unix, control_loop, Frontend, Info};
-use crate::pool_args::{follow_swap_fullness, recompress_idle, ExclusiveLoads, PoolArgs};
+use crate::pool_args::{ExclusiveLoads, PoolArgs};
 use crate::stat::human;
 use crate::util::{have, parse_size};
 
@@ -832,12 +832,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let image = mnt.join(IMAGE);
     std::thread::scope(|s| {
         s.spawn(|| control_loop(control, &info, stop));
-        if a.pool.exclusive_mode(EXCLUSIVE_LOADS) == ExclusiveLoads::Auto {
-            s.spawn(|| follow_swap_fullness(export.pool(), stop));
-        }
-        if a.pool.recompress_idle.is_some() {
-            s.spawn(|| recompress_idle(export.pool(), &a.pool, stop));
-        }
+        a.pool.spawn_policies(s, export.pool(), stop, EXCLUSIVE_LOADS);
         loop {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));

@@ -33,6 +33,21 @@ pub fn parse_on_off(s: &str) -> anyhow::Result<bool> {
     }
 }
 
+/// Seconds from `300`, `300s`, `5m`, `2h` or `1d`.
+pub fn parse_secs(s: &str) -> anyhow::Result<u32> {
+    let t = s.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let mult: u64 = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => bail!("bad duration `{s}`: a number of seconds, or with s, m, h or d (300s, 5m)"),
+    };
+    let n: u64 = num.parse().with_context(|| format!("bad duration `{s}`: a number of seconds, or with s, m, h or d (300s, 5m)"))?;
+    u32::try_from(n.saturating_mul(mult)).map_err(|_| anyhow::anyhow!("duration `{s}` is too long"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
