@@ -15,6 +15,9 @@
 //! * **lzo** (LZO1X-1): the kernel's historical default, through our own
 //!   implementation in `zmem-lzo` (minilzo is GPL; we ship MIT OR Apache-2.0).
 //!
+//! lz4 and zstd also compress with a [`Dictionary`] (zstd's format,
+//! trained on sample pages), prepared once and shared by every thread.
+//!
 //! Compression never allocates on the hot path for lz4 and lzo; zstd keeps a
 //! thread-local context. Decompression is given the exact compressed length and
 //! a destination of the exact original length, and fails with a typed error on
@@ -26,7 +29,10 @@ use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
 
+mod dict;
 mod lz4c;
+
+pub use dict::Dictionary;
 
 /// The algorithm that wrote an object. The discriminant is what is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -98,6 +104,12 @@ pub enum CompressError {
     Compress { alg: Algorithm, msg: String },
     #[error("{alg} stream is corrupt: {msg}")]
     Corrupt { alg: Algorithm, msg: String },
+    #[error("not a usable dictionary: {0}")]
+    BadDictionary(String),
+    #[error("could not train a dictionary: {0}")]
+    Train(String),
+    #[error("{0} cannot compress with this dictionary (lzo takes none; zstd only at the levels it was prepared for)")]
+    NoDictionary(Compressor),
     #[error("{alg} stream decompressed to {got} bytes, expected {expected}")]
     WrongLength {
         alg: Algorithm,
