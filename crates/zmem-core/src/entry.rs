@@ -22,6 +22,9 @@ pub(crate) const TAG_RAW: u8 = 0xF;
 /// Stored raw because the compressor could not make it smaller than a page
 /// at all (zram's "incompressible" writeback class).
 pub(crate) const TAG_RAW_INCOMP: u8 = 0xE;
+/// Tags 3..=12: written with the dictionary in slot (tag - 3) / 2, by lz4
+/// (even offset) or zstd (odd); see `dict.rs`.
+const TAG_DICT: u8 = 3;
 
 const KIND_MASK: u32 = 0b11;
 const KIND_OBJ: u32 = 0;
@@ -65,6 +68,20 @@ impl ObjInfo {
     }
     pub fn is_huge(self) -> bool {
         self.tag == TAG_RAW || self.tag == TAG_RAW_INCOMP
+    }
+    /// Written by `alg` (lz4 or zstd) with the dictionary in `slot`.
+    pub fn with_dict(slot: usize, alg: Algorithm, len: usize) -> ObjInfo {
+        debug_assert!(slot < crate::dict::DICT_SLOTS && alg != Algorithm::Lzo);
+        let tag = TAG_DICT + 2 * slot as u8 + (alg == Algorithm::Zstd) as u8;
+        ObjInfo { tag, len: len as u16 }
+    }
+    /// The dictionary slot and algorithm of an object written with one.
+    pub fn dict(self) -> Option<(usize, Algorithm)> {
+        let off = self.tag.checked_sub(TAG_DICT)?;
+        if off as usize >= 2 * crate::dict::DICT_SLOTS {
+            return None;
+        }
+        Some(((off / 2) as usize, if off % 2 == 0 { Algorithm::Lz4 } else { Algorithm::Zstd }))
     }
     fn pack(self) -> u32 {
         ((self.tag as u32) << TAG_SHIFT) | ((self.len as u32 & LEN_MASK) << LEN_SHIFT)
@@ -206,6 +223,18 @@ mod tests {
         assert_eq!(r.slot(), b.slot(), "the recompression bits leave the payload alone");
         assert!(!r.is_empty(), "a marked entry is never the empty one");
         assert_eq!((b.prio(), b.no_recomp()), (0, false));
+        for slot in 0..crate::dict::DICT_SLOTS {
+            for alg in [Algorithm::Lz4, Algorithm::Zstd] {
+                let i = ObjInfo::with_dict(slot, alg, 1234);
+                assert_eq!(i.dict(), Some((slot, alg)));
+                assert!(!i.is_huge() && i.tag < TAG_RAW_INCOMP);
+                assert_eq!(Entry::obj(h, i).slot(), Slot::Obj(h, i));
+            }
+        }
+        for a in Algorithm::ALL {
+            assert_eq!(ObjInfo::compressed(a, 10).dict(), None);
+        }
+        assert_eq!((ObjInfo::raw().dict(), ObjInfo::raw_incompressible().dict()), (None, None));
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub enum ZmemError {
     Alloc(AllocError),
     #[error("stored object for key {key:#x} could not be decompressed: {source}")]
     Corrupt { key: u64, source: CompressError },
+    #[error("the object of key {key:#x} was written with the dictionary in slot {slot}, which holds none (a corrupt entry, or a zmem bug: please report it)")]
+    DictMissing { key: u64, slot: usize },
     #[error("the allocator cannot read the object of key {key:#x}: {source} (an index entry names a freed object: a zmem bug, please report it)")]
     ObjectUnreadable { key: u64, source: AllocError },
     #[error("internal inconsistency at key {key:#x}: {what} (a zmem bug, please report it)")]

@@ -72,6 +72,7 @@ use zmem_compress::{Algorithm, CompressError, Compressor};
 
 pub(crate) use crate::charged::LruItem;
 use crate::charged::{map_bytes, map_insert_new, Lru, Map};
+use crate::dict::{DictConfig, DictRef, DictSource, Dicts, TrainReport, DICT_SLOTS};
 use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW, TAG_RAW_INCOMP};
 use crate::error::{Result, ZmemError};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
@@ -157,6 +158,10 @@ pub struct PoolConfig {
     /// [`Pool::recompress`], by priority (the first is priority 1; the
     /// pool's `compressor` is priority 0). Empty: no recompression.
     pub recomp_algorithms: Vec<Compressor>,
+    /// Dictionaries: none, trained from the pool's pages, or given
+    /// (`dict.rs`). zstd stores and recompressions use one when there is
+    /// one; lz4 stores only with `dict.lz4`.
+    pub dict: DictConfig,
 }
 
 /// Default huge threshold: pages that compress to 4032 bytes or more are
@@ -185,6 +190,7 @@ impl Default for PoolConfig {
             accept_threshold_percent: 90,
             exclusive_loads: false,
             recomp_algorithms: Vec::new(),
+            dict: DictConfig::default(),
         }
     }
 }
@@ -222,6 +228,8 @@ pub(crate) struct Shard {
     pub(crate) huge_pages: u64,
     /// Entries written back to the backing store (zram's bd_count).
     pub(crate) backed_pages: u64,
+    /// Objects (in RAM or written back) per dictionary slot.
+    pub(crate) dict_objs: [u64; DICT_SLOTS],
 }
 
 impl Shard {
@@ -236,6 +244,7 @@ impl Shard {
             same_pages: 0,
             huge_pages: 0,
             backed_pages: 0,
+            dict_objs: [0; DICT_SLOTS],
         }
     }
 
@@ -246,6 +255,9 @@ impl Shard {
             Slot::Dedup(..) => (0, 0, 0, 0),
             Slot::Backed(..) => (0, 0, 0, 1),
         };
+        if let Slot::Obj(_, info) | Slot::Backed(_, info) = e.slot() {
+            count_dict(&mut self.dict_objs, info, add);
+        }
         if add {
             self.compr_bytes += compr;
             self.same_pages += same;
@@ -301,12 +313,26 @@ pub(crate) struct DedupShard {
     /// Shared objects on the backing store, and the pages that refer to them.
     pub backed_records: u64,
     pub backed_refs: u64,
+    /// Shared objects (in RAM or written back) per dictionary slot.
+    pub dict_objs: [u64; DICT_SLOTS],
+}
+
+/// One object written with a dictionary more (or less) in `counts`.
+fn count_dict(counts: &mut [u64; DICT_SLOTS], info: ObjInfo, add: bool) {
+    if let Some((slot, _)) = info.dict() {
+        if add {
+            counts[slot] += 1;
+        } else {
+            counts[slot] -= 1;
+        }
+    }
 }
 
 impl DedupShard {
     /// A shared object enters or leaves RAM: move its counts.
     pub(crate) fn account_ram(&mut self, rec: &DedupRec, into_ram: bool) {
         let (len, huge) = (rec.info.len as u64, rec.info.is_huge() as u64);
+        count_dict(&mut self.dict_objs, rec.info, into_ram);
         if into_ram {
             self.compr_bytes += len;
             self.huge_pages += huge;
@@ -316,6 +342,7 @@ impl DedupShard {
         }
     }
     pub(crate) fn account_backed(&mut self, rec: &DedupRec, on_disk: bool) {
+        count_dict(&mut self.dict_objs, rec.info, on_disk);
         if on_disk {
             self.backed_records += 1;
             self.backed_refs += rec.refs as u64;
@@ -353,8 +380,10 @@ thread_local! {
 /// its accept threshold. Only a store that would take the pool over
 /// `max_pool` waits for it. Dropping the pool stops and joins the thread.
 pub struct Pool {
-    e: Arc<Engine>,
+    pub(crate) e: Arc<Engine>,
     shrinker: Option<JoinHandle<()>>,
+    /// `zmem-dict`: trains dictionaries and frees unused ones (`dict.rs`).
+    trainer: Option<JoinHandle<()>>,
 }
 
 /// The pool's state, shared with its shrinker thread.
@@ -379,6 +408,8 @@ pub(crate) struct Engine {
     pub(crate) tier: Option<Tier>,
     /// Time zero for access times.
     epoch: Instant,
+    /// The pool's dictionaries, unless `cfg.dict` is off.
+    pub(crate) dicts: Option<Dicts>,
 }
 
 fn encode_compressor(c: Compressor) -> u64 {
@@ -418,7 +449,16 @@ impl Pool {
             }
             None => None,
         };
-        Ok(Pool { e, shrinker })
+        let mut pool = Pool { e, shrinker, trainer: None };
+        if pool.e.dicts.as_ref().is_some_and(|d| d.cfg.background) {
+            let worker = Arc::clone(&pool.e);
+            let h = std::thread::Builder::new()
+                .name("zmem-dict".into())
+                .spawn(move || worker.dict_main())
+                .map_err(|err| ZmemError::Config(format!("cannot start the dictionary thread: {err}")))?;
+            pool.trainer = Some(h);
+        }
+        Ok(pool)
     }
 
     pub fn config(&self) -> &PoolConfig {
@@ -524,6 +564,21 @@ impl Pool {
         matches!(e.slot(), Slot::Obj(..)).then(|| e.prio())
     }
 
+    /// One dictionary round now (`--dict auto` runs one a second): free
+    /// unused dictionaries, then train on the sampled pages, whatever their
+    /// freshness, and install the result if it pays (see `dict.rs`).
+    pub fn train_dictionary(&self) -> Result<TrainReport> {
+        self.e.dict_round(true)
+    }
+
+    /// The dictionary new objects are written with (zstd's format), e.g.
+    /// to save it and give it to another pool (`--dict PATH`).
+    pub fn dictionary(&self) -> Option<Vec<u8>> {
+        let d = self.e.dicts.as_ref()?;
+        let id = d.current_id();
+        (0..DICT_SLOTS).filter_map(|s| d.get(s)).find(|x| x.id() == id).map(|x| x.bytes().to_vec())
+    }
+
     /// Whether `key` holds a page.
     pub fn contains(&self, key: u64) -> bool {
         self.e.shard(key).lock().index.contains(key)
@@ -581,6 +636,13 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if let (Some(h), Some(d)) = (self.trainer.take(), &self.e.dicts) {
+            d.stop.store(true, Relaxed);
+            h.thread().unpark();
+            if h.join().is_err() {
+                tracing::error!("the dictionary thread panicked");
+            }
+        }
         if let (Some(h), Some(t)) = (self.shrinker.take(), &self.e.tier) {
             t.stop();
             if h.join().is_err() {
@@ -645,7 +707,24 @@ impl Engine {
             }
         }
         let counters = Counters::default();
+        let dicts = match &cfg.dict.source {
+            DictSource::Off => None,
+            src => {
+                let levels: Vec<i32> = std::iter::once(cfg.compressor)
+                    .chain(cfg.recomp_algorithms.iter().copied())
+                    .filter(|c| c.algorithm == Algorithm::Zstd)
+                    .map(|c| c.level)
+                    .collect();
+                let d = Dicts::new(cfg.dict.clone(), levels);
+                if let DictSource::Bytes(bytes) = src {
+                    let dict = d.prepare(bytes.clone()).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
+                    d.install(dict, &budget).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
+                }
+                Some(d)
+            }
+        };
         Ok(Engine {
+            dicts,
             fixed_bytes: budget.used(),
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
             max_pool_pages: AtomicU64::new(
@@ -865,13 +944,19 @@ impl Engine {
     /// encoding. `f` runs with the thread's scratch buffer borrowed.
     fn encode<R>(&self, page: &[u8], f: impl FnOnce(&[u8], ObjInfo) -> Result<R>) -> Result<R> {
         let c = self.compressor();
+        if let Some(d) = &self.dicts {
+            d.sample(page, self.budget());
+        }
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            let info = match c.compress(page, &mut s[..]) {
-                Ok(n) if n < self.cfg.huge_threshold => {
-                    return f(&s[..n], ObjInfo::compressed(c.algorithm, n));
+            let info = match self.compress_page(c, page, &mut s[..]) {
+                Ok((info, dict)) if (info.len as usize) < self.cfg.huge_threshold => {
+                    let r = f(&s[..info.len as usize], info);
+                    // Held until the object is published: see Dicts::retire_unused.
+                    drop(dict);
+                    return r;
                 }
-                Ok(n) if n < PAGE_SIZE => ObjInfo::raw(),
+                Ok((info, _)) if (info.len as usize) < PAGE_SIZE => ObjInfo::raw(),
                 Ok(_) | Err(CompressError::DoesNotFit { .. }) => ObjInfo::raw_incompressible(),
                 Err(e) => {
                     self.counters.reject_compress_fail.fetch_add(1, Relaxed);
@@ -885,6 +970,24 @@ impl Engine {
             self.counters.huge_pages_since.fetch_add(1, Relaxed);
             f(page, info)
         })
+    }
+
+    /// Compress `page` with `c` into `out`, with the current dictionary if
+    /// `c` uses one. The reference returned keeps that dictionary alive:
+    /// hold it until the object is published.
+    pub(crate) fn compress_page(
+        &self,
+        c: Compressor,
+        page: &[u8],
+        out: &mut [u8],
+    ) -> std::result::Result<(ObjInfo, Option<DictRef>), CompressError> {
+        match self.dicts.as_ref().and_then(|d| d.current(c)) {
+            Some(dict) => {
+                let n = dict.1.compress(c, page, out)?;
+                Ok((ObjInfo::with_dict(dict.0, c.algorithm, n), Some(dict)))
+            }
+            None => Ok((ObjInfo::compressed(c.algorithm, c.compress(page, out)?), None)),
+        }
     }
 
     /// Compress `page` into a new object.
@@ -1079,7 +1182,7 @@ impl Engine {
 
     /// Decode the object `h` into `out`. `key` names the page in errors.
     pub(crate) fn read_object(&self, key: u64, h: Handle, info: ObjInfo, out: &mut [u8]) -> Result<()> {
-        match self.alloc.read(h, |obj| decode(key, info, &obj[..info.len as usize], out)) {
+        match self.alloc.read(h, |obj| self.decode(key, info, &obj[..info.len as usize], out)) {
             Ok(r) => r,
             Err(source) => Err(ZmemError::ObjectUnreadable { key, source }),
         }
@@ -1288,12 +1391,20 @@ impl Engine {
         st.alloc_metadata_bytes = a.metadata_bytes;
         st.index_bytes = index_bytes;
         st.meta_data_size = dedup_bytes;
+        if let Some(d) = &self.dicts {
+            (st.dict_count, st.dict_bytes) = d.usage();
+            st.dict_id = d.current_id();
+            st.dict_pages = (0..DICT_SLOTS).map(|slot| self.dict_objects(slot)).sum();
+            st.dict_trainings = d.trainings.load(Relaxed);
+            st.dict_installs = d.installs.load(Relaxed);
+            st.dict_retired = d.retired.load(Relaxed);
+        }
         let mut tier_bytes = st.lru_bytes;
         if let Some(t) = &self.tier {
             t.fill_stats(&mut st);
             tier_bytes += st.backing_metadata_bytes;
         }
-        let meta = a.metadata_bytes + index_bytes + dedup_bytes + tier_bytes;
+        let meta = a.metadata_bytes + index_bytes + dedup_bytes + tier_bytes + st.dict_bytes;
         st.mem_used_total = a.pages_used * PAGE_SIZE as u64 + meta;
         // Everything is charged before it is taken, so the budget's
         // high-water mark bounds every total ever held.
@@ -1313,19 +1424,65 @@ impl Engine {
     }
 }
 
-/// Turn a stored object (`obj`, its exact bytes) back into a page. `key`
-/// names the page in errors.
-pub(crate) fn decode(key: u64, info: ObjInfo, obj: &[u8], out: &mut [u8]) -> Result<()> {
-    if info.tag == TAG_RAW || info.tag == TAG_RAW_INCOMP {
-        if obj.len() != PAGE_SIZE {
-            return Err(ZmemError::Inconsistent {
-                key,
-                what: format!("a raw page's object is {} bytes, not 4096", obj.len()),
-            });
+impl Engine {
+    /// Turn a stored object (`obj`, its exact bytes) back into a page.
+    /// `key` names the page in errors.
+    pub(crate) fn decode(&self, key: u64, info: ObjInfo, obj: &[u8], out: &mut [u8]) -> Result<()> {
+        if info.tag == TAG_RAW || info.tag == TAG_RAW_INCOMP {
+            if obj.len() != PAGE_SIZE {
+                return Err(ZmemError::Inconsistent {
+                    key,
+                    what: format!("a raw page's object is {} bytes, not 4096", obj.len()),
+                });
+            }
+            out.copy_from_slice(obj);
+            return Ok(());
         }
-        out.copy_from_slice(obj);
-        return Ok(());
+        if let Some((slot, alg)) = info.dict() {
+            let d = self.dicts.as_ref().and_then(|d| d.get(slot)).ok_or(ZmemError::DictMissing { key, slot })?;
+            return d.decompress(alg, obj, out).map_err(|source| ZmemError::Corrupt { key, source });
+        }
+        let r = Algorithm::from_tag(info.tag).and_then(|alg| zmem_compress::decompress(alg, obj, out));
+        r.map_err(|source| ZmemError::Corrupt { key, source })
     }
-    let r = Algorithm::from_tag(info.tag).and_then(|alg| zmem_compress::decompress(alg, obj, out));
-    r.map_err(|source| ZmemError::Corrupt { key, source })
+
+    /// The `zmem-dict` thread: a dictionary round a second until the pool
+    /// is dropped.
+    fn dict_main(&self) {
+        let Some(d) = &self.dicts else { return };
+        while !d.stop.load(Relaxed) {
+            std::thread::park_timeout(crate::dict::TRAIN_PERIOD);
+            if d.stop.load(Relaxed) {
+                break;
+            }
+            if let Err(e) = self.dict_round(false) {
+                self.counters.warn.warn(|| format!("dictionary training: {e}"));
+            }
+        }
+    }
+
+    /// Free unused dictionaries, then (with `--dict auto`) train one if
+    /// the samples call for it (`force`: whatever they hold).
+    pub(crate) fn dict_round(&self, force: bool) -> Result<TrainReport> {
+        let Some(d) = &self.dicts else {
+            return Err(ZmemError::Config("this pool has no dictionaries: create it with --dict auto".into()));
+        };
+        d.retire_unused(self.budget(), |slot| self.dict_objects(slot));
+        // The compressor whose bytes decide: the first that would use it.
+        let eval = std::iter::once(self.compressor())
+            .chain(self.cfg.recomp_algorithms.iter().copied())
+            .find(|c| c.algorithm == Algorithm::Zstd || (c.algorithm == Algorithm::Lz4 && d.cfg.lz4));
+        let (Some(eval), DictSource::Auto) = (eval, &d.cfg.source) else {
+            return Ok(TrainReport::default());
+        };
+        let pages = self.shards.iter().map(|s| s.lock().index.len() as u64).sum();
+        d.round(eval, pages, self.budget(), force).map_err(ZmemError::Config)
+    }
+
+    /// Objects written with the dictionary in `slot`, in RAM or written back.
+    pub(crate) fn dict_objects(&self, slot: usize) -> u64 {
+        let keys: u64 = self.shards.iter().map(|s| s.lock().dict_objs[slot]).sum();
+        let shared: u64 = self.dedup.iter().flat_map(|d| d.iter()).map(|ds| ds.lock().dict_objs[slot]).sum();
+        keys + shared
+    }
 }

@@ -50,7 +50,7 @@ use zmem_compress::Compressor;
 
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
-use crate::pool::{decode, Engine, Shard};
+use crate::pool::{Engine, Shard};
 
 /// The most recompression algorithms a pool may have (zram: 4 algorithms
 /// with the primary).
@@ -171,7 +171,7 @@ impl Engine {
                     s.index.get(key) == Some(e)
                         && self.alloc.read(old_h, |obj| obj.get(..len).map(|b| old[..len].copy_from_slice(b)).is_some()).unwrap_or(false)
                 };
-                if !copied || decode(key, old_info, &old[..len], &mut page).is_err() {
+                if !copied || self.decode(key, old_info, &old[..len], &mut page).is_err() {
                     rep.skipped += 1;
                     continue;
                 }
@@ -186,14 +186,16 @@ impl Engine {
                 let mut won = None;
                 for p in prios {
                     let c = algs[p as usize - 1];
-                    let Ok(n) = c.compress(&page, &mut out) else { continue };
+                    let Ok((info, dict)) = self.compress_page(c, &page, &mut out) else { continue };
+                    let n = info.len as usize;
                     let smaller = n < self.cfg.huge_threshold && ZsPool::class_size(n).is_some_and(|k| k < old_class);
                     if smaller {
-                        won = Some((p, ObjInfo::compressed(c.algorithm, n)));
+                        won = Some((p, info, dict));
                         break;
                     }
                 }
-                let Some((p, info)) = won else {
+                // The dictionary reference (if any) is held until the swap.
+                let Some((p, info, _dict)) = won else {
                     // zram marks a page only once the top priority failed too.
                     let tried_top = req.prio.is_none_or(|p| p == top);
                     let mut s = shard.lock();

@@ -136,6 +136,21 @@ pub struct Stats {
     /// Objects marked as beyond recompression (zram's `incompressible`).
     pub recompress_marked: u64,
 
+    // trained dictionaries (`PoolConfig::dict`)
+    /// Id of the dictionary new objects are written with (0: none).
+    pub dict_id: u32,
+    /// Dictionaries alive (the current one and older ones still in use).
+    pub dict_count: u64,
+    /// Bytes they hold, with their prepared forms and the sample ring
+    /// (counted in mem_used_total).
+    pub dict_bytes: u64,
+    /// Objects written with a dictionary (in RAM or written back).
+    pub dict_pages: u64,
+    /// Dictionaries trained, installed, and freed after their last object.
+    pub dict_trainings: u64,
+    pub dict_installs: u64,
+    pub dict_retired: u64,
+
     // zswap debugfs
     pub stored_pages: u64,
     pub same_filled_pages: u64,

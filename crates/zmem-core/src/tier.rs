@@ -817,7 +817,7 @@ impl Engine {
                 what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len),
             });
         }
-        crate::pool::decode(rkey, info, obj, buf)
+        self.decode(rkey, info, obj, buf)
     }
 
     /// Serve a load of `key` from its record `id`, read with no lock held;

@@ -1,0 +1,462 @@
+//! Dictionaries the pool trains from its own pages.
+//!
+//! # Why
+//! A 4 KiB page is too short for lz4 or zstd to learn much from itself. A
+//! dictionary of the strings pages share fills that gap: on this machine
+//! a 64 KiB zstd dictionary trained on 1/64 of the pages took zstd:9 from
+//! 0.758 to 0.703 × the bytes of lz4 alone on `/usr/lib` pages, and from
+//! 0.578 to 0.516 on a python process's memory (`cargo bench -p zmem-bench
+//! --bench dict`). zram (6.12) takes a dictionary only as a file the user
+//! trains offline; here the pool makes its own, and keeps it current.
+//!
+//! # Design
+//! * **Sampling.** With `--dict auto`, every `sample_every`-th page a
+//!   store compresses is copied into a ring of `samples` pages (4 MiB by
+//!   default, charged to the budget; a store never waits for it: a busy
+//!   ring skips the sample).
+//! * **Training, off the store path.** A thread of the pool (`zmem-dict`)
+//!   wakes every second. When the ring has filled with fresh pages it
+//!   trains a dictionary (zstd's trainer) on half of them and measures it
+//!   on the other half against compression without one, and against the
+//!   dictionary in use. It installs the new one only if it saves at least
+//!   `min_gain_percent` of the bytes, and more than it costs in memory at
+//!   the pool's current size.
+//! * **Drift.** While a dictionary is in use, each fresh ring measures
+//!   what it still saves. Once that falls below half of what it saved
+//!   when installed (the data changed), a new one is trained; otherwise
+//!   the check backs off (2, 4, ... 64 rings), so a steady workload pays
+//!   for a measurement now and then, not for training.
+//! * **Versions.** An object written with a dictionary says so in its
+//!   entry's algorithm tag: tags 3..=12 are (slot, lz4 or zstd) for five
+//!   slots, so an entry stays 12 bytes and an object carries no extra
+//!   byte. Each slot holds one [`Dictionary`] with a pool-unique id (which
+//!   zstd frames also carry, so that a mixed-up dictionary is an error,
+//!   never wrong data). New objects use the current slot; older
+//!   dictionaries stay while any object uses them.
+//! * **Reference counts for free.** Each index shard and dedup shard
+//!   counts its objects per slot, in the same accounting that counts
+//!   their bytes, so moving an object to the backing file and back keeps
+//!   the count. The trainer frees a slot that is not current, not held by
+//!   a store in flight, and counted zero on two rounds a second apart
+//!   (the second round covers a load that read a written-back object just
+//!   before its key was overwritten). Recompression rewrites old-dictionary
+//!   objects with the current one as a matter of course.
+//! * **Prepared once.** A dictionary is parsed once into zstd's DDict, a
+//!   CDict per zstd level the pool uses (its compressor's and its
+//!   recompression algorithms'), and an lz4 stream; threads keep their
+//!   own contexts, so a page never pays for loading it.
+//! * **Memory.** The dictionaries (with their prepared forms, which for a
+//!   strong zstd level are several times the dictionary) and the sample
+//!   ring count in `mem_used_total` (`dict_bytes`).
+//!
+//! # Trade-offs
+//! * lz4 gains little from a dictionary (its window is 64 KiB and it has
+//!   no entropy stage: 2-7 % on the same pages), so lz4 stores use one
+//!   only when asked (`lz4: true`); zstd always does once there is one.
+//! * Five slots: a sixth dictionary waits until an old one drains.
+//! * A store looks up the current dictionary under a read lock and holds
+//!   a reference to it until its object is published.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use zmem_alloc::Budget;
+use zmem_compress::{Algorithm, CompressError, Compressor, Dictionary};
+
+use crate::entry::PAGE_SIZE;
+
+/// Dictionary slots a pool has (entry tags 3..=12).
+pub(crate) const DICT_SLOTS: usize = 5;
+
+/// Where a pool's dictionary comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DictSource {
+    /// No dictionary.
+    #[default]
+    Off,
+    /// Train from sampled pages, and again when the data drifts.
+    Auto,
+    /// This zstd dictionary (e.g. `zstd --train` output), for the pool's life.
+    Bytes(Vec<u8>),
+}
+
+/// How a pool uses dictionaries ([`PoolConfig::dict`](crate::PoolConfig::dict)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DictConfig {
+    pub source: DictSource,
+    /// lz4 stores use the dictionary too (zstd always does).
+    pub lz4: bool,
+    /// Largest dictionary trained, in bytes.
+    pub max_size: usize,
+    /// Sample one compressed store in this many.
+    pub sample_every: u32,
+    /// Pages in the sample ring (one training's worth).
+    pub samples: usize,
+    /// A trained dictionary is installed only if it saves this share of
+    /// the compressed bytes on pages it was not trained on.
+    pub min_gain_percent: u8,
+    /// Run the rounds in the background (the `zmem-dict` thread, once a
+    /// second). Off: only [`Pool::train_dictionary`](crate::Pool::train_dictionary)
+    /// trains and frees dictionaries (tests, benchmarks that time it).
+    pub background: bool,
+}
+
+impl Default for DictConfig {
+    fn default() -> Self {
+        DictConfig { source: DictSource::Off, lz4: false, max_size: 64 << 10, sample_every: 64, samples: 1024, min_gain_percent: 2, background: true }
+    }
+}
+
+/// What a training round did ([`Pool::train_dictionary`](crate::Pool::train_dictionary)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TrainReport {
+    /// The dictionary installed by this round, if one was.
+    pub installed: Option<u32>,
+    /// Held-out sample bytes without a dictionary, with the one in use
+    /// (if any) and with the one just trained (if any).
+    pub plain_bytes: u64,
+    pub current_bytes: Option<u64>,
+    pub trained_bytes: Option<u64>,
+}
+
+/// The pool's dictionaries (see the module notes).
+pub(crate) struct Dicts {
+    pub cfg: DictConfig,
+    /// zstd levels to prepare each dictionary for.
+    levels: Vec<i32>,
+    slots: RwLock<[Option<Arc<Dictionary>>; DICT_SLOTS]>,
+    /// Bytes charged for each slot's dictionary.
+    charged: Mutex<[u64; DICT_SLOTS]>,
+    /// Slots counted empty once already (freed if still so next round).
+    draining: Mutex<[bool; DICT_SLOTS]>,
+    /// The slot new objects use, plus one (0: none).
+    current: AtomicU8,
+    next_id: AtomicU32,
+    tick: AtomicU64,
+    ring: Mutex<Ring>,
+    /// Share of bytes the current dictionary saved when installed, in 1/1000.
+    installed_gain: AtomicU32,
+    /// Rings to wait before the next check (drift back-off), and waited so far.
+    backoff: AtomicU32,
+    pub trainings: AtomicU64,
+    pub installs: AtomicU64,
+    pub retired: AtomicU64,
+    pub stop: AtomicBool,
+}
+
+struct Ring {
+    pages: Vec<u8>,
+    /// Bytes charged for `pages` (0 until the first sample).
+    charged: u64,
+    next: usize,
+    filled: usize,
+    /// Samples taken since the last round used the ring.
+    fresh: usize,
+}
+
+/// What a dictionary slot holds, for [`Dicts::current`]: a reference that
+/// keeps it alive until the object written with it is published.
+pub(crate) type DictRef = (usize, Arc<Dictionary>);
+
+impl Dicts {
+    pub fn new(cfg: DictConfig, levels: Vec<i32>) -> Dicts {
+        Dicts {
+            cfg,
+            levels,
+            slots: RwLock::new(Default::default()),
+            charged: Mutex::new([0; DICT_SLOTS]),
+            draining: Mutex::new([false; DICT_SLOTS]),
+            current: AtomicU8::new(0),
+            next_id: AtomicU32::new(1),
+            tick: AtomicU64::new(0),
+            ring: Mutex::new(Ring { pages: Vec::new(), charged: 0, next: 0, filled: 0, fresh: 0 }),
+            installed_gain: AtomicU32::new(0),
+            backoff: AtomicU32::new(1),
+            trainings: AtomicU64::new(0),
+            installs: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    /// The dictionary `c` should compress new objects with, if any.
+    pub fn current(&self, c: Compressor) -> Option<DictRef> {
+        let cur = self.current.load(Relaxed);
+        if cur == 0 || (c.algorithm == Algorithm::Lz4 && !self.cfg.lz4) {
+            return None;
+        }
+        let slot = cur as usize - 1;
+        let d = self.slots.read()[slot].clone()?;
+        d.supports(c).then_some((slot, d))
+    }
+
+    /// The dictionary in `slot`, to decode an object written with it.
+    pub fn get(&self, slot: usize) -> Option<Arc<Dictionary>> {
+        self.slots.read().get(slot)?.clone()
+    }
+
+    /// The id of the dictionary new objects use (0: none).
+    pub fn current_id(&self) -> u32 {
+        match self.current.load(Relaxed) {
+            0 => 0,
+            c => self.get(c as usize - 1).map_or(0, |d| d.id()),
+        }
+    }
+
+    /// Live dictionaries, and the bytes they and the sample ring hold.
+    pub fn usage(&self) -> (u64, u64) {
+        let live = self.slots.read().iter().filter(|s| s.is_some()).count() as u64;
+        let bytes: u64 = self.charged.lock().iter().sum::<u64>() + self.ring.lock().charged;
+        (live, bytes)
+    }
+
+    /// With `--dict auto`, copy one compressed page in `sample_every` into
+    /// the ring. Never waits: a busy ring, or a budget that cannot pay for
+    /// the ring, skips the sample.
+    pub fn sample(&self, page: &[u8], budget: &Budget) {
+        if self.cfg.source != DictSource::Auto
+            || !self.tick.fetch_add(1, Relaxed).is_multiple_of(self.cfg.sample_every.max(1) as u64)
+        {
+            return;
+        }
+        let Some(mut r) = self.ring.try_lock() else { return };
+        let cap = self.cfg.samples.max(2) * PAGE_SIZE;
+        if r.pages.len() < cap {
+            if budget.try_charge(cap as u64).is_err() {
+                return;
+            }
+            r.charged = cap as u64;
+            r.pages = vec![0u8; cap];
+        }
+        let at = r.next * PAGE_SIZE;
+        r.pages[at..at + PAGE_SIZE].copy_from_slice(page);
+        r.next = (r.next + 1) % (cap / PAGE_SIZE);
+        r.filled = (r.filled + 1).min(cap / PAGE_SIZE);
+        r.fresh += 1;
+    }
+
+    /// Take a new dictionary into a free slot and make it current, charging
+    /// what it holds. Fails if no slot is free or the budget refuses.
+    pub fn install(&self, d: Dictionary, budget: &Budget) -> Result<u32, String> {
+        let bytes = d.heap_bytes();
+        let id = d.id();
+        let mut slots = self.slots.write();
+        let Some(slot) = slots.iter().position(Option::is_none) else {
+            return Err(format!("all {DICT_SLOTS} dictionary slots hold dictionaries still in use"));
+        };
+        budget.try_charge(bytes).map_err(|e| format!("no room for a {bytes}-byte dictionary: {e}"))?;
+        self.charged.lock()[slot] = bytes;
+        self.draining.lock()[slot] = false;
+        slots[slot] = Some(Arc::new(d));
+        self.current.store(slot as u8 + 1, Relaxed);
+        self.installs.fetch_add(1, Relaxed);
+        Ok(id)
+    }
+
+    /// Make a dictionary from `bytes` (numbered here) and prepare it.
+    pub fn prepare(&self, bytes: Vec<u8>) -> Result<Dictionary, CompressError> {
+        Dictionary::from_bytes(self.next_id.fetch_add(1, Relaxed), bytes, &self.levels)
+    }
+
+    /// Free the slots no object uses any more. `counts(slot)` sums the
+    /// objects the shards count for a slot.
+    pub fn retire_unused(&self, budget: &Budget, counts: impl Fn(usize) -> u64) {
+        let cur = self.current.load(Relaxed) as usize;
+        for slot in 0..DICT_SLOTS {
+            if slot + 1 == cur {
+                continue;
+            }
+            // Only a store in flight can hold a reference besides the slot
+            // (it took it while the slot was current, and publishes before
+            // dropping it), and no new one can be taken: not current.
+            let idle = self.slots.read()[slot].as_ref().is_some_and(|d| Arc::strong_count(d) == 1);
+            if !idle || counts(slot) != 0 {
+                self.draining.lock()[slot] = false;
+                continue;
+            }
+            let mut draining = self.draining.lock();
+            if !draining[slot] {
+                draining[slot] = true;
+                continue;
+            }
+            draining[slot] = false;
+            drop(draining);
+            if self.current.load(Relaxed) as usize == slot + 1 {
+                continue;
+            }
+            if self.slots.write()[slot].take().is_some() {
+                budget.uncharge(std::mem::take(&mut self.charged.lock()[slot]));
+                self.retired.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// One training round (see the module notes). `eval` is the compressor
+    /// whose bytes decide; `pool_pages` the pages stored now (a dictionary
+    /// must save more than it costs at this size). `force` trains whatever
+    /// the ring holds, ignoring freshness and back-off.
+    pub fn round(&self, eval: Compressor, pool_pages: u64, budget: &Budget, force: bool) -> Result<TrainReport, String> {
+        let mut rep = TrainReport::default();
+        let pages = {
+            let mut r = self.ring.lock();
+            let need = (r.pages.len() / PAGE_SIZE) * self.backoff.load(Relaxed) as usize;
+            let ready = if force { r.filled >= 8 } else { r.filled * PAGE_SIZE == r.pages.len() && r.fresh >= need.max(1) };
+            if !ready {
+                return Ok(rep);
+            }
+            r.fresh = 0;
+            r.pages[..r.filled * PAGE_SIZE].to_vec()
+        };
+        let (train, held): (Vec<&[u8]>, Vec<&[u8]>) = {
+            let all: Vec<&[u8]> = pages.chunks_exact(PAGE_SIZE).collect();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for (i, p) in all.into_iter().enumerate() {
+                if i % 2 == 0 { a.push(p) } else { b.push(p) }
+            }
+            (a, b)
+        };
+        let mut out = vec![0u8; 2 * PAGE_SIZE];
+        let mut measure = |d: Option<&Dictionary>| -> u64 {
+            held.iter()
+                .map(|p| {
+                    let n = match d {
+                        Some(d) => d.compress(eval, p, &mut out),
+                        None => eval.compress(p, &mut out),
+                    };
+                    n.unwrap_or(PAGE_SIZE) as u64
+                })
+                .sum()
+        };
+        rep.plain_bytes = measure(None);
+        let cur = self.current.load(Relaxed);
+        let current = if cur == 0 { None } else { self.get(cur as usize - 1) };
+        if let Some(c) = &current {
+            let b = measure(Some(c));
+            rep.current_bytes = Some(b);
+            let gain = 1000u64.saturating_sub(b * 1000 / rep.plain_bytes.max(1)) as u32;
+            if !force && gain * 2 >= self.installed_gain.load(Relaxed) {
+                // No drift: check less often.
+                let _ = self.backoff.fetch_update(Relaxed, Relaxed, |b| Some((b * 2).min(64)));
+                return Ok(rep);
+            }
+        }
+        let sizes = vec![PAGE_SIZE; train.len()];
+        let d = Dictionary::train(self.next_id.fetch_add(1, Relaxed), &train.concat(), &sizes, self.cfg.max_size, &self.levels)
+            .map_err(|e| e.to_string())?;
+        self.trainings.fetch_add(1, Relaxed);
+        let b = measure(Some(&d));
+        rep.trained_bytes = Some(b);
+        let best_now = rep.current_bytes.unwrap_or(rep.plain_bytes);
+        let min_gain = rep.plain_bytes * self.cfg.min_gain_percent as u64 / 100;
+        // Bytes the pool would save at its current size.
+        let saving = best_now.saturating_sub(b) * pool_pages.max(held.len() as u64) / held.len().max(1) as u64;
+        if best_now.saturating_sub(b) < min_gain.max(1) || saving <= d.heap_bytes() {
+            let _ = self.backoff.fetch_update(Relaxed, Relaxed, |b| Some((b * 2).min(64)));
+            return Ok(rep);
+        }
+        let gain = 1000u64.saturating_sub(b * 1000 / rep.plain_bytes.max(1)) as u32;
+        rep.installed = Some(self.install(d, budget)?);
+        self.installed_gain.store(gain, Relaxed);
+        self.backoff.store(1, Relaxed);
+        Ok(rep)
+    }
+}
+
+/// How long the trainer sleeps between rounds.
+pub(crate) const TRAIN_PERIOD: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Pool, PoolConfig, ZmemError};
+
+    /// Words from a vocabulary of 600 that pages share but rarely repeat
+    /// within one: what a dictionary holds and a page alone does not.
+    fn page(k: u64) -> Vec<u8> {
+        let word = |i: u64| {
+            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            (0..11).map(|b| b'a' + ((h >> (b * 5)) % 26) as u8).collect::<Vec<u8>>()
+        };
+        let mut p = Vec::with_capacity(PAGE_SIZE);
+        let mut x = k.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+        while p.len() < PAGE_SIZE {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            p.extend_from_slice(&word(x % 600));
+            p.push(b' ');
+        }
+        p.truncate(PAGE_SIZE);
+        p
+    }
+
+    fn trained(alg: Compressor, lz4: bool) -> Pool {
+        let dict = DictConfig { source: DictSource::Auto, lz4, samples: 64, sample_every: 1, max_size: 8 << 10, background: false, ..DictConfig::default() };
+        let p = Pool::new(PoolConfig { compressor: alg, dict, ..PoolConfig::default() }).unwrap();
+        for k in 0..2000 {
+            p.store(k, &page(k)).unwrap();
+        }
+        let rep = p.train_dictionary().unwrap();
+        rep.installed.unwrap_or_else(|| panic!("not trained: {rep:?}"));
+        for k in 0..300 {
+            p.store(k, &page(k)).unwrap();
+        }
+        assert_eq!(p.stats().dict_pages, 300);
+        p
+    }
+
+    /// A dictionary gone from its slot is a typed error; another
+    /// dictionary in its place is one too for zstd, whose frames carry the
+    /// id (lz4 blocks carry none: the pool never changes a slot in use).
+    #[test]
+    fn a_missing_or_different_dictionary_is_an_error_never_wrong_data() {
+        for (alg, lz4) in [(Compressor::zstd(3).unwrap(), false), (Compressor::default(), true)] {
+            let p = trained(alg, lz4);
+            let d = p.e.dicts.as_ref().unwrap();
+            let slot = d.current.load(Relaxed) as usize - 1;
+            let kept = d.slots.write()[slot].take();
+            let mut buf = vec![0u8; PAGE_SIZE];
+            match p.load(7, &mut buf) {
+                Err(ZmemError::DictMissing { key: 7, slot: s }) => assert_eq!(s, slot),
+                r => panic!("{alg}: {r:?}"),
+            }
+            if alg.algorithm == Algorithm::Zstd {
+                let other = Dictionary::from_bytes(99, kept.as_ref().unwrap().bytes().to_vec(), &[3]).unwrap();
+                d.slots.write()[slot] = Some(Arc::new(other));
+                assert!(matches!(p.load(7, &mut buf), Err(ZmemError::Corrupt { key: 7, .. })), "{alg}");
+            }
+            d.slots.write()[slot] = kept;
+            p.load(7, &mut buf).unwrap();
+            assert_eq!(buf, page(7));
+            assert!(p.stats().failed_reads >= 1);
+        }
+    }
+
+    #[test]
+    fn the_current_dictionary_is_never_freed_and_a_held_one_waits() {
+        let p = trained(Compressor::zstd(3).unwrap(), false);
+        let d = p.e.dicts.as_ref().unwrap();
+        let retire = || d.retire_unused(p.e.budget(), |slot| p.e.dict_objects(slot));
+        p.invalidate_range(0..300);
+        for _ in 0..3 {
+            retire();
+        }
+        assert_eq!(p.stats().dict_count, 1, "the current one stays with no object");
+        // Make it old, and hold a reference as a store in flight does.
+        let held = d.current(Compressor::zstd(3).unwrap()).unwrap();
+        d.current.store(0, Relaxed);
+        for _ in 0..3 {
+            retire();
+        }
+        assert_eq!(p.stats().dict_count, 1, "held by a store in flight");
+        drop(held);
+        retire();
+        assert_eq!(p.stats().dict_count, 1, "found unused once: freed the next round");
+        retire();
+        let st = p.stats();
+        assert_eq!((st.dict_count, st.dict_retired), (0, 1));
+        assert_eq!(p.mem_charged(), st.mem_used_total);
+    }
+}
