@@ -10,22 +10,24 @@
 //! trains offline; here the pool makes its own, and keeps it current.
 //!
 //! # Design
-//! * **Sampling.** With `--dict auto`, every `sample_every`-th page a
-//!   store compresses is copied into a ring of `samples` pages (4 MiB by
-//!   default, charged to the budget; a store never waits for it: a busy
-//!   ring skips the sample).
+//! * **Sampling, only while collecting.** With `--dict auto` a pool starts
+//!   out collecting: every `sample_every`-th page a store compresses is
+//!   copied into a ring of `samples` pages (4 MiB by default, charged to
+//!   the budget; a store never waits for it: a busy ring skips the sample).
 //! * **Training, off the store path.** A thread of the pool (`zmem-dict`)
-//!   wakes every second. When the ring has filled with fresh pages it
-//!   trains a dictionary (zstd's trainer) on half of them and measures it
-//!   on the other half against compression without one, and against the
-//!   dictionary in use. It installs the new one only if it saves at least
+//!   wakes every second. Once the ring is full it trains a dictionary
+//!   (zstd's trainer) on half of the pages and measures it on the other
+//!   half against compression without one and against the dictionary in
+//!   use. It installs the new one only if it saves at least
 //!   `min_gain_percent` of the bytes, and more than it costs in memory at
-//!   the pool's current size.
-//! * **Drift.** While a dictionary is in use, each fresh ring measures
-//!   what it still saves. Once that falls below half of what it saved
-//!   when installed (the data changed), a new one is trained; otherwise
-//!   the check backs off (2, 4, ... 64 rings), so a steady workload pays
-//!   for a measurement now and then, not for training.
+//!   the pool's current size. Either way the ring is freed: a pool that is
+//!   not collecting holds no samples.
+//! * **Drift.** Every store adds its compressed size to a window; every
+//!   `drift_window` stores (16,384) the trainer compares the window's mean with the
+//!   first window after the last round. When new stores come out 15 %
+//!   larger (the data changed, and the dictionary fits it less), the pool
+//!   collects again and trains a new one, which it keeps only if it beats
+//!   the current one on fresh pages.
 //! * **Versions.** An object written with a dictionary says so in its
 //!   entry's algorithm tag: tags 3..=12 are (slot, lz4 or zstd) for five
 //!   slots, so an entry stays 12 bytes and an object carries no extra
@@ -97,6 +99,8 @@ pub struct DictConfig {
     /// A trained dictionary is installed only if it saves this share of
     /// the compressed bytes on pages it was not trained on.
     pub min_gain_percent: u8,
+    /// Stores per drift window (see the module notes).
+    pub drift_window: u64,
     /// Run the rounds in the background (the `zmem-dict` thread, once a
     /// second). Off: only [`Pool::train_dictionary`](crate::Pool::train_dictionary)
     /// trains and frees dictionaries (tests, benchmarks that time it).
@@ -105,7 +109,7 @@ pub struct DictConfig {
 
 impl Default for DictConfig {
     fn default() -> Self {
-        DictConfig { source: DictSource::Off, lz4: false, max_size: 64 << 10, sample_every: 64, samples: 1024, min_gain_percent: 2, background: true }
+        DictConfig { source: DictSource::Off, lz4: false, max_size: 64 << 10, sample_every: 64, samples: 1024, min_gain_percent: 2, drift_window: 1 << 14, background: true }
     }
 }
 
@@ -136,10 +140,13 @@ pub(crate) struct Dicts {
     next_id: AtomicU32,
     tick: AtomicU64,
     ring: Mutex<Ring>,
-    /// Share of bytes the current dictionary saved when installed, in 1/1000.
-    installed_gain: AtomicU32,
-    /// Rings to wait before the next check (drift back-off), and waited so far.
-    backoff: AtomicU32,
+    /// Filling the ring for a training round.
+    collecting: AtomicBool,
+    /// Compressed bytes and stores since the window began (drift).
+    win_bytes: AtomicU64,
+    win_stores: AtomicU64,
+    /// Mean compressed size in the first window after the last round (0: not yet).
+    baseline: AtomicU32,
     pub trainings: AtomicU64,
     pub installs: AtomicU64,
     pub retired: AtomicU64,
@@ -152,8 +159,6 @@ struct Ring {
     charged: u64,
     next: usize,
     filled: usize,
-    /// Samples taken since the last round used the ring.
-    fresh: usize,
 }
 
 /// What a dictionary slot holds, for [`Dicts::current`]: a reference that
@@ -162,6 +167,7 @@ pub(crate) type DictRef = (usize, Arc<Dictionary>);
 
 impl Dicts {
     pub fn new(cfg: DictConfig, levels: Vec<i32>) -> Dicts {
+        let auto = cfg.source == DictSource::Auto;
         Dicts {
             cfg,
             levels,
@@ -171,9 +177,11 @@ impl Dicts {
             current: AtomicU8::new(0),
             next_id: AtomicU32::new(1),
             tick: AtomicU64::new(0),
-            ring: Mutex::new(Ring { pages: Vec::new(), charged: 0, next: 0, filled: 0, fresh: 0 }),
-            installed_gain: AtomicU32::new(0),
-            backoff: AtomicU32::new(1),
+            collecting: AtomicBool::new(auto),
+            ring: Mutex::new(Ring { pages: Vec::new(), charged: 0, next: 0, filled: 0 }),
+            win_bytes: AtomicU64::new(0),
+            win_stores: AtomicU64::new(0),
+            baseline: AtomicU32::new(0),
             trainings: AtomicU64::new(0),
             installs: AtomicU64::new(0),
             retired: AtomicU64::new(0),
@@ -212,11 +220,17 @@ impl Dicts {
         (live, bytes)
     }
 
-    /// With `--dict auto`, copy one compressed page in `sample_every` into
-    /// the ring. Never waits: a busy ring, or a budget that cannot pay for
-    /// the ring, skips the sample.
-    pub fn sample(&self, page: &[u8], budget: &Budget) {
-        if self.cfg.source != DictSource::Auto
+    /// A store compressed `page` to `len` bytes (with the pool's own
+    /// compressor): count it for drift, and while collecting, copy one page
+    /// in `sample_every` into the ring. Never waits: a busy ring, or a
+    /// budget that cannot pay for the ring, skips the sample.
+    pub fn note_store(&self, page: &[u8], len: usize, budget: &Budget) {
+        if self.cfg.source != DictSource::Auto {
+            return;
+        }
+        self.win_bytes.fetch_add(len as u64, Relaxed);
+        self.win_stores.fetch_add(1, Relaxed);
+        if !self.collecting.load(Relaxed)
             || !self.tick.fetch_add(1, Relaxed).is_multiple_of(self.cfg.sample_every.max(1) as u64)
         {
             return;
@@ -234,7 +248,38 @@ impl Dicts {
         r.pages[at..at + PAGE_SIZE].copy_from_slice(page);
         r.next = (r.next + 1) % (cap / PAGE_SIZE);
         r.filled = (r.filled + 1).min(cap / PAGE_SIZE);
-        r.fresh += 1;
+    }
+
+    /// Whether the ring is being filled for a training round.
+    pub fn collecting(&self) -> bool {
+        self.collecting.load(Relaxed)
+    }
+
+    /// Drift: once a window of stores is complete, compare its mean
+    /// compressed size with the baseline, and start collecting when it
+    /// has grown by a sixth or more.
+    fn check_drift(&self) {
+        if self.collecting.load(Relaxed) || self.win_stores.load(Relaxed) < self.cfg.drift_window.max(1) {
+            return;
+        }
+        let stores = self.win_stores.swap(0, Relaxed).max(1);
+        let mean = (self.win_bytes.swap(0, Relaxed) / stores).max(1) as u32;
+        match self.baseline.load(Relaxed) {
+            0 => self.baseline.store(mean, Relaxed),
+            base if mean as u64 * 100 >= base as u64 * (100 + DRIFT_PERCENT) => self.collecting.store(true, Relaxed),
+            _ => {}
+        }
+    }
+
+    /// The round is over: free the ring and watch for drift from a new baseline.
+    fn stop_collecting(&self, budget: &Budget) {
+        let mut r = self.ring.lock();
+        budget.uncharge(std::mem::take(&mut r.charged));
+        *r = Ring { pages: Vec::new(), charged: 0, next: 0, filled: 0 };
+        self.collecting.store(false, Relaxed);
+        self.baseline.store(0, Relaxed);
+        self.win_bytes.store(0, Relaxed);
+        self.win_stores.store(0, Relaxed);
     }
 
     /// Take a new dictionary into a free slot and make it current, charging
@@ -295,28 +340,24 @@ impl Dicts {
 
     /// One training round (see the module notes). `eval` is the compressor
     /// whose bytes decide; `pool_pages` the pages stored now (a dictionary
-    /// must save more than it costs at this size). `force` trains whatever
-    /// the ring holds, ignoring freshness and back-off.
+    /// must save more than it costs at this size). `force` trains on
+    /// whatever the ring holds, full or not.
     pub fn round(&self, eval: Compressor, pool_pages: u64, budget: &Budget, force: bool) -> Result<TrainReport, String> {
         let mut rep = TrainReport::default();
+        self.check_drift();
         let pages = {
-            let mut r = self.ring.lock();
-            let need = (r.pages.len() / PAGE_SIZE) * self.backoff.load(Relaxed) as usize;
-            let ready = if force { r.filled >= 8 } else { r.filled * PAGE_SIZE == r.pages.len() && r.fresh >= need.max(1) };
+            let r = self.ring.lock();
+            let ready = if force { r.filled >= 8 } else { r.filled > 0 && r.filled * PAGE_SIZE == r.pages.len() };
             if !ready {
                 return Ok(rep);
             }
-            r.fresh = 0;
             r.pages[..r.filled * PAGE_SIZE].to_vec()
         };
-        let (train, held): (Vec<&[u8]>, Vec<&[u8]>) = {
-            let all: Vec<&[u8]> = pages.chunks_exact(PAGE_SIZE).collect();
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            for (i, p) in all.into_iter().enumerate() {
-                if i % 2 == 0 { a.push(p) } else { b.push(p) }
-            }
-            (a, b)
-        };
+        self.stop_collecting(budget);
+        let (mut train, mut held) = (Vec::new(), Vec::new());
+        for (i, p) in pages.chunks_exact(PAGE_SIZE).enumerate() {
+            if i % 2 == 0 { train.push(p) } else { held.push(p) }
+        }
         let mut out = vec![0u8; 2 * PAGE_SIZE];
         let mut measure = |d: Option<&Dictionary>| -> u64 {
             held.iter()
@@ -332,16 +373,7 @@ impl Dicts {
         rep.plain_bytes = measure(None);
         let cur = self.current.load(Relaxed);
         let current = if cur == 0 { None } else { self.get(cur as usize - 1) };
-        if let Some(c) = &current {
-            let b = measure(Some(c));
-            rep.current_bytes = Some(b);
-            let gain = 1000u64.saturating_sub(b * 1000 / rep.plain_bytes.max(1)) as u32;
-            if !force && gain * 2 >= self.installed_gain.load(Relaxed) {
-                // No drift: check less often.
-                let _ = self.backoff.fetch_update(Relaxed, Relaxed, |b| Some((b * 2).min(64)));
-                return Ok(rep);
-            }
-        }
+        rep.current_bytes = current.as_ref().map(|c| measure(Some(c)));
         let sizes = vec![PAGE_SIZE; train.len()];
         let d = Dictionary::train(self.next_id.fetch_add(1, Relaxed), &train.concat(), &sizes, self.cfg.max_size, &self.levels)
             .map_err(|e| e.to_string())?;
@@ -352,17 +384,15 @@ impl Dicts {
         let min_gain = rep.plain_bytes * self.cfg.min_gain_percent as u64 / 100;
         // Bytes the pool would save at its current size.
         let saving = best_now.saturating_sub(b) * pool_pages.max(held.len() as u64) / held.len().max(1) as u64;
-        if best_now.saturating_sub(b) < min_gain.max(1) || saving <= d.heap_bytes() {
-            let _ = self.backoff.fetch_update(Relaxed, Relaxed, |b| Some((b * 2).min(64)));
-            return Ok(rep);
+        if best_now.saturating_sub(b) >= min_gain.max(1) && saving > d.heap_bytes() {
+            rep.installed = Some(self.install(d, budget)?);
         }
-        let gain = 1000u64.saturating_sub(b * 1000 / rep.plain_bytes.max(1)) as u32;
-        rep.installed = Some(self.install(d, budget)?);
-        self.installed_gain.store(gain, Relaxed);
-        self.backoff.store(1, Relaxed);
         Ok(rep)
     }
 }
+
+/// Growth of the mean compressed size, in percent, that starts a new round.
+const DRIFT_PERCENT: u64 = 15;
 
 /// How long the trainer sleeps between rounds.
 pub(crate) const TRAIN_PERIOD: Duration = Duration::from_secs(1);

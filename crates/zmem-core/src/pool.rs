@@ -944,12 +944,14 @@ impl Engine {
     /// encoding. `f` runs with the thread's scratch buffer borrowed.
     fn encode<R>(&self, page: &[u8], f: impl FnOnce(&[u8], ObjInfo) -> Result<R>) -> Result<R> {
         let c = self.compressor();
-        if let Some(d) = &self.dicts {
-            d.sample(page, self.budget());
-        }
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            let info = match self.compress_page(c, page, &mut s[..]) {
+            let r = self.compress_page(c, page, &mut s[..]);
+            if let Some(d) = &self.dicts {
+                let len = r.as_ref().map_or(PAGE_SIZE, |(info, _)| (info.len as usize).min(PAGE_SIZE));
+                d.note_store(page, len, self.budget());
+            }
+            let info = match r {
                 Ok((info, dict)) if (info.len as usize) < self.cfg.huge_threshold => {
                     let r = f(&s[..info.len as usize], info);
                     // Held until the object is published: see Dicts::retire_unused.
@@ -1398,6 +1400,7 @@ impl Engine {
             st.dict_trainings = d.trainings.load(Relaxed);
             st.dict_installs = d.installs.load(Relaxed);
             st.dict_retired = d.retired.load(Relaxed);
+            st.dict_collecting = d.collecting();
         }
         let mut tier_bytes = st.lru_bytes;
         if let Some(t) = &self.tier {

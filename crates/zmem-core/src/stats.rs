@@ -150,6 +150,8 @@ pub struct Stats {
     pub dict_trainings: u64,
     pub dict_installs: u64,
     pub dict_retired: u64,
+    /// Sampling pages for the next training round (`--dict auto`).
+    pub dict_collecting: bool,
 
     // zswap debugfs
     pub stored_pages: u64,

@@ -33,7 +33,7 @@ fn cfg(source: DictSource) -> PoolConfig {
     PoolConfig {
         shards: 8,
         compressor: Compressor::zstd(3).unwrap(),
-        dict: DictConfig { source, samples: 128, sample_every: 1, max_size: 16 << 10, background: false, ..DictConfig::default() },
+        dict: DictConfig { source, samples: 128, sample_every: 1, max_size: 16 << 10, drift_window: 256, background: false, ..DictConfig::default() },
         ..PoolConfig::default()
     }
 }
@@ -101,10 +101,20 @@ fn an_old_dictionary_lives_while_used_and_is_freed_after() {
             p.store(k, &page).unwrap();
         }
         let first = p.train_dictionary().unwrap().installed.expect("first dictionary");
+        assert!(!p.stats().dict_collecting, "no samples kept after a round");
         for (k, page) in family(0, 600..2300) {
             p.store(k, &page).unwrap();
         }
-        // The data drifts: the ring fills with the other family.
+        p.train_dictionary().unwrap();
+        assert!(!p.stats().dict_collecting, "the same data: no drift");
+        // The data drifts: stores of the other family come out larger...
+        for (k, page) in family(1, 100_000..102_000) {
+            p.store(k, &page).unwrap();
+        }
+        let rep = p.train_dictionary().unwrap();
+        assert_eq!(rep.installed, None);
+        assert!(p.stats().dict_collecting, "drift seen: collecting");
+        // ... so the pool samples them and trains on them.
         for (k, page) in family(1, 100_000..102_000) {
             p.store(k, &page).unwrap();
         }

@@ -130,6 +130,18 @@ pub fn render(v: &Value) -> String {
             g("recompress_marked")
         );
     }
+    if g("dict_installs") + g("dict_count") > 0 {
+        out += &format!(
+            "dict: id {} on {} pages, {} dictionaries alive holding {} (with the sample ring), {} trained, {} installed, {} freed\n",
+            g("dict_id"),
+            g("dict_pages"),
+            g("dict_count"),
+            human(g("dict_bytes")),
+            g("dict_trainings"),
+            g("dict_installs"),
+            g("dict_retired")
+        );
+    }
     if g("free_fail") > 0 {
         out += &format!("free_fail: {} (frees that failed: a bug, see the server's log)\n", g("free_fail"));
     }
