@@ -284,9 +284,10 @@ struct SpanMeta {
     free_head: u16,
     group: u8,
     /// Pages of the span that objects have ever been written into since it
-    /// was last released. Untouched pages of a mapping are not resident, so
-    /// only these are charged: a class's last, partly filled span costs
-    /// what it holds, not its full size.
+    /// was last released or trimmed by compaction (always a prefix).
+    /// Untouched pages of a mapping are not resident, so only these are
+    /// charged: a class's last, partly filled span costs what it holds,
+    /// not its full size.
     touched: u8,
 }
 
@@ -601,8 +602,15 @@ impl ClassState {
     /// span into the fullest one until the source is empty or the
     /// destination full. Returns (pages released, pages newly charged in
     /// the destination), or None when done.
-    fn compact_step(&mut self, c: &Counters) -> Option<(u64, u64)> {
-        if !self.can_compact() {
+    ///
+    /// Objects leave the source from its highest slots down, so that what
+    /// stays sits at its head and the pages past it are trimmed. With
+    /// `tidy`, a step runs even when the class's holes add up to less than
+    /// a span (zsmalloc would stop there), as long as two spans are partly
+    /// full: after recompression or a wave of rewrites those holes are
+    /// scattered over every span of a class and pin their pages.
+    fn compact_step(&mut self, c: &Counters, tidy: bool) -> Option<(u64, u64)> {
+        if !tidy && !self.can_compact() {
             return None;
         }
         let partial = self.group_mask & PARTIAL_MASK;
@@ -628,7 +636,7 @@ impl ClassState {
         let mut moved = 0usize;
         let size = self.size;
         let base = src as usize * self.objs;
-        for slot in 0..self.objs {
+        for slot in (0..self.objs).rev() {
             if self.spans[src as usize].inuse == 0 || self.spans[dst as usize].free_head == SLOT_NIL
             {
                 break;
@@ -674,10 +682,77 @@ impl ClassState {
         } else {
             let g = self.group_for(self.spans[src as usize].inuse as usize);
             self.link(src, g);
+            let trimmed = self.trim_tail(src, c);
             // Nothing could move (the budget is spent): stop, or the same
             // pair would be tried forever.
-            (moved > 0).then_some((0, charged))
+            (moved > 0).then_some((trimmed, charged))
         }
+    }
+
+    /// Give back the pages of span `s` past its highest live object (its
+    /// `touched` prefix shrinks; they are charged again when an object
+    /// reaches into them). Returns the pages released.
+    fn trim_tail(&mut self, s: u32, c: &Counters) -> u64 {
+        let base = s as usize * self.objs;
+        let Some(top) = (0..self.objs).rev().find(|&i| self.backptr[base + i] & FREE_BIT == 0) else {
+            return 0;
+        };
+        let need = self.pages_through(top);
+        let touched = self.spans[s as usize].touched;
+        if need >= touched {
+            return 0;
+        }
+        let (chunk, off) = self.obj_location(s as usize, 0);
+        self.chunks[chunk].discard(off + need as usize * PAGE_SIZE, (touched - need) as usize * PAGE_SIZE);
+        self.spans[s as usize].touched = need;
+        c.unreserve((touched - need) as u64);
+        (touched - need) as u64
+    }
+
+    /// The last step of a compaction: the one partly full span of the
+    /// class left (the emptiest, if the budget stopped the steps before)
+    /// moves its objects down into its lowest free slots, its free slots
+    /// are chained in ascending order (so new objects fill it from the
+    /// head), and the pages past its objects are released. A fresh pool's
+    /// last span costs what it holds; so, after this, does a compacted one.
+    fn pack_last(&mut self, c: &Counters) -> u64 {
+        let partial = self.group_mask & PARTIAL_MASK;
+        if partial == 0 {
+            return 0;
+        }
+        let s = self.heads[partial.trailing_zeros() as usize];
+        let base = s as usize * self.objs;
+        let inuse = self.spans[s as usize].inuse as usize;
+        let size = self.size;
+        let (mut lo, mut hi) = (0usize, self.objs - 1);
+        let mut tmp = [0u8; PAGE_SIZE];
+        loop {
+            while lo < inuse && self.backptr[base + lo] & FREE_BIT == 0 {
+                lo += 1;
+            }
+            while hi >= inuse && self.backptr[base + hi] & FREE_BIT != 0 {
+                hi -= 1;
+            }
+            if lo >= inuse || hi < inuse {
+                break;
+            }
+            let idx = self.backptr[base + hi];
+            let (sc, so) = self.obj_location(s as usize, hi);
+            let (dc, dof) = self.obj_location(s as usize, lo);
+            tmp[..size].copy_from_slice(self.chunks[sc].bytes(so, size));
+            self.chunks[dc].bytes_mut(dof, size).copy_from_slice(&tmp[..size]);
+            self.backptr[base + lo] = idx;
+            self.backptr[base + hi] = FREE_BIT;
+            let e = &mut self.handles[idx as usize];
+            *e = (*e & !E_SLOT_MASK) | lo as u64;
+        }
+        // Every live object is now below `inuse`: chain the rest upwards.
+        for slot in inuse..self.objs {
+            let next = if slot + 1 == self.objs { SLOT_NIL as u32 } else { slot as u32 + 1 };
+            self.backptr[base + slot] = FREE_BIT | next;
+        }
+        self.spans[s as usize].free_head = if inuse < self.objs { inuse as u16 } else { SLOT_NIL };
+        self.trim_tail(s, c)
     }
 
     fn metadata_bytes(&self) -> u64 {
@@ -831,17 +906,20 @@ impl ZsPool {
     pub fn compact(&self) -> u64 {
         let (mut released, mut charged) = (0u64, 0u64);
         for class in self.classes.iter() {
-            loop {
-                // Re-take the lock per step so other users of the class interleave.
-                let step = class.0.write().compact_step(&self.counters);
-                match step {
-                    Some((r, ch)) => {
-                        released += r;
-                        charged += ch;
+            for tidy in [false, true] {
+                loop {
+                    // Re-take the lock per step so other users of the class interleave.
+                    let step = class.0.write().compact_step(&self.counters, tidy);
+                    match step {
+                        Some((r, ch)) => {
+                            released += r;
+                            charged += ch;
+                        }
+                        None => break,
                     }
-                    None => break,
                 }
             }
+            released += class.0.write().pack_last(&self.counters);
         }
         let freed = released.saturating_sub(charged);
         self.counters.pages_compacted.fetch_add(freed, Relaxed);

@@ -527,3 +527,60 @@ fn charged_pages_are_the_resident_pages() {
     assert_eq!(pool.resident_pages_of_live_spans(), 0);
     assert_eq!(pool.resident_pages_of_released_spans(), 0);
 }
+
+/// Holes that add up to less than a span, scattered over every span of a
+/// class (what recompression or a wave of rewrites leaves), pinned their
+/// pages: compaction now packs the class as a fresh pool would hold the
+/// same objects, releases the pages past them, and charges them again when
+/// new objects reach into them.
+#[test]
+fn scattered_holes_are_packed_as_a_fresh_pool_holds_them() {
+    let pool = ZsPool::new(AllocConfig::default());
+    let len = 1500;
+    let span_objs = pool.span_pages_of_class(1504).unwrap() * 4096 / 1504;
+    let n = 6 * span_objs;
+    let mut kept = Vec::new();
+    for i in 0..n as u64 {
+        let data = content(i, len);
+        let h = pool.alloc_write(&data).unwrap();
+        kept.push((h, data));
+    }
+    // Free one object in 8, everywhere: fewer holes than a span holds.
+    let all = std::mem::take(&mut kept);
+    let mut freed = 0;
+    for (i, (h, data)) in all.into_iter().enumerate() {
+        if i % 8 == 5 {
+            pool.free(h).unwrap();
+            freed += 1;
+        } else {
+            kept.push((h, data));
+        }
+    }
+    assert!(freed > 0 && freed < span_objs, "{freed} holes, {span_objs} a span");
+    let before = pool.pages_used();
+    pool.compact();
+    let fresh = ZsPool::new(AllocConfig::default());
+    for (_, data) in &kept {
+        fresh.alloc_write(data).unwrap();
+    }
+    assert_eq!(pool.pages_used(), fresh.pages_used(), "compacted {} pages (from {before}), fresh {}", pool.pages_used(), fresh.pages_used());
+    assert!(pool.pages_used() < before);
+    assert_eq!(pool.resident_pages_of_live_spans() as u64, pool.pages_used(), "trimmed pages left RAM");
+    for (h, data) in &kept {
+        assert_eq!(&read_exact(&pool, *h, len).unwrap(), data);
+    }
+    assert_eq!(pool.compact(), 0, "a fixed point");
+    // New objects fill the packed span from its head, charging its pages again.
+    for i in 0..freed as u64 {
+        let data = content(1_000_000 + i, len);
+        kept.push((pool.alloc_write(&data).unwrap(), data));
+        assert_eq!(pool.resident_pages_of_live_spans() as u64, pool.pages_used());
+    }
+    for (h, data) in &kept {
+        assert_eq!(&read_exact(&pool, *h, len).unwrap(), data);
+    }
+    for (h, _) in kept {
+        pool.free(h).unwrap();
+    }
+    assert_eq!(pool.pages_used(), 0);
+}

@@ -12,6 +12,8 @@
 //!   drop.
 //! * [`store`] — `zmem bench store`: the engine's pool against the raw
 //!   compressor and kernel zram, on the same pages.
+//! * [`store_dict`] — `zmem bench store --dict`: the same pages in every
+//!   encoding, with and without a dictionary the pool trained itself.
 //! * [`blockdev`] — `zmem bench blockdev`: `zmem serve` under fio against
 //!   nbdkit's memory plugin and kernel zram.
 //! * [`swap`] — `zmem bench swap`, the seed experiment: a workload under a
@@ -32,6 +34,7 @@ pub mod pages;
 pub mod plot;
 pub mod shared_budget;
 pub mod store;
+pub mod store_dict;
 pub mod swap;
 
 pub use kernel_zram::{Unavailable, ZramResult};

@@ -193,7 +193,7 @@ const IDLE_SECS: u32 = 2;
 /// `Recompress { idle }` rewrites the rest. The kept half is loaded alone
 /// before and after, so its speed is compared with nothing else in the
 /// caches; then the rest is recompressed too, for the memory figure.
-fn recompress_pass(pool: &Pool, n: usize, repeat: usize, algos: &[Compressor]) -> anyhow::Result<RecompressReport> {
+pub(crate) fn recompress_pass(pool: &Pool, n: usize, repeat: usize, algos: &[Compressor]) -> anyhow::Result<RecompressReport> {
     pool.compact();
     let before = pool.stats();
     let all: Vec<u64> = (0..n as u64).collect();
@@ -268,7 +268,7 @@ pub struct WritebackReport {
 }
 
 /// Megabytes (10^6 bytes) per second; 0 for no time at all.
-fn mbps(bytes: u64, secs: f64) -> f64 {
+pub(crate) fn mbps(bytes: u64, secs: f64) -> f64 {
     if secs <= 0.0 {
         0.0
     } else {

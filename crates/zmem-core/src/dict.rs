@@ -109,7 +109,7 @@ pub struct DictConfig {
 
 impl Default for DictConfig {
     fn default() -> Self {
-        DictConfig { source: DictSource::Off, lz4: false, max_size: 64 << 10, sample_every: 64, samples: 1024, min_gain_percent: 2, drift_window: 1 << 14, background: true }
+        DictConfig { source: DictSource::Off, lz4: false, max_size: 64 << 10, sample_every: 16, samples: 1024, min_gain_percent: 2, drift_window: 1 << 14, background: true }
     }
 }
 
@@ -347,7 +347,7 @@ impl Dicts {
         self.check_drift();
         let pages = {
             let r = self.ring.lock();
-            let ready = if force { r.filled >= 8 } else { r.filled > 0 && r.filled * PAGE_SIZE == r.pages.len() };
+            let ready = if force { r.filled >= 32 } else { r.filled > 0 && r.filled * PAGE_SIZE == r.pages.len() };
             if !ready {
                 return Ok(rep);
             }
@@ -376,7 +376,11 @@ impl Dicts {
         rep.current_bytes = current.as_ref().map(|c| measure(Some(c)));
         let sizes = vec![PAGE_SIZE; train.len()];
         let d = Dictionary::train(self.next_id.fetch_add(1, Relaxed), &train.concat(), &sizes, self.cfg.max_size, &self.levels)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                // Sample again for the next round.
+                self.collecting.store(true, Relaxed);
+                format!("{e} (on {} sampled pages, for a dictionary of at most {} bytes)", train.len(), self.cfg.max_size)
+            })?;
         self.trainings.fetch_add(1, Relaxed);
         let b = measure(Some(&d));
         rep.trained_bytes = Some(b);

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use zmem_bench::store::{self, Config, MaxPool, Progress};
+use zmem_bench::store_dict;
+use zmem_compress::Compressor;
 
 use crate::util::{parse_on_off, parse_pool_limit, parse_size};
 
@@ -54,6 +56,14 @@ pub struct Args {
     /// saved and the load speed of untouched and rewritten pages.
     #[arg(long, value_name = "ALGO[,ALGO...]", value_delimiter = ',')]
     pub recompress: Vec<String>,
+    /// Instead of the timed passes: the same pages in every encoding
+    /// (lz4, zstd:1/3/9, lz4/zstd with a dictionary the pool trains, lz4
+    /// then idle recompression with zstd and the dictionary), one table per
+    /// data set: with no paths or --pid, the /usr/lib files, a live python
+    /// process and this tree's cargo build output (128 MiB each by default).
+    /// The strong zstd is the first --recompress algorithm (zstd:9).
+    #[arg(long)]
+    pub dict: bool,
     /// Print one JSON object instead of a table (no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -94,6 +104,20 @@ fn config(a: &Args) -> anyhow::Result<Config> {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = config(&a)?;
+    if a.dict {
+        let strong = cfg.recompress.first().copied().unwrap_or(Compressor::zstd(9)?);
+        if strong.algorithm != zmem_compress::Algorithm::Zstd {
+            bail!("--dict: the strong algorithm (--recompress) must be zstd:LEVEL, not {strong}");
+        }
+        let dcfg = store_dict::Config { paths: a.paths.clone(), pid: a.pid, max_bytes: a.max_bytes, strong, repeat: a.repeat };
+        let report = store_dict::run(&dcfg)?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", store_dict::render(&report));
+        }
+        return Ok(());
+    }
     let show = !a.json && std::io::stderr().is_terminal();
     let mut bar = ProgressBar::hidden();
     let report = store::run(&cfg, |p| match p {
