@@ -41,8 +41,8 @@
 //!   the count. The trainer frees a slot that is not current, not held by
 //!   a store in flight, and counted zero on two rounds a second apart
 //!   (the second round covers a load that read a written-back object just
-//!   before its key was overwritten). Recompression rewrites old-dictionary
-//!   objects with the current one as a matter of course.
+//!   before its key was overwritten). An old dictionary's objects leave it
+//!   as their keys are rewritten, freed, or recompressed (lz4 objects).
 //! * **Prepared once.** A dictionary is parsed once into zstd's DDict, a
 //!   CDict per zstd level the pool uses (its compressor's and its
 //!   recompression algorithms'), and an lz4 stream; threads keep their

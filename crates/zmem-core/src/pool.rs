@@ -5,7 +5,8 @@
 //! default); whole 16-key blocks go to one shard, so a run of keys shares a
 //! lock and a block. A shard is a mutex over a [`BlockIndex`] and the
 //! counters of the entries it holds. An entry is 12 bytes (`entry.rs`):
-//! `Obj(handle, len, alg)` for an object in RAM, `Same(word)` for a page of
+//! `Obj(handle, len, tag)` for an object in RAM (the tag names the
+//! algorithm, or raw, or a dictionary slot and lz4/zstd: `dict.rs`), `Same(word)` for a page of
 //! one repeated word (no memory), `Dedup(hash)` for a page whose object is
 //! shared through the dedup table, `Backed(record)` for a page on the
 //! backing file. The dedup table (64 shards, chosen by content hash) maps a
