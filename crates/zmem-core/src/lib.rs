@@ -23,7 +23,9 @@
 //!    zero-only: any repeated word).
 //! 2. **Dedup** (optional) — xxh3-64 of the page finds a candidate; the
 //!    candidate is decompressed and compared byte for byte; only then is it
-//!    shared, with a reference count. A hash match alone never shares.
+//!    shared, with a reference count. A hash match alone never shares. A
+//!    page with no twin gets a record of its own only while twins pay for
+//!    records (adaptive dedup, `dedup.rs`); otherwise it is stored plainly.
 //! 3. **Compress** into a per-thread scratch buffer with the pool's current
 //!    compressor. Output at or over the huge threshold is stored raw.
 //! 4. **Allocate** with `zmem-alloc`, a zsmalloc-style size-class allocator,
@@ -48,6 +50,7 @@
 //!   happens (`zmem_alloc::Budget`), so `mem_used_max` never passes it.
 
 mod charged;
+mod dedup;
 mod dict;
 mod entry;
 mod error;

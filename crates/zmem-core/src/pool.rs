@@ -48,8 +48,9 @@
 //! # Trade-offs
 //! * Decompressing under the shard lock costs a little concurrency on one
 //!   shard, and saves a reference count per object on the hot path.
-//! * Dedup hashes every page (xxh3, ~20 GB/s) and confirms byte for byte,
-//!   and costs a table entry per shared object; it pays where pages repeat.
+//! * Dedup hashes every page (xxh3, ~20 GB/s) and confirms byte for byte.
+//!   A record costs ~47 bytes; records are kept for every page only while
+//!   the twins found pay for them, else for one page in 16 (`dedup.rs`).
 //! * With a backing store, the in-place rewrite is off: tiered entries carry
 //!   LRU state that a rewrite would have to reset. Without one, the rewrite
 //!   keeps the handle, so whoever compares an entry to see that a page is
@@ -411,6 +412,8 @@ pub(crate) struct Engine {
     epoch: Instant,
     /// The pool's dictionaries, unless `cfg.dict` is off.
     pub(crate) dicts: Option<Dicts>,
+    /// Adaptive dedup's mode and counters (`dedup.rs`).
+    pub(crate) dedup_mode: crate::dedup::DedupMode,
 }
 
 fn encode_compressor(c: Compressor) -> u64 {
@@ -726,6 +729,7 @@ impl Engine {
         };
         Ok(Engine {
             dicts,
+            dedup_mode: crate::dedup::DedupMode::new(),
             fixed_bytes: budget.used(),
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
             max_pool_pages: AtomicU64::new(
@@ -823,8 +827,16 @@ impl Engine {
             return self.publish(key, Entry::same(pattern));
         }
         if let Some(d) = &self.dedup {
-            let new = self.store_dedup(d, page)?;
-            return self.publish(key, new);
+            let hash = xxhash_rust::xxh3::xxh3_64(page);
+            self.dedup_maintain();
+            // Without a record for every page (adaptive dedup, `dedup.rs`),
+            // a page that finds no twin is stored as any other.
+            let track = self.dedup_tracks(hash);
+            let r = self.store_dedup(d, hash, page, track)?;
+            self.dedup_observe(track, r.as_ref().and_then(|&(_, saved)| saved));
+            if let Some((new, _)) = r {
+                return self.publish(key, new);
+            }
         }
         if self.tier.is_some() {
             // May wait for the shrinker, so before any lock is taken.
@@ -1012,12 +1024,13 @@ impl Engine {
         ZmemError::from(e)
     }
 
-    /// Find an equal page already stored and share it, or store this one as
-    /// a new shared object. A hash match only names a candidate: it is
-    /// compared byte for byte (read from the backing file, with no lock
-    /// held, if it was written back).
-    fn store_dedup(&self, d: &[Mutex<DedupShard>], page: &[u8]) -> Result<Entry> {
-        let hash = xxhash_rust::xxh3::xxh3_64(page);
+    /// Find an equal page already stored and share it, or (with `create`)
+    /// store this one as a new shared object. A hash match only names a
+    /// candidate: it is compared byte for byte (read from the backing file,
+    /// with no lock held, if it was written back). Returns the entry and,
+    /// for a page shared, the compressed bytes it saved; None when there
+    /// is no twin and `create` is off (the caller stores the page plainly).
+    fn store_dedup(&self, d: &[Mutex<DedupShard>], hash: u64, page: &[u8], create: bool) -> Result<Option<(Entry, Option<u64>)>> {
         let shard = Self::dedup_shard(d, hash);
         // A tiered pool may wait for room: never with the dedup lock held.
         let mut admitted = false;
@@ -1026,6 +1039,9 @@ impl Engine {
             tries += 1;
             let mut ds = shard.lock();
             let Some(rec) = ds.map.get(&hash).copied() else {
+                if !create {
+                    return Ok(None);
+                }
                 if self.tier.is_some() && !admitted {
                     drop(ds);
                     self.admit()?;
@@ -1052,7 +1068,7 @@ impl Engine {
                 if let Some(t) = &self.tier {
                     t.enqueue_shared(&mut ds, hash, gen, b);
                 }
-                return Ok(Entry::dedup(hash, info));
+                return Ok(Some((Entry::dedup(hash, info), None)));
             };
             let equal = match rec.loc {
                 Loc::Ram(h) => self.object_equals(h, rec.info, page),
@@ -1083,7 +1099,7 @@ impl Engine {
                 ds.dup_bytes += rec.info.len as u64;
                 ds.backed_refs += backed as u64;
                 self.counters.dedup_hits.fetch_add(1, Relaxed);
-                return Ok(Entry::dedup(hash, rec.info));
+                return Ok(Some((Entry::dedup(hash, rec.info), Some(rec.info.len as u64))));
             }
             // A true 64-bit collision (or an unreadable candidate): store
             // this page unshared.
@@ -1093,12 +1109,12 @@ impl Engine {
                 self.admit()?;
             }
             let (h, info) = self.encode_new(page)?;
-            return Ok(Entry::obj(h, info));
+            return Ok(Some((Entry::obj(h, info), None)));
         }
     }
 
     /// Whether the object `h` decodes to `page`.
-    fn object_equals(&self, h: Handle, info: ObjInfo, page: &[u8]) -> bool {
+    pub(crate) fn object_equals(&self, h: Handle, info: ObjInfo, page: &[u8]) -> bool {
         SCRATCH.with_borrow_mut(|s| {
             let out = &mut s[..PAGE_SIZE];
             self.read_object(0, h, info, out).is_ok() && out == page
@@ -1394,6 +1410,8 @@ impl Engine {
         st.alloc_metadata_bytes = a.metadata_bytes;
         st.index_bytes = index_bytes;
         st.meta_data_size = dedup_bytes;
+        st.dedup_full = self.dedup.is_some() && self.dedup_mode.full();
+        st.dedup_switches = self.dedup_mode.switches();
         if let Some(d) = &self.dicts {
             (st.dict_count, st.dict_bytes) = d.usage();
             st.dict_id = d.current_id();

@@ -130,6 +130,15 @@ pub fn render(v: &Value) -> String {
             g("recompress_marked")
         );
     }
+    if v["dedup"].as_bool() == Some(true) {
+        out += &format!(
+            "dedup: {} ({} switches), dup_data_size {}, meta_data_size {}\n",
+            if st["dedup_full"].as_bool() == Some(true) { "full" } else { "sampling 1/16 (twins did not pay for records)" },
+            g("dedup_switches"),
+            human(g("dup_data_size")),
+            human(g("meta_data_size"))
+        );
+    }
     if g("dict_installs") + g("dict_count") > 0 {
         out += &format!(
             "dict: id {} on {} pages, {} dictionaries alive holding {} (with the sample ring), {} trained, {} installed, {} freed\n",
