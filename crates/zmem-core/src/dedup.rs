@@ -26,7 +26,9 @@
 //!   turn gives its plain objects records, merging the twins among them,
 //!   so pages stored while sampling are not lost to sharing.
 //! * A conversion pass runs one index shard per store (1/64 of the pool
-//!   under that shard's lock), so no store waits for the whole pool.
+//!   under that shard's lock), so no store waits for the whole pool; the
+//!   store that ends a share pass also compacts the allocator, since the
+//!   twins it merged freed objects all over the size classes.
 //!
 //! # Trade-offs
 //! * A pool with a backing store stays in full mode: its records carry LRU
@@ -139,6 +141,9 @@ impl Engine {
             let _ = m.pass.compare_exchange(pass, PASS_NONE, Relaxed, Relaxed);
             if pass == PASS_UNSHARE {
                 self.shrink_dedup_tables();
+            } else {
+                // Merged twins freed their objects all over the classes.
+                self.alloc.compact();
             }
         }
     }
