@@ -17,6 +17,8 @@ want qemu-io qemu-utils
 want nbdinfo libnbd-bin
 want nbdfuse libnbd-bin
 want nbdkit nbdkit
+# zmem's dictionary tests train one with the zstd CLI (--dict PATH).
+want zstd zstd
 # zmem's kernel-path tests (nbd_fs, nbd_swap) also use these (util-linux):
 want fstrim util-linux
 want mkswap util-linux
