@@ -50,7 +50,7 @@
 //!   shard, and saves a reference count per object on the hot path.
 //! * Dedup hashes every page (xxh3, ~20 GB/s) and confirms byte for byte.
 //!   A record costs ~47 bytes; records are kept for every page only while
-//!   the twins found pay for them, else for one page in 16 (`dedup.rs`).
+//!   the twins found pay for them, else for one page in 32 (`dedup.rs`).
 //! * With a backing store, the in-place rewrite is off: tiered entries carry
 //!   LRU state that a rewrite would have to reset. Without one, the rewrite
 //!   keeps the handle, so whoever compares an entry to see that a page is

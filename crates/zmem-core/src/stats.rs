@@ -211,7 +211,7 @@ pub struct Stats {
     pub dedup_hits: u64,
     pub dedup_collisions: u64,
     /// Adaptive dedup: every new page gets a shared record (full), or only
-    /// one in 16 (sampling, the hit rate did not pay for the records);
+    /// one in 32 (sampling, the hit rate did not pay for the records);
     /// and how many times it switched.
     pub dedup_full: bool,
     pub dedup_switches: u64,

@@ -133,7 +133,7 @@ pub fn render(v: &Value) -> String {
     if v["dedup"].as_bool() == Some(true) {
         out += &format!(
             "dedup: {} ({} switches), dup_data_size {}, meta_data_size {}\n",
-            if st["dedup_full"].as_bool() == Some(true) { "full" } else { "sampling 1/16 (twins did not pay for records)" },
+            if st["dedup_full"].as_bool() == Some(true) { "full" } else { "sampling 1/32 (twins did not pay for records)" },
             g("dedup_switches"),
             human(g("dup_data_size")),
             human(g("meta_data_size"))

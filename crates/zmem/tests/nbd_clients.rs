@@ -191,9 +191,16 @@ fn nbdcopy_multi_connection_roundtrip() {
     let st = s.stats();
     let g = |k: &str| st["stats"][k].as_u64().unwrap();
     assert!(g("orig_data_size") >= 40 << 20);
+    // The copy is 9 % of the pages and its objects are small (~400 bytes):
+    // records for every page would cost more than sharing saves, so the
+    // pool samples (adaptive dedup), and the sample still finds its twins.
     assert!(
-        g("dup_pages") >= 1000,
-        "dedup should find the copied 4 MiB: {st}"
+        g("dup_pages") >= 8 && g("dup_data_size") > 0,
+        "dedup should find some of the copied 4 MiB: {st}"
+    );
+    assert!(
+        st["stats"]["dedup_full"].as_bool() == Some(true) || g("meta_data_size") < g("stored_pages") * 8,
+        "sampling keeps few records: {st}"
     );
     assert!(g("mem_used_total") < g("orig_data_size"));
     assert!(st["connections"]["total"].as_u64().unwrap() >= 5);
