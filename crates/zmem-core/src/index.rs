@@ -78,6 +78,7 @@ impl BlockIndex {
         (!e.is_empty()).then_some(e)
     }
 
+    #[cfg(test)]
     pub fn contains(&self, key: u64) -> bool {
         self.get(key).is_some()
     }

@@ -50,6 +50,7 @@
 //!   happens (`zmem_alloc::Budget`), so `mem_used_max` never passes it.
 
 mod charged;
+mod cold;
 mod dedup;
 mod dict;
 mod entry;
@@ -60,13 +61,14 @@ mod recompress;
 mod stats;
 mod tier;
 
+pub use cold::{ColdStore, DropCold};
 pub use dict::{DictConfig, DictSource, TrainReport};
 pub use error::{Result, ZmemError};
 pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
 pub use stats::{RateLimited, Stats};
 pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use tier::WritebackMode;
-pub use zmem_backing::{BackingError, BackingStore, Existing};
+pub use zmem_backing::{BackingError, BackingStats, BackingStore, Existing, RecordId};
 pub use zmem_compress::{Algorithm, Compressor, Dictionary};
 
 /// Size of every page the pool stores.

@@ -70,6 +70,8 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
 use zmem_backing::{BackingError, BackingStore};
+
+use crate::cold::ColdStore;
 use zmem_compress::{Algorithm, CompressError, Compressor};
 
 pub(crate) use crate::charged::LruItem;
@@ -280,6 +282,9 @@ pub(crate) enum Loc {
     Ram(Handle),
     /// A record id in the backing store; the record's key is the hash.
     Backed(u64),
+    /// Dropped by the cold store (a clean cache): its keys miss until they
+    /// are stored again or freed; the record goes with the last of them.
+    Dropped,
 }
 
 /// A shared object: one allocation (or one record) referenced by `refs`
@@ -315,6 +320,8 @@ pub(crate) struct DedupShard {
     /// Shared objects on the backing store, and the pages that refer to them.
     pub backed_records: u64,
     pub backed_refs: u64,
+    /// Pages whose shared object the cold store dropped (they miss).
+    pub dropped_refs: u64,
     /// Shared objects (in RAM or written back) per dictionary slot.
     pub dict_objs: [u64; DICT_SLOTS],
 }
@@ -436,8 +443,16 @@ impl Pool {
     /// `backing_dev`), and on request ([`Pool::writeback`]). Starts the
     /// shrinker thread.
     pub fn with_backing(cfg: PoolConfig, backing: BackingStore) -> Result<Pool> {
+        Self::with_cold_store(cfg, Box::new(backing))
+    }
+
+    /// A pool whose coldest objects go to `store` when it nears
+    /// `cfg.max_pool` (and on [`Pool::writeback`]): a backing file, or
+    /// [`DropCold`](crate::DropCold) for a clean-page cache, whose pages
+    /// then simply miss (`NotFound`). Starts the shrinker thread.
+    pub fn with_cold_store(cfg: PoolConfig, store: Box<dyn ColdStore>) -> Result<Pool> {
         let exclusive = cfg.exclusive_loads;
-        Self::build(cfg, Some(Tier::new(backing, exclusive)))
+        Self::build(cfg, Some(Tier::new(store, exclusive)))
     }
 
     fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Pool> {
@@ -585,7 +600,9 @@ impl Pool {
 
     /// Whether `key` holds a page.
     pub fn contains(&self, key: u64) -> bool {
-        self.e.shard(key).lock().index.contains(key)
+        // Through residency: a key whose shared object a clean cache
+        // dropped holds no page.
+        self.e.residency(key).is_some()
     }
 
     /// Drop the page stored under `key` (zram's slot free, frontswap's
@@ -1071,6 +1088,7 @@ impl Engine {
                 return Ok(Some((Entry::dedup(hash, info), None)));
             };
             let equal = match rec.loc {
+                Loc::Dropped => false,
                 Loc::Ram(h) => self.object_equals(h, rec.info, page),
                 Loc::Backed(id) => {
                     drop(ds);
@@ -1101,10 +1119,13 @@ impl Engine {
                 self.counters.dedup_hits.fetch_add(1, Relaxed);
                 return Ok(Some((Entry::dedup(hash, rec.info), Some(rec.info.len as u64))));
             }
-            // A true 64-bit collision (or an unreadable candidate): store
-            // this page unshared.
+            // A true 64-bit collision (or an unreadable or dropped
+            // candidate): store this page unshared.
+            let dropped = rec.loc == Loc::Dropped;
             drop(ds);
-            self.counters.dedup_collisions.fetch_add(1, Relaxed);
+            if !dropped {
+                self.counters.dedup_collisions.fetch_add(1, Relaxed);
+            }
             if !admitted {
                 self.admit()?;
             }
@@ -1169,6 +1190,14 @@ impl Engine {
             return Err(format!("shared object {hash:#x} is missing from the dedup table"));
         };
         let backed = matches!(rec.loc, Loc::Backed(_));
+        if rec.loc == Loc::Dropped {
+            rec.refs -= 1;
+            ds.dropped_refs -= 1;
+            if rec.refs == 0 {
+                ds.map.remove(&hash);
+            }
+            return Ok(());
+        }
         if rec.refs > 1 {
             rec.refs -= 1;
             ds.dup_pages -= 1;
@@ -1184,6 +1213,7 @@ impl Engine {
                 drop(g);
                 self.alloc.free(h).map_err(|e| e.to_string())
             }
+            Loc::Dropped => Ok(()),
             Loc::Backed(id) => {
                 ds.account_backed(&rec, false);
                 drop(g);
@@ -1258,6 +1288,8 @@ impl Engine {
                     let (loc, info) = (rec.loc, rec.info);
                     match loc {
                         Loc::Ram(h) => return self.read_object(key, h, info, buf),
+                        // The clean cache dropped it: a miss.
+                        Loc::Dropped => return Err(ZmemError::NotFound { key }),
                         Loc::Backed(id) => {
                             drop(ds);
                             drop(s);
@@ -1309,6 +1341,7 @@ impl Engine {
                 match Self::dedup_shard(d, hash).lock().map.get(&hash)?.loc {
                     Loc::Ram(_) => Residency::Shared,
                     Loc::Backed(_) => Residency::Backed,
+                    Loc::Dropped => return None,
                 }
             }
             Slot::Backed(..) => Residency::Backed,
@@ -1397,7 +1430,7 @@ impl Engine {
                 st.dup_pages += ds.dup_pages;
                 st.dup_data_size += ds.dup_bytes;
                 st.bd_count += ds.backed_records;
-                backed_pages += ds.backed_refs;
+                backed_pages += ds.backed_refs + ds.dropped_refs;
                 dedup_bytes += map_bytes(&ds.map);
                 st.lru_bytes += ds.lru.bytes();
             }

@@ -167,6 +167,9 @@ pub struct Stats {
     pub reject_reclaim_fail: u64,
     /// Pages written back to the backing store, cumulative.
     pub written_back_pages: u64,
+    /// Pages the cold store dropped instead (a clean cache; zcache's
+    /// evictions), cumulative.
+    pub evicted_pages: u64,
 
     // zram bd_stat (pages), and the backing file in bytes
     /// Pages currently on the backing store.

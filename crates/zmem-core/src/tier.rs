@@ -1,6 +1,9 @@
 //! The writeback tier: an LRU with second chance over the pool's objects,
-//! a background shrinker, and compressed writeback to a backing file
-//! (zmem-backing).
+//! a background shrinker, and a [`ColdStore`] that takes what they evict:
+//! compressed writeback to a backing file (zmem-backing), or nothing at
+//! all for a clean-page cache (`DropCold`: the entry goes, the next load
+//! misses). This file decides which objects leave RAM; `cold.rs` what
+//! leaving means.
 //!
 //! # Design
 //! zswap keeps every entry on an LRU; when its pool is full a worker
@@ -86,7 +89,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use zmem_alloc::{Budget, Handle};
-use zmem_backing::{BackingStore, RecordId};
+use zmem_backing::RecordId;
+
+use crate::cold::ColdStore;
 
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
@@ -140,7 +145,8 @@ struct Ctl {
 }
 
 pub(crate) struct Tier {
-    pub store: BackingStore,
+    /// What leaving RAM means: a file, nothing (a clean cache), ... (`cold.rs`).
+    pub store: Box<dyn ColdStore>,
     /// [`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads),
     /// changed at run time by [`Pool::set_exclusive_loads`](crate::Pool::set_exclusive_loads):
     /// an entry's referenced bit then means "loaded, queued at the cold
@@ -159,6 +165,8 @@ pub(crate) struct Tier {
     /// A store asked for a round (checked and cleared by the shrinker).
     wanted: AtomicBool,
     written_back: AtomicU64,
+    /// Objects the store dropped (zcache's evictions).
+    evicted: AtomicU64,
     promoted: AtomicU64,
     cold_queued: AtomicU64,
     writeback_fail: AtomicU64,
@@ -234,7 +242,7 @@ impl Pick<'_> {
 }
 
 impl Tier {
-    pub fn new(store: BackingStore, exclusive: bool) -> Tier {
+    pub fn new(store: Box<dyn ColdStore>, exclusive: bool) -> Tier {
         Tier {
             store,
             exclusive: AtomicBool::new(exclusive),
@@ -245,6 +253,7 @@ impl Tier {
             progress: Condvar::new(),
             wanted: AtomicBool::new(false),
             written_back: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             cold_queued: AtomicU64::new(0),
             writeback_fail: AtomicU64::new(0),
@@ -403,6 +412,7 @@ impl Tier {
         st.backing_live_bytes = b.live_bytes;
         st.backing_metadata_bytes = b.metadata_bytes;
         st.written_back_pages = self.written_back.load(Relaxed);
+        st.evicted_pages = self.evicted.load(Relaxed);
         st.promoted_pages = self.promoted.load(Relaxed);
         st.cold_queued_pages = self.cold_queued.load(Relaxed);
         st.exclusive_loads = self.exclusive();
@@ -676,7 +686,7 @@ impl Engine {
         let reserved = t.store.growth_bound(recs.len());
         let written = match t.reserve_backing(b, reserved) {
             Ok(()) => {
-                let r = t.store.write_batch(&recs);
+                let r = t.store.put_batch(&recs);
                 t.settle_backing(b, reserved);
                 r.map_err(ZmemError::Backing)
             }
@@ -698,11 +708,12 @@ impl Engine {
         };
         let mut freed = Vec::with_capacity(victims.len());
         let mut stale = Vec::new();
+        let mut dropped = 0;
         for &i in &by_src {
             let mine = victims.iter().zip(&ids).filter(|(v, _)| v.src == i);
             match sources[i] {
-                Source::Index(sh) => settle_keys(t, b, &mut sh.lock(), mine, &mut freed, &mut stale, out(i)),
-                Source::Shared(ds) => settle_shared(t, b, &mut ds.lock(), mine, &mut freed, &mut stale, out(i)),
+                Source::Index(sh) => settle_keys(t, b, &mut sh.lock(), mine, &mut freed, &mut stale, &mut dropped, out(i)),
+                Source::Shared(ds) => settle_shared(t, b, &mut ds.lock(), mine, &mut freed, &mut stale, &mut dropped, out(i)),
             }
         }
         let n = freed.len() as u64;
@@ -717,7 +728,8 @@ impl Engine {
             }
         }
         t.settle_backing(b, 0);
-        t.written_back.fetch_add(n, Relaxed);
+        t.written_back.fetch_add(n - dropped, Relaxed);
+        t.evicted.fetch_add(dropped, Relaxed);
         Ok(n)
     }
 
@@ -940,16 +952,19 @@ fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &mut DedupShard, victims: impl D
     ds.lru.return_out(out);
 }
 
-/// After a successful write: swap each unchanged entry for its record.
+/// After a successful write: swap each unchanged entry for its record, or
+/// remove it if the store dropped the object (`dropped` counts those).
 /// Collects the handles to free and the records nobody took (the key was
 /// overwritten, invalidated or loaded while we wrote).
+#[allow(clippy::too_many_arguments)]
 fn settle_keys<'v>(
     t: &Tier,
     b: &Budget,
     s: &mut Shard,
-    done: impl Iterator<Item = (&'v Victim, &'v RecordId)>,
+    done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>,
     freed: &mut Vec<Handle>,
     stale: &mut Vec<RecordId>,
+    dropped: &mut u64,
     out: usize,
 ) {
     for (v, &id) in done {
@@ -957,14 +972,22 @@ fn settle_keys<'v>(
         // With exclusive loads, a load during the write changes nothing:
         // the object was going to the cold end anyway.
         if now == Some(v.entry) || (t.exclusive() && now == Some(v.entry.with_referenced(true))) {
-            let b = Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen());
             s.account(v.entry, false);
-            s.account(b, true);
-            s.index.set(v.key, b);
+            match id {
+                Some(id) => {
+                    let b = Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen());
+                    s.account(b, true);
+                    s.index.set(v.key, b);
+                }
+                None => {
+                    s.index.remove(v.key, b);
+                    *dropped += 1;
+                }
+            }
             freed.push(v.handle);
             continue;
         }
-        stale.push(id);
+        stale.extend(id);
         // A load only set the referenced bit: the object is still here and
         // keeps its place in the LRU, at the hot end.
         if let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) {
@@ -976,37 +999,53 @@ fn settle_keys<'v>(
     s.lru.return_out(out);
 }
 
+/// [`settle_keys`] for shared objects. A dropped one stays in the table,
+/// as `Loc::Dropped`, until its last key lets go: its keys then miss.
+#[allow(clippy::too_many_arguments)]
 fn settle_shared<'v>(
     t: &Tier,
     b: &Budget,
     ds: &mut DedupShard,
-    done: impl Iterator<Item = (&'v Victim, &'v RecordId)>,
+    done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>,
     freed: &mut Vec<Handle>,
     stale: &mut Vec<RecordId>,
+    dropped: &mut u64,
     out: usize,
 ) {
     for (v, &id) in done {
         let Some(rec) = ds.map.get_mut(&v.key) else {
-            stale.push(id);
+            stale.extend(id);
             continue;
         };
         if rec.gen != v.gen || rec.loc != Loc::Ram(v.handle) {
-            stale.push(id);
+            stale.extend(id);
             continue;
         }
         if rec.referenced && !v.referenced {
             // Loaded or shared again while we wrote: stays, at the hot end.
-            stale.push(id);
+            stale.extend(id);
             if let Some(item) = v.item {
                 ds.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
             }
             continue;
         }
         let before = *rec;
-        rec.loc = Loc::Backed(id.to_raw());
+        rec.loc = match id {
+            Some(id) => Loc::Backed(id.to_raw()),
+            None => Loc::Dropped,
+        };
         let after = *rec;
         ds.account_ram(&before, false);
-        ds.account_backed(&after, true);
+        match id {
+            Some(_) => ds.account_backed(&after, true),
+            None => {
+                let extra = before.refs as u64 - 1;
+                ds.dup_pages -= extra;
+                ds.dup_bytes -= extra * before.info.len as u64;
+                ds.dropped_refs += before.refs as u64;
+                *dropped += 1;
+            }
+        }
         freed.push(v.handle);
     }
     ds.lru.return_out(out);
