@@ -17,7 +17,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use zmem_cache::{CacheConfig, CacheError, CleanCache, Get, PoolId, PoolOptions, Put, PAGE_SIZE};
+use zmem_cache::{CacheConfig, CacheError, CleanCache, Get, PoolId, PoolOptions, PoolStats, Put, PAGE_SIZE};
 
 pub const EINVAL: i32 = -1;
 pub const ENOPOOL: i32 = -2;
@@ -26,24 +26,6 @@ pub const EPANIC: i32 = -4;
 
 /// The opaque handle C holds.
 pub struct ZmemCache(CleanCache);
-
-/// `zmem_cache_stats` in the header, field for field.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ZmemCacheStats {
-    pub hits: u64,
-    pub misses: u64,
-    pub puts: u64,
-    pub refused_puts: u64,
-    pub evictions: u64,
-    pub invalidations: u64,
-    pub pages: u64,
-    pub orig_bytes: u64,
-    pub compr_bytes: u64,
-    pub mem_used_bytes: u64,
-    pub cap_bytes: u64,
-    pub inodes: u64,
-}
 
 fn code(e: &CacheError) -> i32 {
     match e {
@@ -147,28 +129,25 @@ pub extern "C" fn zmem_cache_invalidate_pool(c: *const ZmemCache, pool: u32) -> 
 /// # Safety
 /// `out` points to a writable `zmem_cache_stats`.
 #[no_mangle]
-pub unsafe extern "C" fn zmem_cache_pool_stats(c: *const ZmemCache, pool: u32, out: *mut ZmemCacheStats) -> i32 {
+pub unsafe extern "C" fn zmem_cache_pool_stats(c: *const ZmemCache, pool: u32, out: *mut PoolStats) -> i32 {
     if out.is_null() {
         return EINVAL;
     }
     with(c, |cache| {
-        let s = cache.stats(PoolId(pool))?;
-        let v = ZmemCacheStats {
-            hits: s.hits,
-            misses: s.misses,
-            puts: s.puts,
-            refused_puts: s.refused_puts,
-            evictions: s.evictions,
-            invalidations: s.invalidations,
-            pages: s.pages,
-            orig_bytes: s.orig_bytes,
-            compr_bytes: s.compr_bytes,
-            mem_used_bytes: s.mem_used_bytes,
-            cap_bytes: s.cap_bytes,
-            inodes: s.inodes,
-        };
-        // SAFETY: the caller's contract: a writable, aligned zmem_cache_stats.
+        let v = cache.stats(PoolId(pool))?;
+        // SAFETY: the caller's contract: a writable, aligned zmem_cache_stats,
+        // whose layout PoolStats has (repr(C), the same u64 fields in order).
         unsafe { out.write(v) };
         Ok(0)
     }) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    /// `zmem_cache_stats` in the header is twelve uint64_t.
+    #[test]
+    fn stats_layout_matches_the_header() {
+        assert_eq!(std::mem::size_of::<super::PoolStats>(), 12 * 8);
+        assert_eq!(std::mem::align_of::<super::PoolStats>(), 8);
+    }
 }

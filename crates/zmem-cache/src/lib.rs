@@ -126,7 +126,10 @@ pub enum CacheError {
     Engine(#[from] ZmemError),
 }
 
-/// A cache pool's counters (zcache's names where it had them).
+/// A cache pool's counters (zcache's names where it had them). The layout
+/// is the C ABI's `zmem_cache_stats` (zmem-cache-ffi): only u64 fields, in
+/// the header's order.
+#[repr(C)]
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PoolStats {
     pub hits: u64,
