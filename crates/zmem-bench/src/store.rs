@@ -268,6 +268,19 @@ pub struct WritebackReport {
 }
 
 /// Megabytes (10^6 bytes) per second; 0 for no time at all.
+/// Load every page of `data` (page `i` under key `i`) and compare it;
+/// `when` ends the error ("after recompression").
+pub(crate) fn verify(pool: &Pool, data: &[u8], when: &str) -> anyhow::Result<()> {
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for (i, want) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        pool.load(i as u64, &mut buf).with_context(|| format!("loading page {i}"))?;
+        if buf != want {
+            bail!("page {i} read back wrong{when}: this is a bug, please report it");
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn mbps(bytes: u64, secs: f64) -> f64 {
     if secs <= 0.0 {
         0.0
@@ -516,12 +529,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
     } else {
         progress(Progress::Pass("recompress"));
         let r = recompress_pass(&pool, n, cfg.repeat, &cfg.recompress)?;
-        for (i, want) in data.chunks_exact(PAGE_SIZE).enumerate() {
-            pool.load(i as u64, &mut buf)?;
-            if buf != want {
-                bail!("page {i} read back wrong after recompression: this is a bug, please report it");
-            }
-        }
+        verify(&pool, data, " after recompression")?;
         Some(r)
     };
     drop(pool);

@@ -27,13 +27,13 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde::Serialize;
 use zmem_compress::Compressor;
 use zmem_core::{DictConfig, DictSource, Pool, PoolConfig};
 
 use crate::pages::{self, PageSet, PAGE_SIZE};
-use crate::store::{mbps, recompress_pass, RecompressReport};
+use crate::store::{mbps, recompress_pass, verify, RecompressReport};
 
 /// What to run on.
 #[derive(Debug, Clone)]
@@ -137,19 +137,8 @@ fn load_all(pool: &Pool, set: &PageSet, repeat: usize) -> anyhow::Result<f64> {
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
-    verify(pool, set)?;
+    verify(pool, &set.data, "")?;
     Ok(mbps(set.len_bytes() as u64, best))
-}
-
-fn verify(pool: &Pool, set: &PageSet) -> anyhow::Result<()> {
-    let mut buf = vec![0u8; PAGE_SIZE];
-    for (k, p) in set.iter().enumerate() {
-        pool.load(k as u64, &mut buf).with_context(|| format!("loading page {k}"))?;
-        if buf != p {
-            bail!("page {k} read back wrong: this is a bug, please report it");
-        }
-    }
-    Ok(())
 }
 
 fn pool_cfg(c: Compressor, source: DictSource, lz4_dict: bool, recomp: Vec<Compressor>) -> PoolConfig {

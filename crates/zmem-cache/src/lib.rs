@@ -194,12 +194,6 @@ impl ColdStore for EvictCounter {
         }
         DropCold.put_batch(objects)
     }
-    fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), BackingError> {
-        DropCold.read(id, key, out)
-    }
-    fn free(&self, id: RecordId) -> Result<(), BackingError> {
-        DropCold.free(id)
-    }
 }
 
 struct CachePool {

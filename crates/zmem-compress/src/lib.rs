@@ -271,7 +271,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn sample_pages() -> Vec<Vec<u8>> {
+    /// Text, random bytes, zeros, one byte, nothing (`[1]` is random).
+    pub(crate) fn sample_pages() -> Vec<Vec<u8>> {
         let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog 0123456789\n"
             .iter()
             .cycle()

@@ -234,15 +234,7 @@ mod tests {
 
     #[test]
     fn dictionary_streams_roundtrip_and_help() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let page: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let page = crate::tests::sample_pages().swap_remove(1);
         // A dictionary that holds the page: its compression is a few matches.
         let mut content = vec![0u8; 1000];
         content.extend_from_slice(&page);

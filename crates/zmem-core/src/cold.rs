@@ -27,10 +27,15 @@ pub trait ColdStore: Send + Sync {
     /// order: `Some(id)` if it is kept and [`read`](Self::read) can give it
     /// back, `None` if it is dropped. An error keeps the whole batch in RAM.
     fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, BackingError>;
-    /// The object kept as `id` (put under `key`), into `out`.
-    fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), BackingError>;
+    /// The object kept as `id` (put under `key`), into `out`. A store that
+    /// keeps nothing has no ids to read.
+    fn read(&self, id: RecordId, _key: u64, _out: &mut Vec<u8>) -> Result<(), BackingError> {
+        Err(BackingError::InvalidRecord { id: id.to_raw() })
+    }
     /// Forget the object kept as `id`.
-    fn free(&self, id: RecordId) -> Result<(), BackingError>;
+    fn free(&self, id: RecordId) -> Result<(), BackingError> {
+        Err(BackingError::InvalidRecord { id: id.to_raw() })
+    }
     /// An upper bound on what this store's tables grow by for a batch of
     /// `objects` (charged to the pool's budget before the batch).
     fn growth_bound(&self, _objects: usize) -> u64 {
@@ -76,18 +81,12 @@ impl ColdStore for BackingStore {
 
 /// Drop every cold object: a clean-page cache (zcache), whose pages can be
 /// fetched again from their origin. Nothing is ever kept, so nothing is
-/// ever read or freed.
+/// ever read or freed (the trait's defaults).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DropCold;
 
 impl ColdStore for DropCold {
     fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, BackingError> {
         Ok(vec![None; objects.len()])
-    }
-    fn read(&self, id: RecordId, _key: u64, _out: &mut Vec<u8>) -> Result<(), BackingError> {
-        Err(BackingError::InvalidRecord { id: id.to_raw() })
-    }
-    fn free(&self, id: RecordId) -> Result<(), BackingError> {
-        Err(BackingError::InvalidRecord { id: id.to_raw() })
     }
 }

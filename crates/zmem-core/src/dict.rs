@@ -138,7 +138,6 @@ pub(crate) struct Dicts {
     /// The slot new objects use, plus one (0: none).
     current: AtomicU8,
     next_id: AtomicU32,
-    tick: AtomicU64,
     ring: Mutex<Ring>,
     /// Filling the ring for a training round.
     collecting: AtomicBool,
@@ -153,6 +152,7 @@ pub(crate) struct Dicts {
     pub stop: AtomicBool,
 }
 
+#[derive(Default)]
 struct Ring {
     pages: Vec<u8>,
     /// Bytes charged for `pages` (0 until the first sample).
@@ -176,9 +176,8 @@ impl Dicts {
             draining: Mutex::new([false; DICT_SLOTS]),
             current: AtomicU8::new(0),
             next_id: AtomicU32::new(1),
-            tick: AtomicU64::new(0),
             collecting: AtomicBool::new(auto),
-            ring: Mutex::new(Ring { pages: Vec::new(), charged: 0, next: 0, filled: 0 }),
+            ring: Mutex::new(Ring::default()),
             win_bytes: AtomicU64::new(0),
             win_stores: AtomicU64::new(0),
             baseline: AtomicU32::new(0),
@@ -200,17 +199,22 @@ impl Dicts {
         d.supports(c).then_some((slot, d))
     }
 
-    /// The dictionary in `slot`, to decode an object written with it.
+    /// The dictionary in `slot`.
     pub fn get(&self, slot: usize) -> Option<Arc<Dictionary>> {
         self.slots.read().get(slot)?.clone()
     }
 
-    /// The id of the dictionary new objects use (0: none).
-    pub fn current_id(&self) -> u32 {
-        match self.current.load(Relaxed) {
-            0 => 0,
-            c => self.get(c as usize - 1).map_or(0, |d| d.id()),
-        }
+    /// Decode `obj`, written by `alg` with the dictionary in `slot`, into
+    /// `out`; None if the slot is empty. The slot table's read lock is held
+    /// for the call (a load takes no reference to the dictionary).
+    pub fn decompress(&self, slot: usize, alg: Algorithm, obj: &[u8], out: &mut [u8]) -> Option<Result<(), CompressError>> {
+        let slots = self.slots.read();
+        Some(slots.get(slot)?.as_ref()?.decompress(alg, obj, out))
+    }
+
+    /// The dictionary new objects use, if any.
+    pub fn current_dict(&self) -> Option<Arc<Dictionary>> {
+        self.get((self.current.load(Relaxed) as usize).checked_sub(1)?)
     }
 
     /// Live dictionaries, and the bytes they and the sample ring hold.
@@ -229,10 +233,8 @@ impl Dicts {
             return;
         }
         self.win_bytes.fetch_add(len as u64, Relaxed);
-        self.win_stores.fetch_add(1, Relaxed);
-        if !self.collecting.load(Relaxed)
-            || !self.tick.fetch_add(1, Relaxed).is_multiple_of(self.cfg.sample_every.max(1) as u64)
-        {
+        let n = self.win_stores.fetch_add(1, Relaxed);
+        if !self.collecting.load(Relaxed) || !n.is_multiple_of(self.cfg.sample_every.max(1) as u64) {
             return;
         }
         let Some(mut r) = self.ring.try_lock() else { return };
@@ -271,11 +273,10 @@ impl Dicts {
         }
     }
 
-    /// The round is over: free the ring and watch for drift from a new baseline.
-    fn stop_collecting(&self, budget: &Budget) {
-        let mut r = self.ring.lock();
-        budget.uncharge(std::mem::take(&mut r.charged));
-        *r = Ring { pages: Vec::new(), charged: 0, next: 0, filled: 0 };
+    /// The round has taken the ring: give back its charge and watch for
+    /// drift from a new baseline.
+    fn stop_collecting(&self, ring: &Ring, budget: &Budget) {
+        budget.uncharge(ring.charged);
         self.collecting.store(false, Relaxed);
         self.baseline.store(0, Relaxed);
         self.win_bytes.store(0, Relaxed);
@@ -345,15 +346,16 @@ impl Dicts {
     pub fn round(&self, eval: Compressor, pool_pages: u64, budget: &Budget, force: bool) -> Result<TrainReport, String> {
         let mut rep = TrainReport::default();
         self.check_drift();
-        let pages = {
-            let r = self.ring.lock();
+        let ring = {
+            let mut r = self.ring.lock();
             let ready = if force { r.filled >= 32 } else { r.filled > 0 && r.filled * PAGE_SIZE == r.pages.len() };
             if !ready {
                 return Ok(rep);
             }
-            r.pages[..r.filled * PAGE_SIZE].to_vec()
+            std::mem::take(&mut *r)
         };
-        self.stop_collecting(budget);
+        self.stop_collecting(&ring, budget);
+        let pages = &ring.pages[..ring.filled * PAGE_SIZE];
         let (mut train, mut held) = (Vec::new(), Vec::new());
         for (i, p) in pages.chunks_exact(PAGE_SIZE).enumerate() {
             if i % 2 == 0 { train.push(p) } else { held.push(p) }
@@ -371,9 +373,7 @@ impl Dicts {
                 .sum()
         };
         rep.plain_bytes = measure(None);
-        let cur = self.current.load(Relaxed);
-        let current = if cur == 0 { None } else { self.get(cur as usize - 1) };
-        rep.current_bytes = current.as_ref().map(|c| measure(Some(c)));
+        rep.current_bytes = self.current_dict().map(|c| measure(Some(&c)));
         let sizes = vec![PAGE_SIZE; train.len()];
         let d = Dictionary::train(self.next_id.fetch_add(1, Relaxed), &train.concat(), &sizes, self.cfg.max_size, &self.levels)
             .map_err(|e| {

@@ -593,9 +593,7 @@ impl Pool {
     /// The dictionary new objects are written with (zstd's format), e.g.
     /// to save it and give it to another pool (`--dict PATH`).
     pub fn dictionary(&self) -> Option<Vec<u8>> {
-        let d = self.e.dicts.as_ref()?;
-        let id = d.current_id();
-        (0..DICT_SLOTS).filter_map(|s| d.get(s)).find(|x| x.id() == id).map(|x| x.bytes().to_vec())
+        Some(self.e.dicts.as_ref()?.current_dict()?.bytes().to_vec())
     }
 
     /// Whether `key` holds a page.
@@ -1447,7 +1445,7 @@ impl Engine {
         st.dedup_switches = self.dedup_mode.switches();
         if let Some(d) = &self.dicts {
             (st.dict_count, st.dict_bytes) = d.usage();
-            st.dict_id = d.current_id();
+            st.dict_id = d.current_dict().map_or(0, |c| c.id());
             st.dict_pages = (0..DICT_SLOTS).map(|slot| self.dict_objects(slot)).sum();
             st.dict_trainings = d.trainings.load(Relaxed);
             st.dict_installs = d.installs.load(Relaxed);
@@ -1494,8 +1492,8 @@ impl Engine {
             return Ok(());
         }
         if let Some((slot, alg)) = info.dict() {
-            let d = self.dicts.as_ref().and_then(|d| d.get(slot)).ok_or(ZmemError::DictMissing { key, slot })?;
-            return d.decompress(alg, obj, out).map_err(|source| ZmemError::Corrupt { key, source });
+            let r = self.dicts.as_ref().and_then(|d| d.decompress(slot, alg, obj, out)).ok_or(ZmemError::DictMissing { key, slot })?;
+            return r.map_err(|source| ZmemError::Corrupt { key, source });
         }
         let r = Algorithm::from_tag(info.tag).and_then(|alg| zmem_compress::decompress(alg, obj, out));
         r.map_err(|source| ZmemError::Corrupt { key, source })

@@ -706,16 +706,15 @@ impl Engine {
                 return Err(e);
             }
         };
-        let mut freed = Vec::with_capacity(victims.len());
-        let mut stale = Vec::new();
-        let mut dropped = 0;
+        let mut settled = Settled { freed: Vec::with_capacity(victims.len()), ..Settled::default() };
         for &i in &by_src {
             let mine = victims.iter().zip(&ids).filter(|(v, _)| v.src == i);
             match sources[i] {
-                Source::Index(sh) => settle_keys(t, b, &mut sh.lock(), mine, &mut freed, &mut stale, &mut dropped, out(i)),
-                Source::Shared(ds) => settle_shared(t, b, &mut ds.lock(), mine, &mut freed, &mut stale, &mut dropped, out(i)),
+                Source::Index(sh) => settle_keys(t, b, &mut sh.lock(), mine, &mut settled, out(i)),
+                Source::Shared(ds) => settle_shared(t, b, &mut ds.lock(), mine, &mut settled, out(i)),
             }
         }
+        let Settled { freed, stale, dropped } = settled;
         let n = freed.len() as u64;
         for h in freed {
             if let Err(e) = self.alloc.free(h) {
@@ -952,19 +951,28 @@ fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &mut DedupShard, victims: impl D
     ds.lru.return_out(out);
 }
 
+/// What settling a batch leaves to do once the shard locks are dropped.
+#[derive(Default)]
+struct Settled {
+    /// Objects that left RAM: free them.
+    freed: Vec<Handle>,
+    /// Records nobody took (the key was overwritten, invalidated or loaded
+    /// while we wrote): free them.
+    stale: Vec<RecordId>,
+    /// How many of `freed` the store dropped rather than kept.
+    dropped: u64,
+}
+
 /// After a successful write: swap each unchanged entry for its record, or
-/// remove it if the store dropped the object (`dropped` counts those).
+/// remove it if the store dropped the object.
 /// Collects the handles to free and the records nobody took (the key was
 /// overwritten, invalidated or loaded while we wrote).
-#[allow(clippy::too_many_arguments)]
 fn settle_keys<'v>(
     t: &Tier,
     b: &Budget,
     s: &mut Shard,
     done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>,
-    freed: &mut Vec<Handle>,
-    stale: &mut Vec<RecordId>,
-    dropped: &mut u64,
+    settled: &mut Settled,
     out: usize,
 ) {
     for (v, &id) in done {
@@ -981,13 +989,13 @@ fn settle_keys<'v>(
                 }
                 None => {
                     s.index.remove(v.key, b);
-                    *dropped += 1;
+                    settled.dropped += 1;
                 }
             }
-            freed.push(v.handle);
+            settled.freed.push(v.handle);
             continue;
         }
-        stale.extend(id);
+        settled.stale.extend(id);
         // A load only set the referenced bit: the object is still here and
         // keeps its place in the LRU, at the hot end.
         if let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) {
@@ -1001,29 +1009,26 @@ fn settle_keys<'v>(
 
 /// [`settle_keys`] for shared objects. A dropped one stays in the table,
 /// as `Loc::Dropped`, until its last key lets go: its keys then miss.
-#[allow(clippy::too_many_arguments)]
 fn settle_shared<'v>(
     t: &Tier,
     b: &Budget,
     ds: &mut DedupShard,
     done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>,
-    freed: &mut Vec<Handle>,
-    stale: &mut Vec<RecordId>,
-    dropped: &mut u64,
+    settled: &mut Settled,
     out: usize,
 ) {
     for (v, &id) in done {
         let Some(rec) = ds.map.get_mut(&v.key) else {
-            stale.extend(id);
+            settled.stale.extend(id);
             continue;
         };
         if rec.gen != v.gen || rec.loc != Loc::Ram(v.handle) {
-            stale.extend(id);
+            settled.stale.extend(id);
             continue;
         }
         if rec.referenced && !v.referenced {
             // Loaded or shared again while we wrote: stays, at the hot end.
-            stale.extend(id);
+            settled.stale.extend(id);
             if let Some(item) = v.item {
                 ds.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
             }
@@ -1043,10 +1048,10 @@ fn settle_shared<'v>(
                 ds.dup_pages -= extra;
                 ds.dup_bytes -= extra * before.info.len as u64;
                 ds.dropped_refs += before.refs as u64;
-                *dropped += 1;
+                settled.dropped += 1;
             }
         }
-        freed.push(v.handle);
+        settled.freed.push(v.handle);
     }
     ds.lru.return_out(out);
 }
