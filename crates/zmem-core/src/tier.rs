@@ -543,7 +543,7 @@ impl Engine {
             // back far past its target before the pages came free.
             // (A class with less than a span's worth of holes is left alone,
             // so this is cheap when there is nothing to gain.)
-            if self.alloc.compact() > 0 {
+            if self.alloc.compact_spans() > 0 {
                 t.note_progress();
                 continue;
             }
@@ -561,7 +561,7 @@ impl Engine {
             }
         }
         if self.held_pages() > target {
-            self.alloc.compact();
+            self.alloc.compact_spans();
         }
         Ok((total, exhausted))
     }
@@ -779,7 +779,7 @@ impl Engine {
                 }
             })?;
         }
-        self.alloc.compact();
+        self.alloc.compact_spans();
         Ok(total)
     }
 
