@@ -9,13 +9,24 @@
 //! every other writer of the same page, so concurrent writes to different
 //! sectors of one page (several requests in flight, several connections)
 //! never lose each other's data.
+//!
+//! An export made [`with_origin`](Export::with_origin) is a read cache in
+//! front of a slower device instead: the pool holds compressed copies of
+//! the origin's pages and may drop any of them; reads that miss and every
+//! write go to the origin (`cached.rs` has the design).
 
 #![deny(unsafe_code)]
+
+mod cached;
+pub mod origin;
 
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use zmem_core::{Pool, ZmemError, PAGE_SIZE};
+
+pub use cached::OriginStats;
+pub use origin::{FileOrigin, Origin};
 
 /// Linux errno values of the failures (NBD's error values are the same).
 pub const EIO: u32 = libc::EIO as u32;
@@ -39,6 +50,13 @@ pub enum ExportError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("{0}")]
     Pool(#[from] ZmemError),
+    #[error("the origin failed a {op} of {len} bytes at {offset}: {source}")]
+    Origin {
+        op: &'static str,
+        offset: u64,
+        len: u64,
+        source: std::io::Error,
+    },
 }
 
 impl ExportError {
@@ -48,6 +66,8 @@ impl ExportError {
             ExportError::OutOfRange { .. } => EINVAL,
             ExportError::Pool(ZmemError::PoolFull { .. }) => ENOSPC,
             ExportError::Pool(_) => EIO,
+            ExportError::Origin { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => ENOSPC,
+            ExportError::Origin { .. } => EIO,
         }
     }
 }
@@ -69,7 +89,7 @@ impl Piece {
     }
 }
 
-fn pieces(offset: u64, len: u64) -> impl Iterator<Item = Piece> {
+pub(crate) fn pieces(offset: u64, len: u64) -> impl Iterator<Item = Piece> {
     let end = offset + len;
     let mut pos = offset;
     std::iter::from_fn(move || {
@@ -90,11 +110,34 @@ fn pieces(offset: u64, len: u64) -> impl Iterator<Item = Piece> {
     })
 }
 
-/// A block device of `size` bytes backed by a shared [`Pool`].
+/// Locks over pages, striped: a page's lock is one of [`LOCK_STRIPES`].
+pub(crate) struct Stripes(Box<[Mutex<()>]>);
+
+impl Stripes {
+    fn new() -> Stripes {
+        Stripes((0..LOCK_STRIPES).map(|_| Mutex::new(())).collect())
+    }
+
+    pub(crate) fn index(&self, key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % LOCK_STRIPES
+    }
+
+    pub(crate) fn lock(&self, key: u64) -> MutexGuard<'_, ()> {
+        self.0[self.index(key)].lock()
+    }
+
+    pub(crate) fn lock_index(&self, i: usize) -> MutexGuard<'_, ()> {
+        self.0[i].lock()
+    }
+}
+
+/// A block device of `size` bytes backed by a shared [`Pool`], or cached
+/// by one in front of an [`Origin`].
 pub struct Export {
     pool: Arc<Pool>,
     size: u64,
-    locks: Box<[Mutex<()>]>,
+    locks: Stripes,
+    origin: Option<cached::Cached>,
 }
 
 impl Export {
@@ -102,7 +145,41 @@ impl Export {
         Export {
             pool,
             size,
-            locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            locks: Stripes::new(),
+            origin: None,
+        }
+    }
+
+    /// A caching export of `origin`'s whole pages: `pool` holds compressed
+    /// copies it may drop at any time (build it with a
+    /// [`DropCold`](zmem_core::DropCold) cold store and a `max_pool`), and
+    /// every write reaches the origin before it is answered.
+    pub fn with_origin(pool: Arc<Pool>, origin: Box<dyn Origin>) -> Export {
+        let size = origin.size() / PAGE * PAGE;
+        Export {
+            pool,
+            size,
+            locks: Stripes::new(),
+            origin: Some(cached::Cached::new(origin)),
+        }
+    }
+
+    /// The origin's counters and the cache's hits, if this export caches one.
+    pub fn origin_stats(&self) -> Option<OriginStats> {
+        self.origin.as_ref().map(|c| c.stats())
+    }
+
+    /// What the origin is, if any (a path or URI, and how it is opened).
+    pub fn origin_description(&self) -> Option<String> {
+        self.origin.as_ref().map(|c| c.origin().describe())
+    }
+
+    /// Make every acknowledged write durable: the origin's, if any (a pool
+    /// alone holds nothing durable).
+    pub fn flush(&self) -> Result<(), ExportError> {
+        match &self.origin {
+            Some(c) => c.flush(),
+            None => Ok(()),
         }
     }
 
@@ -115,8 +192,7 @@ impl Export {
     }
 
     fn lock(&self, key: u64) -> MutexGuard<'_, ()> {
-        let i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % LOCK_STRIPES;
-        self.locks[i].lock()
+        self.locks.lock(key)
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), ExportError> {
@@ -145,6 +221,9 @@ impl Export {
     /// Read `buf.len()` bytes at `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         self.check(offset, buf.len() as u64)?;
+        if let Some(c) = &self.origin {
+            return c.read(&self.pool, &self.locks, offset, buf);
+        }
         for p in pieces(offset, buf.len() as u64) {
             let dst = &mut buf[p.buf_off..p.buf_off + p.len];
             if p.full() {
@@ -162,7 +241,16 @@ impl Export {
     /// Write `data` at `offset`. On error some pages may have been written
     /// (the client sees the whole write fail, as with any block device).
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
+        self.write_fua(offset, data, false)
+    }
+
+    /// [`write`](Self::write); with `fua`, durable before it returns (the
+    /// origin's FUA; a pool alone has nothing durable to force).
+    pub fn write_fua(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.check(offset, data.len() as u64)?;
+        if let Some(c) = &self.origin {
+            return c.write(&self.pool, &self.locks, offset, data, fua);
+        }
         for p in pieces(offset, data.len() as u64) {
             let src = &data[p.buf_off..p.buf_off + p.len];
             let _g = self.lock(p.key);
@@ -197,6 +285,9 @@ impl Export {
     pub fn trim(&self, offset: u64, len: u64) -> Result<u64, ExportError> {
         self.check(offset, len)?;
         let r = self.whole_pages(offset, len);
+        if let Some(c) = &self.origin {
+            return c.trim(&self.pool, &self.locks, r);
+        }
         Ok(self.invalidate(r))
     }
 
@@ -225,6 +316,18 @@ impl Export {
         }
         let whole = self.whole_pages(offset, len);
         let zero = [0u8; PAGE_SIZE];
+        if let Some(c) = &self.origin {
+            // Partial pages are writes of zeroes; whole ones go as such.
+            let end = offset + len;
+            let head_end = (whole.start * PAGE).min(end);
+            let tail_start = (whole.end * PAGE).max(head_end);
+            for (a, b) in [(offset, head_end), (tail_start, end)] {
+                if a < b {
+                    c.write(&self.pool, &self.locks, a, &zero[..(b - a) as usize], false)?;
+                }
+            }
+            return c.zero(&self.pool, &self.locks, whole);
+        }
         let mut page = [0u8; PAGE_SIZE];
         // Partial head and tail pages.
         let end = offset + len;
@@ -273,6 +376,10 @@ impl Export {
     ) -> Result<Vec<(u32, u32)>, ExportError> {
         self.check(offset, len)?;
         let len = len.min(BLOCK_STATUS_SCAN);
+        if self.origin.is_some() {
+            // The origin's data, all of it (the cache does not know holes).
+            return Ok(if len == 0 { vec![] } else { vec![(len as u32, 0)] });
+        }
         let mut out: Vec<(u32, u32)> = Vec::new();
         for p in pieces(offset, len) {
             let flags = if self.pool.contains(p.key) {

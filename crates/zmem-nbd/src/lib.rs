@@ -10,7 +10,9 @@
 //!   `i`; partial pages are read-modify-written under a per-page lock);
 //! * [`server`] — [`Server`]: accept loop, one reader thread per connection
 //!   that executes small requests itself (replies batched) and feeds worker
-//!   threads the big ones, replies matched by handle, clean shutdown.
+//!   threads the big ones, replies matched by handle, clean shutdown;
+//! * [`client`] — [`NbdOrigin`]: a small NBD client, so that another NBD
+//!   server can be the origin of a caching export (`serve --origin nbd://…`).
 //!
 //! Supported: NBD_OPT_GO/INFO (export, block size 1/4096/32 MiB, name,
 //! description), EXPORT_NAME, LIST, ABORT, STRUCTURED_REPLY,
@@ -20,11 +22,13 @@
 //! before its reply is sent, so all connections see it. No TLS, no
 //! extended headers (both answered NBD_REP_ERR_UNSUP).
 
+pub mod client;
 pub mod negotiate;
 pub mod proto;
 pub mod server;
 
 pub use zmem_export::{Export, ExportError};
+pub use client::{ClientError, ClientState, NbdOrigin};
 pub use negotiate::{negotiate, ExportInfo, HsState, Negotiation, Step};
 pub use proto::{Command, ProtoError, Request, Session};
 pub use server::{poll_readable, Listener, Server, ServerConfig, ServerStats, Stream};

@@ -940,8 +940,9 @@ impl Server {
                     Err(err) => Err(err),
                 }
             }
-            Command::Write { offset, .. } => e.write(offset, payload),
-            Command::Flush | Command::Disconnect => Ok(()),
+            Command::Write { offset, fua, .. } => e.write_fua(offset, payload, fua),
+            Command::Flush => e.flush(),
+            Command::Disconnect => Ok(()),
             Command::Trim { offset, len } => e.trim(offset, len as u64).map(|_| ()),
             Command::WriteZeroes {
                 offset,

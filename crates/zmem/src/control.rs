@@ -48,6 +48,12 @@ impl Info {
             "io_stat": st.io_stat(),
             "stats": st,
         });
+        if let (Some(o), Some(desc)) = (self.export.origin_stats(), self.export.origin_description()) {
+            let mut ov = serde_json::to_value(o).unwrap_or_default();
+            ov["origin"] = desc.into();
+            ov["evicted_pages"] = st.evicted_pages.into();
+            v["origin"] = ov;
+        }
         let extra = match &self.frontend {
             Frontend::Nbd(server) => {
                 let ss = server.stats();

@@ -162,18 +162,7 @@ impl PoolArgs {
     /// `default` is the command's default for --exclusive-loads; with
     /// auto, the caller runs [`PoolArgs::spawn_policies`].
     pub fn build(&self, default: ExclusiveLoads) -> anyhow::Result<(Pool, Compressor)> {
-        let comp: Compressor = self.compressor.parse()?;
-        let cfg = PoolConfig {
-            exclusive_loads: self.exclusive_mode(default).now(),
-            compressor: comp,
-            dedup: self.dedup,
-            mem_limit: self.mem_limit,
-            max_pool: Some(self.max_pool),
-            accept_threshold_percent: self.accept_threshold,
-            recomp_algorithms: self.recomp_algo.iter().map(|a| a.parse()).collect::<Result<_, _>>().context("--recomp-algo")?,
-            dict: DictConfig { source: parse_dict(&self.dict)?, lz4: self.dict_lz4, ..DictConfig::default() },
-            ..Default::default()
-        };
+        let (cfg, comp) = self.config(default)?;
         let pool = match &self.backing {
             Some(path) => {
                 let existing = if self.force { zmem_core::Existing::Overwrite } else { zmem_core::Existing::Refuse };
@@ -187,6 +176,36 @@ impl PoolArgs {
             None => Pool::new(cfg)?,
         };
         Ok((pool, comp))
+    }
+
+    /// The pool's configuration from these options, and its compressor.
+    fn config(&self, default: ExclusiveLoads) -> anyhow::Result<(PoolConfig, Compressor)> {
+        let comp: Compressor = self.compressor.parse()?;
+        let cfg = PoolConfig {
+            exclusive_loads: self.exclusive_mode(default).now(),
+            compressor: comp,
+            dedup: self.dedup,
+            mem_limit: self.mem_limit,
+            max_pool: Some(self.max_pool),
+            accept_threshold_percent: self.accept_threshold,
+            recomp_algorithms: self.recomp_algo.iter().map(|a| a.parse()).collect::<Result<_, _>>().context("--recomp-algo")?,
+            dict: DictConfig { source: parse_dict(&self.dict)?, lz4: self.dict_lz4, ..DictConfig::default() },
+            ..Default::default()
+        };
+        Ok((cfg, comp))
+    }
+
+    /// A clean cache's pool (`serve --origin`): it drops its coldest pages
+    /// when it reaches --max-pool, and keeps no page that compresses to
+    /// `max_compressed` bytes or more.
+    pub fn build_clean_cache(&self, max_compressed: usize) -> anyhow::Result<(Pool, Compressor)> {
+        if self.backing.is_some() {
+            anyhow::bail!("--backing and --origin exclude each other: a cache of an origin drops its cold pages, it writes none back");
+        }
+        let (mut cfg, comp) = self.config(ExclusiveLoads::Off)?;
+        cfg.huge_threshold = max_compressed;
+        cfg.store_incompressible = false;
+        Ok((Pool::with_cold_store(cfg, Box::new(zmem_core::DropCold))?, comp))
     }
 
     /// Start the threads these options ask of a server's pool, in `scope`,

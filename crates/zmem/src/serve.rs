@@ -1,4 +1,6 @@
-//! `zmem serve`: a compressed-RAM block device over NBD (zram, in userspace).
+//! `zmem serve`: a compressed-RAM block device over NBD (zram, in userspace),
+//! or with `--origin`, a compressed read cache in front of a slower device
+//! (zcache's role): misses come from the origin, writes go through to it.
 //!
 //! One pool, one export, served on a Unix socket (default) or loopback TCP,
 //! with a control socket (mode 0600) that answers `stats` with one JSON line
@@ -21,8 +23,22 @@ use crate::util::parse_size;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Size of the exported device (e.g. 1G); a multiple of 512 bytes.
-    #[arg(long, value_parser = parse_size)]
-    pub size: u64,
+    #[arg(long, value_parser = parse_size, required_unless_present = "origin", conflicts_with = "origin")]
+    pub size: Option<u64>,
+    /// Cache this device instead of holding the data: a file or block
+    /// device (opened O_DIRECT where its file system allows), or an NBD
+    /// URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH).
+    /// The export is its size in whole pages. Reads that miss are fetched
+    /// from it and kept compressed within --max-pool, whose coldest pages
+    /// are dropped (never written back); writes, TRIM, WRITE_ZEROES and
+    /// FLUSH go through to it before they are answered.
+    #[arg(long, value_name = "FILE|URI")]
+    pub origin: Option<String>,
+    /// With --origin: pages that compress to this many bytes or more are
+    /// not kept (zcache: half a page), since the page cache holds them for
+    /// no more memory.
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u16).range(64..=4096), requires = "origin")]
+    pub cache_max_compressed: u16,
     /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/zmem.sock, or
     /// /run/zmem.sock as root, else /tmp/zmem.sock].
     #[arg(long, conflicts_with = "listen")]
@@ -120,21 +136,41 @@ fn parse_listen(s: &str) -> anyhow::Result<String> {
     Ok(s.to_string())
 }
 
+/// The origin `--origin` names: an NBD URI, or else a file or block device.
+pub fn open_origin(spec: &str) -> anyhow::Result<Box<dyn zmem_export::Origin>> {
+    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+        let o = zmem_nbd::NbdOrigin::connect(spec).with_context(|| format!("--origin {spec}"))?;
+        return Ok(Box::new(o));
+    }
+    Ok(Box::new(zmem_export::FileOrigin::open(std::path::Path::new(spec))?))
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if a.size == 0 || !a.size.is_multiple_of(512) {
-        bail!(
-            "--size must be a positive multiple of 512 bytes, got {}",
-            a.size
-        );
-    }
-    if a.size > MAX_SIZE {
-        bail!("--size must be at most {MAX_SIZE} bytes (8 EiB): NBD clients read the size as a signed 64-bit number");
-    }
+    let (export, comp) = match (&a.origin, a.size) {
+        (Some(spec), _) => {
+            let origin = open_origin(spec)?;
+            if origin.size() % 4096 != 0 {
+                eprintln!("zmem: the origin's last {} bytes are not a whole page and are not served", origin.size() % 4096);
+            }
+            let (pool, comp) = a.pool.build_clean_cache(a.cache_max_compressed.into())?;
+            (Export::with_origin(Arc::new(pool), origin), comp)
+        }
+        (None, Some(size)) => {
+            if size == 0 || !size.is_multiple_of(512) {
+                bail!("--size must be a positive multiple of 512 bytes, got {size}");
+            }
+            if size > MAX_SIZE {
+                bail!("--size must be at most {MAX_SIZE} bytes (8 EiB): NBD clients read the size as a signed 64-bit number");
+            }
+            let (pool, comp) = a.pool.build(ExclusiveLoads::Off)?;
+            (Export::new(Arc::new(pool), size), comp)
+        }
+        (None, None) => bail!("give --size (a RAM device) or --origin (a cache of a device)"),
+    };
     if a.export_name.len() > 4096 || a.export_name.contains('\0') {
         bail!("--export-name must be at most 4096 bytes without NUL");
     }
-    let (pool, comp) = a.pool.build(ExclusiveLoads::Off)?;
-    let export = Arc::new(Export::new(Arc::new(pool), a.size));
+    let export = Arc::new(export);
     if a.max_inflight < 1 << 20 {
         bail!("--max-inflight must be at least 1M, got {}", a.max_inflight);
     }
@@ -198,11 +234,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         backing: a.pool.backing.as_ref().map(|p| p.display().to_string()),
     };
     eprintln!(
-        "zmem: serving export {:?} ({} bytes, {}{}) at {endpoint}{}",
+        "zmem: serving export {:?} ({} bytes, {}{}{}) at {endpoint}{}",
         a.export_name,
-        a.size,
+        server.export().size(),
         comp,
         if a.pool.dedup { ", dedup" } else { "" },
+        server.export().origin_description().map(|d| format!(", caching {d}")).unwrap_or_default(),
         control_path
             .as_ref()
             .map(|p| format!(", control {}", p.display()))

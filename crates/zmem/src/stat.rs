@@ -122,6 +122,30 @@ pub fn render(v: &Value) -> String {
     if let Some(io) = v["io_stat"].as_str() {
         out += &format!("io_stat: {io}\n");
     }
+    if let Some(o) = v.get("origin").filter(|o| o.is_object()) {
+        let n = |k: &str| o[k].as_u64().unwrap_or(0);
+        let looked = n("cache_hits") + n("cache_misses");
+        out += &format!(
+            "cache: {} hits, {} misses ({}), {} not kept (compress to half a page or more), {} stale fetches dropped, {} pages dropped for room
+origin: {}: {} reads ({}), {} writes ({}), {} flushes, {} trims, {} zeroings, {} errors
+",
+            n("cache_hits"),
+            n("cache_misses"),
+            if looked == 0 { "no reads yet".to_string() } else { format!("hit rate {:.1}%", 100.0 * n("cache_hits") as f64 / looked as f64) },
+            n("cache_refused"),
+            n("cache_stale"),
+            n("evicted_pages"),
+            o["origin"].as_str().unwrap_or("?"),
+            n("origin_reads"),
+            human(n("origin_read_bytes")),
+            n("origin_writes"),
+            human(n("origin_write_bytes")),
+            n("origin_flushes"),
+            n("origin_trims"),
+            n("origin_zeroes"),
+            n("origin_errors"),
+        );
+    }
     if g("recompressed_pages") + g("recompress_marked") > 0 {
         out += &format!(
             "recompress: {} pages rewritten smaller, {} saved, {} beyond it (marked)\n",

@@ -16,40 +16,6 @@ use common::*;
 
 const T: Duration = Duration::from_secs(120);
 
-/// Generate a tree of files: varied sizes, compressible text, noise,
-/// zero-filled files and duplicates.
-fn make_tree(root: &Path) {
-    for d in 0..6 {
-        let dir = root.join(format!("d{d}"));
-        std::fs::create_dir_all(dir.join("sub")).unwrap();
-        for i in 0..40u64 {
-            let n = [100usize, 4096, 5000, 65536, 300_000, 1 << 20][(i % 6) as usize] + i as usize;
-            let data = match i % 7 {
-                0 => vec![0u8; n],
-                1 => test_data(n, 7), // duplicates across directories
-                _ => test_data(n, d * 1000 + i),
-            };
-            let p = if i % 3 == 0 {
-                dir.join("sub").join(format!("f{i}"))
-            } else {
-                dir.join(format!("f{i}"))
-            };
-            std::fs::write(p, data).unwrap();
-        }
-    }
-}
-
-/// `sha256sum` of every file under `root`, as sorted "hash  relative/path" lines.
-fn checksums(root: &Path) -> String {
-    sh(
-        &format!(
-            "cd '{}' && find . -type f -print0 | sort -z | xargs -0 sha256sum",
-            root.display()
-        ),
-        T,
-    )
-}
-
 #[test]
 fn ext4_on_nbdfuse_loop_copy_trim_fsck_remount() {
     if !is_root() {

@@ -128,6 +128,13 @@ pub struct ZmemServer {
 impl ZmemServer {
     /// Start `zmem serve --size SIZE` on a fresh Unix socket plus `extra` args.
     pub fn start(size: &str, extra: &[&str]) -> ZmemServer {
+        let mut args = vec!["--size", size];
+        args.extend_from_slice(extra);
+        ZmemServer::start_with(&args)
+    }
+
+    /// Start `zmem serve ARGS` on a fresh Unix socket (give --size or --origin).
+    pub fn start_with(args: &[&str]) -> ZmemServer {
         let dir = tempfile::Builder::new()
             .prefix("zmem-test-")
             .tempdir()
@@ -136,11 +143,11 @@ impl ZmemServer {
         let control = dir.path().join("ctl.sock");
         let log = dir.path().join("serve.log");
         let mut cmd = Command::new(ZMEM);
-        cmd.args(["serve", "--size", size, "--socket"])
+        cmd.args(["serve", "--socket"])
             .arg(&socket)
             .arg("--control")
             .arg(&control)
-            .args(extra)
+            .args(args)
             .env("ZMEM_LOG", "info")
             // A colour terminal, yet the log is a file: no colour codes.
             .env("TERM", "xterm-256color")
@@ -449,3 +456,37 @@ for p in pages:
     h2.update(p)
 print("OK" if h1.digest() == h2.digest() else "MISMATCH")
 "#;
+
+/// Generate a tree of files: varied sizes, compressible text, noise,
+/// zero-filled files and duplicates.
+pub fn make_tree(root: &Path) {
+    for d in 0..6 {
+        let dir = root.join(format!("d{d}"));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        for i in 0..40u64 {
+            let n = [100usize, 4096, 5000, 65536, 300_000, 1 << 20][(i % 6) as usize] + i as usize;
+            let data = match i % 7 {
+                0 => vec![0u8; n],
+                1 => test_data(n, 7), // duplicates across directories
+                _ => test_data(n, d * 1000 + i),
+            };
+            let p = if i % 3 == 0 {
+                dir.join("sub").join(format!("f{i}"))
+            } else {
+                dir.join(format!("f{i}"))
+            };
+            std::fs::write(p, data).unwrap();
+        }
+    }
+}
+
+/// `sha256sum` of every file under `root`, as sorted "hash  relative/path" lines.
+pub fn checksums(root: &Path) -> String {
+    sh(
+        &format!(
+            "cd '{}' && find . -type f -print0 | sort -z | xargs -0 sha256sum",
+            root.display()
+        ),
+        Duration::from_secs(120),
+    )
+}
