@@ -43,13 +43,13 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::host::{self, have};
+use crate::host::{have, run_limited, wait_for_socket, zmem_stats, ChildGuard};
 use crate::kernel_zram;
 use crate::shared_budget::rss_of;
 
@@ -162,47 +162,6 @@ const JOBS: [Job; 4] = [
         time_based: false,
     },
 ];
-
-/// Kills (SIGTERM, then SIGKILL) a child process on drop.
-struct ChildGuard(Option<Child>);
-
-impl ChildGuard {
-    fn pid(&self) -> u32 {
-        self.0.as_ref().map(|c| c.id()).unwrap_or(0)
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            // Our own child, not reaped yet: the pid cannot have been reused.
-            let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&c), rustix::process::Signal::TERM);
-            let end = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < end {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()> {
-    let end = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(path).is_err() {
-        if let Some(Ok(Some(st))) = child.0.as_mut().map(|c| c.try_wait()) {
-            bail!("server exited early: {st}");
-        }
-        if Instant::now() > end {
-            bail!("server did not listen on {} within 10 s", path.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
 
 /// What every target is filled with, and how the random jobs write.
 struct Plan {
@@ -372,44 +331,6 @@ fn fill_and_run(
     fio(cfg, plan, job, engine, target)
 }
 
-/// Run a command with a hard time limit; returns stdout, errors with stderr.
-fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
-    let dir = tempfile::tempdir()?;
-    let (op, ep) = (dir.path().join("out"), dir.path().join("err"));
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&op)?)
-        .stderr(std::fs::File::create(&ep)?)
-        .spawn()
-        .with_context(|| format!("running {c:?}"))?;
-    let end = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break s;
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("{c:?} timed out after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let out = std::fs::read_to_string(&op)?;
-    if !status.success() {
-        bail!(
-            "{c:?} failed ({status}): {}",
-            std::fs::read_to_string(&ep).unwrap_or_default().trim()
-        );
-    }
-    Ok(out)
-}
-
-/// What `zmem serve` answers on its control socket at `ctl` (`zmem stat --json`).
-fn zmem_stats(zmem: &Path, ctl: &Path) -> anyhow::Result<serde_json::Value> {
-    let out = host::run_tool(Command::new(zmem).args(["stat", "--json", "--control"]).arg(ctl))?;
-    serde_json::from_str(&out).context("parsing `zmem stat --json`")
-}
-
 fn bench_zmem(cfg: &Config, plan: &mut Plan, dir: &Path) -> anyhow::Result<TargetResult> {
     let sock = dir.join("zmem.sock");
     let ctl = dir.join("zmem.ctl");
@@ -418,26 +339,16 @@ fn bench_zmem(cfg: &Config, plan: &mut Plan, dir: &Path) -> anyhow::Result<Targe
     for job in &JOBS {
         // A fresh device per job: every job sees the same starting state
         // (freshly filled with the data).
-        let mut server = ChildGuard(Some(
+        let mut server = ChildGuard::spawn(
             Command::new(&cfg.zmem)
-                .args([
-                    "serve",
-                    "--size",
-                    &cfg.size.to_string(),
-                    "--compressor",
-                    &cfg.compressor,
-                ])
+                .args(["serve", "--size", &cfg.size.to_string(), "--compressor", &cfg.compressor])
                 .args(["--dedup", if cfg.dedup { "on" } else { "off" }])
                 .arg("--socket")
                 .arg(&sock)
                 .arg("--control")
-                .arg(&ctl)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .with_context(|| format!("starting {} serve", cfg.zmem.display()))?,
-        ));
+                .arg(&ctl),
+            Stdio::null(),
+        )?;
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
         let rss0 = rss_of(server.pid());
@@ -481,18 +392,14 @@ fn bench_nbdkit(cfg: &Config, plan: &Plan, dir: &Path, allocator: Option<&str>) 
     let mut rss = None;
     for job in &JOBS {
         let _ = std::fs::remove_file(&sock);
-        let mut server = ChildGuard(Some(
+        let mut server = ChildGuard::spawn(
             Command::new("nbdkit")
                 .args(["-f", "-U"])
                 .arg(&sock)
                 .args(["memory", &cfg.size.to_string()])
-                .args(allocator.map(|al| format!("allocator={al}")))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting nbdkit")?,
-        ));
+                .args(allocator.map(|al| format!("allocator={al}"))),
+            Stdio::null(),
+        )?;
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
         let rss0 = rss_of(server.pid());

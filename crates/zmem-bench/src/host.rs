@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
@@ -45,7 +45,7 @@ pub fn write_attr(path: impl AsRef<Path>, value: &str) -> anyhow::Result<()> {
 
 /// Retry an undo a few times (a device is often briefly busy after its
 /// last user closed it); log it with the hand-made fix if it never works.
-fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>) {
+pub(crate) fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>) {
     let mut last = None;
     for _ in 0..50 {
         match f() {
@@ -117,6 +117,94 @@ pub fn active_swaps() -> Vec<String> {
         .filter_map(|l| l.split_whitespace().next().map(String::from))
         .collect()
 }
+
+// ---- child processes ---------------------------------------------------
+
+/// Kills (SIGTERM, then SIGKILL) a child process on drop.
+pub struct ChildGuard(pub Option<Child>);
+
+impl ChildGuard {
+    /// Start `cmd` with no stdin or stdout and `stderr` as given.
+    pub fn spawn(cmd: &mut Command, stderr: Stdio) -> anyhow::Result<ChildGuard> {
+        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn().with_context(|| format!("starting {cmd:?}"))?;
+        Ok(ChildGuard(Some(child)))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // Our own child, not reaped yet: the pid cannot have been reused.
+            let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&c), rustix::process::Signal::TERM);
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()> {
+    let end = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(path).is_err() {
+        if let Some(Ok(Some(st))) = child.0.as_mut().map(|c| c.try_wait()) {
+            bail!("server exited early: {st}");
+        }
+        if Instant::now() > end {
+            bail!("server did not listen on {} within 10 s", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Run a command with a hard time limit; returns stdout, errors with stderr.
+pub fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
+    let dir = tempfile::tempdir()?;
+    let (op, ep) = (dir.path().join("out"), dir.path().join("err"));
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&op)?)
+        .stderr(std::fs::File::create(&ep)?)
+        .spawn()
+        .with_context(|| format!("running {c:?}"))?;
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{c:?} timed out after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = std::fs::read_to_string(&op)?;
+    if !status.success() {
+        bail!(
+            "{c:?} failed ({status}): {}",
+            std::fs::read_to_string(&ep).unwrap_or_default().trim()
+        );
+    }
+    Ok(out)
+}
+
+/// What `zmem serve` answers on its control socket at `ctl` (`zmem stat --json`).
+pub fn zmem_stats(zmem: &Path, ctl: &Path) -> anyhow::Result<serde_json::Value> {
+    let out = run_tool(Command::new(zmem).args(["stat", "--json", "--control"]).arg(ctl))?;
+    serde_json::from_str(&out).context("parsing `zmem stat --json`")
+}
+
 
 // ---- memory cgroups ----------------------------------------------------
 
@@ -299,6 +387,25 @@ impl LoopDisk {
 
     pub fn stat(&self) -> DiskStat {
         DiskStat::of(&self.dev)
+    }
+
+    /// Unmount the file system; the device stays attached.
+    pub fn unmount(&mut self) -> anyhow::Result<()> {
+        if self.mounted {
+            run_tool(Command::new("umount").arg(&self.mnt))?;
+            self.mounted = false;
+        }
+        Ok(())
+    }
+
+    /// Mount the file system again at its mount point, with `options`
+    /// (`ro`, …).
+    pub fn mount(&mut self, options: &str) -> anyhow::Result<()> {
+        if !self.mounted {
+            run_tool(Command::new("mount").args(["-o", options]).arg(self.node()).arg(&self.mnt))?;
+            self.mounted = true;
+        }
+        Ok(())
     }
 
     /// Throttle the device for every task (rules on the root blkio

@@ -16,6 +16,9 @@
 //!   encoding, with and without a dictionary the pool trained itself.
 //! * [`blockdev`] — `zmem bench blockdev`: `zmem serve` under fio against
 //!   nbdkit's memory plugin and kernel zram.
+//! * [`cache`] — `zmem bench cache`: zcache's iozone experiment, fio over
+//!   a real data set on a throttled disk, with and without `zmem serve
+//!   --origin` in the path, zmem's memory counted in the reader's budget.
 //! * [`swap`] — `zmem bench swap`, the seed experiment: a workload under a
 //!   memory limit swapping to disk, zswap, zram and zmem; [`plot`] draws it.
 //! * [`shared_budget`] — one memory budget for a memory cgroup and a
@@ -27,6 +30,7 @@
 #![deny(unsafe_code)]
 
 pub mod blockdev;
+pub mod cache;
 pub mod ci;
 pub mod host;
 pub mod kernel_zram;

@@ -545,6 +545,15 @@ impl Pool {
         self.e.budget().used()
     }
 
+    /// What counts against `max_pool` now and `max_pool` itself, in bytes
+    /// (`max_pool_used_bytes` and `max_pool_bytes` of the stats, without
+    /// gathering them); `None` without a `max_pool`. Cheap: two atomics
+    /// and the allocator's page count.
+    pub fn max_pool_usage(&self) -> Option<(u64, u64)> {
+        let max = self.e.max_pool_pages.load(Relaxed);
+        (max != u64::MAX).then(|| (self.e.held_pages() * PAGE_SIZE as u64, max * PAGE_SIZE as u64))
+    }
+
     /// Change zswap's `max_pool` (None: no limit).
     pub fn set_max_pool(&self, bytes: Option<u64>) {
         self.e

@@ -3,9 +3,13 @@
 //!
 //! # How a request flows
 //! * **Read.** Each page is looked up in the pool; a hit is decompressed
-//!   into the reply. Consecutive misses are one run: one aligned origin
-//!   read fetches it, the reply is filled from it, and each page is then
-//!   stored in the pool (compressed) unless a write touched it meanwhile.
+//!   into the reply. The misses of a request are fetched with one aligned
+//!   origin read from the first to the last (a gap of more than 32 hits
+//!   starts another): a throttled disk counts operations. The reply is
+//!   filled from it, and each missed page is then stored in the pool
+//!   (compressed) unless a write touched it meanwhile. A request of
+//!   256 KiB or more is read by two threads, half each: a reader that waits
+//!   for each request gets its pages decompressed twice as fast.
 //! * **Write.** The write is widened to whole pages (a partial head or
 //!   tail page comes from the pool, or else the origin), written to the
 //!   origin, and only then are the pages stored in the pool and the
@@ -32,6 +36,22 @@
 //! The pool is built with a [`DropCold`](zmem_core::DropCold) cold store
 //! and a `max_pool`: its shrinker drops the coldest pages (LRU with second
 //! chance) instead of writing them anywhere; a dropped page is a miss.
+//!
+//! **Admission once full.** A scan of more data than the pool holds,
+//! repeated (a backup, a search through a tree, iozone), defeats LRU: each
+//! page is dropped just before it is read again, and every read misses. So
+//! once the pool holds its accept threshold less [`FULL_BELOW_ACCEPT`] % of
+//! `max_pool` (80 % by default), a fetched page
+//! is kept only one time in [`ADMIT_ONE_IN`] (the pages of one fetch
+//! together, so that kept pages, and later misses, come in runs): a
+//! repeated scan then finds a stable share of its pages (about what the pool holds, where LRU finds
+//! none), and a new working set still moves in, an eighth as fast. Written
+//! pages are always kept (or their old copy dropped).
+//!
+//! **Inclusive.** A block device sees reads, not the page cache's
+//! evictions, so a page the kernel holds is in the pool too; zcache, fed
+//! by evictions, held only pages the page cache had let go. The pool has
+//! to hold the working set by itself.
 //! Pages that compress to half a page or more are not kept (zcache's rule,
 //! the pool's `huge_threshold`): a page cache page costs no more and is
 //! faster. The pool never holds the only copy of anything.
@@ -48,13 +68,31 @@ use crate::origin::{AlignedBuf, Origin};
 use crate::{ExportError, Stripes, LOCK_STRIPES};
 
 const PAGE: u64 = PAGE_SIZE as u64;
+/// The pool counts as full from this many percent of `max_pool` below its
+/// accept threshold (where a shrinker round stops: above it, a round would
+/// open the door to every page again).
+pub const FULL_BELOW_ACCEPT: u8 = 10;
+/// A full pool keeps the pages of one fetch in this many.
+pub const ADMIT_ONE_IN: u64 = 8;
+/// Misses of one request separated by at most this many hits are fetched
+/// with one origin read (the hits' pages are read again, and dropped): a
+/// throttled disk counts operations, and a few pages more cost less than
+/// another one.
+const MERGE_GAP: u64 = 32;
+/// Reads of at least this many bytes are done by two threads.
+const SPLIT_READ: usize = 256 << 10;
 /// A bounce buffer larger than this is freed after its request.
 const KEEP_BOUNCE: usize = 4 << 20;
 
 thread_local! {
     /// Each thread's aligned buffer for origin I/O.
     static BOUNCE: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::new());
+    /// Each thread's draw for admission once the pool is full.
+    static ADMIT_RNG: std::cell::Cell<u64> = std::cell::Cell::new(SEEDS.fetch_add(0x9E37_79B9_7F4A_7C15, Relaxed) | 1);
 }
+
+/// Seeds of the threads' admission draws.
+static SEEDS: AtomicU64 = AtomicU64::new(0x2545_F491_4F6C_DD1D);
 
 /// What the cache and its origin have done (`zmem stat`'s `cache:` and
 /// `origin:` lines).
@@ -68,6 +106,9 @@ pub struct OriginStats {
     pub cache_refused: u64,
     /// Fetched pages not kept because a write reached them meanwhile.
     pub cache_stale: u64,
+    /// Fetched pages not kept because the pool was full (it keeps one in
+    /// [`ADMIT_ONE_IN`] then).
+    pub cache_not_admitted: u64,
     /// Origin reads (requests) and the bytes they brought.
     pub origin_reads: u64,
     pub origin_read_bytes: u64,
@@ -86,6 +127,7 @@ struct Counters {
     misses: AtomicU64,
     refused: AtomicU64,
     stale: AtomicU64,
+    not_admitted: AtomicU64,
     reads: AtomicU64,
     read_bytes: AtomicU64,
     writes: AtomicU64,
@@ -128,6 +170,7 @@ impl Cached {
             cache_misses: g(&n.misses),
             cache_refused: g(&n.refused),
             cache_stale: g(&n.stale),
+            cache_not_admitted: g(&n.not_admitted),
             origin_reads: g(&n.reads),
             origin_read_bytes: g(&n.read_bytes),
             origin_writes: g(&n.writes),
@@ -187,10 +230,52 @@ impl Cached {
         }
     }
 
+    /// Whether to keep the pages of a fetch: always while the pool has
+    /// room, one fetch in [`ADMIT_ONE_IN`] (at random) once it is full.
+    fn admit(&self, pool: &Pool) -> bool {
+        let percent = pool.config().accept_threshold_percent.saturating_sub(FULL_BELOW_ACCEPT).max(1) as u64;
+        let full = pool.max_pool_usage().is_some_and(|(used, max)| used * 100 >= max * percent);
+        if !full {
+            return true;
+        }
+        let admit = ADMIT_RNG.with(|r| {
+            // xorshift64: cheap, and any two threads draw independently.
+            let mut x = r.get();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            r.set(x);
+            x % ADMIT_ONE_IN == 0
+        });
+        if !admit {
+            self.n.not_admitted.fetch_add(1, Relaxed);
+        }
+        admit
+    }
+
     /// Read `buf.len()` bytes at `offset` (already range-checked).
     pub(crate) fn read(&self, pool: &Pool, stripes: &Stripes, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        if buf.len() >= SPLIT_READ && offset.is_multiple_of(PAGE) {
+            // Two halves at once: a reader that waits for each request
+            // (readahead, one stream) gets its pages decompressed by two
+            // threads.
+            let half = buf.len() / 2 / PAGE_SIZE * PAGE_SIZE;
+            let (a, b) = buf.split_at_mut(half);
+            return std::thread::scope(|s| {
+                let other = s.spawn(|| self.read_part(pool, stripes, offset + half as u64, b));
+                let r = self.read_part(pool, stripes, offset, a);
+                let r2 = other.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+                r.and(r2)
+            });
+        }
+        self.read_part(pool, stripes, offset, buf)
+    }
+
+    fn read_part(&self, pool: &Pool, stripes: &Stripes, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         let mut page = [0u8; PAGE_SIZE];
-        let mut run: Option<Range<u64>> = None;
+        // Misses not yet fetched, ascending; one origin read covers them
+        // all while the hits between two of them are few.
+        let mut missed: Vec<u64> = Vec::new();
         for p in crate::pieces(offset, buf.len() as u64) {
             let dst = &mut buf[p.buf_off..p.buf_off + p.len];
             let got = if p.full() {
@@ -201,50 +286,54 @@ impl Cached {
             match got {
                 Ok(()) => {
                     self.n.hits.fetch_add(1, Relaxed);
-                    if let Some(r) = run.take() {
-                        self.fetch(pool, stripes, r, offset, buf)?;
-                    }
                 }
                 Err(ZmemError::NotFound { .. }) => {
                     self.n.misses.fetch_add(1, Relaxed);
-                    run = match run.take() {
-                        Some(r) if r.end == p.key => Some(r.start..p.key + 1),
-                        Some(r) => {
-                            self.fetch(pool, stripes, r, offset, buf)?;
-                            Some(p.key..p.key + 1)
-                        }
-                        None => Some(p.key..p.key + 1),
-                    };
+                    if missed.last().is_some_and(|&l| p.key - l > MERGE_GAP) {
+                        self.fetch(pool, stripes, &missed, offset, buf)?;
+                        missed.clear();
+                    }
+                    missed.push(p.key);
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        if let Some(r) = run {
-            self.fetch(pool, stripes, r, offset, buf)?;
+        if !missed.is_empty() {
+            self.fetch(pool, stripes, &missed, offset, buf)?;
         }
         Ok(())
     }
 
-    /// Fetch pages `keys` from the origin into the part of `buf` (which
-    /// holds `offset..`) they cover, and keep them in the pool unless a
-    /// write reached their stripe since before the fetch.
-    fn fetch(&self, pool: &Pool, stripes: &Stripes, keys: Range<u64>, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        let snaps: Vec<u64> = keys.clone().map(|k| self.seqs[stripes.index(k)].load(SeqCst)).collect();
-        let (start, end) = (keys.start * PAGE, keys.end * PAGE);
+    /// Fetch the pages `missed` (ascending) from the origin with one read
+    /// from the first to the last, into the parts of `buf` (which holds
+    /// `offset..`) they cover, and keep them in the pool unless a write
+    /// reached their stripe since before the fetch (or, the pool being
+    /// full, they are not admitted: one draw for all of them, so kept
+    /// pages come in runs, and so do later misses).
+    fn fetch(&self, pool: &Pool, stripes: &Stripes, missed: &[u64], offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        let snaps: Vec<u64> = missed.iter().map(|&k| self.seqs[stripes.index(k)].load(SeqCst)).collect();
+        let first = missed[0];
+        let (start, end) = (first * PAGE, (missed[missed.len() - 1] + 1) * PAGE);
+        let (bstart, bend) = (offset, offset + buf.len() as u64);
         BOUNCE.with(|b| {
             let mut b = b.borrow_mut();
             let data = b.get((end - start) as usize);
             self.origin_read(data, start)?;
-            let lo = start.max(offset);
-            let hi = end.min(offset + buf.len() as u64);
-            buf[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
-            for (i, k) in keys.enumerate() {
+            let admit = self.admit(pool);
+            for (i, &k) in missed.iter().enumerate() {
+                let at = ((k - first) * PAGE) as usize;
+                let fetched = &data[at..at + PAGE_SIZE];
+                let (lo, hi) = ((k * PAGE).max(bstart), ((k + 1) * PAGE).min(bend));
+                buf[(lo - bstart) as usize..(hi - bstart) as usize].copy_from_slice(&fetched[(lo - k * PAGE) as usize..(hi - k * PAGE) as usize]);
+                if !admit {
+                    continue;
+                }
                 let _g = stripes.lock(k);
                 if self.seqs[stripes.index(k)].load(SeqCst) != snaps[i] {
                     self.n.stale.fetch_add(1, Relaxed);
                     continue;
                 }
-                self.keep(pool, k, &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                self.keep(pool, k, fetched);
             }
             b.shrink(KEEP_BOUNCE);
             Ok(())

@@ -217,11 +217,20 @@ fn hits_come_from_the_pool_and_drops_are_misses() {
     e.read(0, &mut b).unwrap();
     let st = e.origin_stats().unwrap();
     assert_eq!((st.cache_misses, st.cache_hits), (256, 0));
-    assert_eq!(st.origin_reads, 1, "one run, one origin read");
+    assert_eq!(st.origin_reads, 2, "1 MiB is read in two halves, each one run and one origin read");
     e.read(0, &mut b).unwrap();
     let st = e.origin_stats().unwrap();
-    assert_eq!((st.cache_hits, st.origin_reads), (256, 1), "all hits, no origin read");
+    assert_eq!((st.cache_hits, st.origin_reads), (256, 2), "all hits, no origin read");
     assert_eq!(b, origin.snapshot());
+    // Misses with a few hits between them: one origin read for them all.
+    for p in (0..32u64).step_by(2) {
+        e.trim(p * PAGE as u64, PAGE as u64).unwrap();
+    }
+    let mut part = vec![0u8; 32 * PAGE];
+    e.read(0, &mut part).unwrap();
+    let st2 = e.origin_stats().unwrap();
+    assert_eq!((st2.cache_misses - st.cache_misses, st2.origin_reads - st.origin_reads), (16, 1), "16 misses, one read");
+    assert_eq!(part, &origin.snapshot()[..32 * PAGE]);
     // A small pool drops pages and misses them again, reading the origin.
     let small = cache(&origin, 32 << 10);
     for _ in 0..3 {
@@ -371,4 +380,30 @@ fn read_misses_racing_writes_never_cache_old_data() {
     let st = e.origin_stats().unwrap();
     eprintln!("{st:?}");
     assert!(st.cache_hits > 0 && st.cache_misses > 100, "{st:?}");
+}
+
+/// A scan of more pages than the pool holds, repeated: LRU would drop
+/// each page just before it is read again (no hits at all); admission
+/// once full keeps a stable share of them.
+#[test]
+fn a_repeated_scan_larger_than_the_pool_still_hits() {
+    let pages = 4096;
+    let origin = Arc::new(MemOrigin::new(pages * PAGE, false));
+    let e = cache(&origin, 512 << 10);
+    let mut b = vec![0u8; 32 * PAGE];
+    let mut last = Default::default();
+    for pass in 0..4 {
+        let before = e.origin_stats().unwrap();
+        for c in 0..pages / 32 {
+            e.read((c * 32 * PAGE) as u64, &mut b).unwrap();
+        }
+        last = e.origin_stats().unwrap();
+        eprintln!("pass {pass}: {} hits, {} not admitted", last.cache_hits - before.cache_hits, last.cache_not_admitted - before.cache_not_admitted);
+        if pass == 3 {
+            let hits = last.cache_hits - before.cache_hits;
+            let held = e.pool().stats().orig_data_size / PAGE as u64;
+            assert!(hits * 10 >= held * 6, "the last pass hit {hits} pages of the {held} the pool holds");
+        }
+    }
+    assert!(last.cache_not_admitted > 0);
 }

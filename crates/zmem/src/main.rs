@@ -14,6 +14,7 @@
 #![deny(unsafe_code)]
 
 mod bench_blockdev;
+mod bench_cache;
 mod bench_store;
 mod bench_swap;
 mod control;
@@ -67,6 +68,10 @@ enum BenchCmd {
     /// disk, kernel zswap, kernel zram and zmem, on a real and a throttled
     /// disk, with equal memory; table, ratios, --json and a PNG plot.
     Swap(bench_swap::Args),
+    /// zcache's iozone experiment: fio over a real data set on a throttled
+    /// disk, with and without `zmem serve --origin` in the path, zmem's
+    /// memory counted in the reader's budget (root).
+    Cache(bench_cache::Args),
 }
 
 /// Colour in log lines only for a terminal that can show it: never in a
@@ -96,6 +101,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Store(a)) => bench_store::run(a),
         Cmd::Bench(BenchCmd::Blockdev(a)) => bench_blockdev::run(a),
         Cmd::Bench(BenchCmd::Swap(a)) => bench_swap::run(a),
+        Cmd::Bench(BenchCmd::Cache(a)) => bench_cache::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Swap(c) => swap::run(c),
         Cmd::Stat(a) => stat::run(a),

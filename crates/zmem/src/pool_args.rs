@@ -197,14 +197,17 @@ impl PoolArgs {
 
     /// A clean cache's pool (`serve --origin`): it drops its coldest pages
     /// when it reaches --max-pool, and keeps no page that compresses to
-    /// `max_compressed` bytes or more.
+    /// more than `max_compressed` bytes; at 4096 it keeps every page (one
+    /// that does not compress as it is).
     pub fn build_clean_cache(&self, max_compressed: usize) -> anyhow::Result<(Pool, Compressor)> {
         if self.backing.is_some() {
             anyhow::bail!("--backing and --origin exclude each other: a cache of an origin drops its cold pages, it writes none back");
         }
         let (mut cfg, comp) = self.config(ExclusiveLoads::Off)?;
-        cfg.huge_threshold = max_compressed;
-        cfg.store_incompressible = false;
+        if max_compressed < zmem_core::PAGE_SIZE {
+            cfg.huge_threshold = max_compressed + 1;
+            cfg.store_incompressible = false;
+        }
         Ok((Pool::with_cold_store(cfg, Box::new(zmem_core::DropCold))?, comp))
     }
 

@@ -126,13 +126,14 @@ pub fn render(v: &Value) -> String {
         let n = |k: &str| o[k].as_u64().unwrap_or(0);
         let looked = n("cache_hits") + n("cache_misses");
         out += &format!(
-            "cache: {} hits, {} misses ({}), {} not kept (compress to half a page or more), {} stale fetches dropped, {} pages dropped for room
+            "cache: {} hits, {} misses ({}), {} not kept (compress too poorly), {} not admitted (pool full), {} stale fetches dropped, {} pages dropped for room
 origin: {}: {} reads ({}), {} writes ({}), {} flushes, {} trims, {} zeroings, {} errors
 ",
             n("cache_hits"),
             n("cache_misses"),
             if looked == 0 { "no reads yet".to_string() } else { format!("hit rate {:.1}%", 100.0 * n("cache_hits") as f64 / looked as f64) },
             n("cache_refused"),
+            n("cache_not_admitted"),
             n("cache_stale"),
             n("evicted_pages"),
             o["origin"].as_str().unwrap_or("?"),
