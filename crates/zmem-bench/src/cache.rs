@@ -191,8 +191,8 @@ fn path_hash(p: &Path) -> u64 {
 
 /// The data set: a sample of the regular, non-empty files under `dir`
 /// (not following symbolic links), taken in the order of a hash of their
-/// paths until `want` bytes, so that it is spread over the whole tree and
-/// the same on every run. Returns the paths and their total size.
+/// paths until `want` bytes (and at most 1 % more), so that it is spread
+/// over the whole tree and the same on every run. Returns the paths and their total size.
 fn pick_files(dir: &Path, want: u64) -> anyhow::Result<(Vec<PathBuf>, u64)> {
     let mut stack = vec![dir.to_path_buf()];
     let mut all = Vec::new();
@@ -210,15 +210,25 @@ fn pick_files(dir: &Path, want: u64) -> anyhow::Result<(Vec<PathBuf>, u64)> {
     all.sort_unstable();
     let mut total = 0;
     let mut files = Vec::new();
+    // A file that would take the total more than 1 % past `want` is
+    // skipped (one big library would otherwise make the set 10 % bigger
+    // on one machine than on the next).
+    let most = want + want / 100;
     for (_, p, len) in all {
         if total >= want {
             break;
+        }
+        if total + len > most {
+            continue;
         }
         total += len;
         files.push(p);
     }
     if total < want {
-        bail!("{} holds only {total} bytes of files; the data set needs {want} (give a smaller --budget or another --data-dir)", dir.display());
+        bail!(
+            "{} holds only {total} bytes of files in a set of at most {most} bytes; the data set needs {want} (give a smaller --budget or another --data-dir)",
+            dir.display()
+        );
     }
     Ok((files, total))
 }
@@ -583,17 +593,22 @@ mod tests {
             std::fs::write(f, vec![1u8; 10]).unwrap();
         }
         std::fs::write(d.path().join("empty"), b"").unwrap();
+        // Bigger than the 1 % the set may overshoot by: never taken.
+        std::fs::write(d.path().join("d1/big"), vec![2u8; 50]).unwrap();
         std::os::unix::fs::symlink(d.path().join("d0/f0"), d.path().join("link")).unwrap();
         let (files, total) = pick_files(d.path(), 995).unwrap();
         assert_eq!((files.len(), total), (100, 1000));
-        assert!(files.iter().all(|f| f.to_str().unwrap().contains("/d")), "no empty file, no link: {files:?}");
+        assert!(files.iter().all(|f| f.to_str().unwrap().contains("/d") && !f.ends_with("big")), "no empty file, no link, not the big file: {files:?}");
         for i in 0..4 {
             let n = files.iter().filter(|f| f.to_str().unwrap().contains(&format!("/d{i}/"))).count();
             assert!((10..=45).contains(&n), "spread over the tree: {n} of 100 from d{i}");
         }
         assert_eq!(pick_files(d.path(), 995).unwrap().0, files, "the same every time");
         let e = pick_files(d.path(), 1 << 20).unwrap_err().to_string();
-        assert!(e.contains("holds only 4000 bytes"), "{e}");
+        assert!(e.contains("holds only 4050 bytes"), "{e}");
+        // Where the set may be big enough for it, the big file is taken.
+        let (files, total) = pick_files(d.path(), 4040).unwrap();
+        assert!((4040..=4080).contains(&total) && files.iter().any(|f| f.ends_with("big")), "{total}: {files:?}");
     }
 
     fn run_of(target: &str, mbs: [f64; 3], ops: [u64; 3]) -> Run {
