@@ -45,6 +45,26 @@ pub fn write_attr(path: impl AsRef<Path>, value: &str) -> anyhow::Result<()> {
 
 /// Retry an undo a few times (a device is often briefly busy after its
 /// last user closed it); log it with the hand-made fix if it never works.
+/// Whether a file system is mounted exactly at `dir`.
+pub fn is_mounted(dir: &Path) -> bool {
+    mounts().iter().any(|m| m == dir)
+}
+
+/// Whether a file system is mounted at `dir` or below it.
+pub fn is_mounted_under(dir: &Path) -> bool {
+    mounts().iter().any(|m| m.starts_with(dir))
+}
+
+/// The mount points of /proc/mounts (with its octal escapes undone).
+fn mounts() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .map(|m| PathBuf::from(m.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")))
+        .collect()
+}
+
 pub(crate) fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>) {
     let mut last = None;
     for _ in 0..50 {

@@ -9,7 +9,10 @@
 //! path. FUSE is in every distribution kernel: zmem serves the pool as one
 //! regular file, `image`, in a filesystem of its own, and a loop device with
 //! direct I/O over that file is the block device. A page the kernel swaps
-//! out goes loop → FUSE → this process → the pool: one hop.
+//! out goes loop → FUSE → this process → the pool: one hop. `zmem serve
+//! --fuse` serves any export this way, the caching device of `--origin`
+//! among them (`zmem bench cache`: sequential re-reads 4.5 × the bare
+//! disk through this file, 1.5–1.8 × through nbdfuse).
 //!
 //! # How
 //! [`mount`] builds the filesystem on [`fuser`] (pure Rust, no libfuse): the
@@ -314,8 +317,12 @@ impl Filesystem for ImageFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        // Every write is in the pool before it is answered.
-        reply.ok();
+        // Every write is in the pool before it is answered; a cache's
+        // origin is flushed (a loop device's FLUSH arrives as this fsync).
+        match self.export.flush() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.failed(&e)),
+        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use zmem_bench::cache::{self, Config};
+use zmem_bench::cache::{self, Config, Frontend};
 use zmem_bench::host::Throttle;
 
 use crate::util::parse_size;
@@ -51,6 +51,11 @@ pub struct Args {
     /// fio jobs reading at random at once.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub random_jobs: u32,
+    /// How the kernel reaches zmem's device: `fuse`, zmem serve's own FUSE
+    /// file (--fuse), or `nbd`, nbdfuse over its NBD socket (this kernel
+    /// has no nbd driver; nbdfuse adds a process and a socket to the path).
+    #[arg(long, default_value = "fuse", value_parser = ["fuse", "nbd"])]
+    pub frontend: String,
     /// Scratch directory on a real disk (removed after the run).
     #[arg(long, default_value = "/var/tmp/zmem-bench-cache")]
     pub workdir: PathBuf,
@@ -75,6 +80,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         warm_passes: a.warm_passes,
         random_secs: a.random_secs,
         random_jobs: a.random_jobs,
+        frontend: if a.frontend == "nbd" { Frontend::Nbd } else { Frontend::Fuse },
     };
     let report = cache::run(&cfg, |msg| eprintln!("zmem: {msg}"))?;
     if a.json {

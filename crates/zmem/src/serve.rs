@@ -83,7 +83,20 @@ pub struct Args {
     /// Bytes of READ/WRITE data in flight over all connections (e.g. 256M).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub max_inflight: u64,
+    /// Also serve the device as the file DIR/image in a FUSE filesystem
+    /// mounted on DIR (an existing empty directory): `losetup --direct-io=on
+    /// --find --show DIR/image` makes it a block device with one process
+    /// on the path instead of two (nbdfuse and this one) where the kernel
+    /// has no nbd driver. Unmounted when the server stops.
+    #[arg(long, value_name = "DIR")]
+    pub fuse: Option<PathBuf>,
+    /// Threads serving the FUSE file.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64), requires = "fuse")]
+    pub fuse_threads: u16,
 }
+
+/// The file in the --fuse directory.
+pub const FUSE_FILE: &str = "image";
 
 /// Upper bound for --workers: each connection may run this many threads.
 pub const MAX_WORKERS: u16 = 64;
@@ -188,6 +201,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..Default::default()
     };
     let server = Arc::new(Server::new(export, a.export_name.clone(), cfg));
+    // Mounted before the sockets are made, so that a refused mount leaves
+    // nothing behind (a mount made is undone when `fuse` drops).
+    let fuse = match &a.fuse {
+        Some(dir) => {
+            let cfg = zmem_fuse::FuseConfig { file_name: FUSE_FILE.into(), threads: a.fuse_threads.into(), allow_other: false };
+            let m = zmem_fuse::mount(Arc::clone(server.export()), dir, &cfg).with_context(|| format!("mounting the FUSE file at {}", dir.display()))?;
+            eprintln!("zmem: also serving the device as {}", dir.join(FUSE_FILE).display());
+            Some(m)
+        }
+        None => None,
+    };
 
     let mut cleanup: Vec<PathBuf> = Vec::new();
     let (listener, endpoint) = match &a.listen {
@@ -259,6 +283,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stop().store(true, Ordering::SeqCst); // also ends the control thread on error
         r
     });
+    if let Some(m) = fuse {
+        if let Err(e) = m.unmount() {
+            eprintln!("zmem: unmounting the FUSE file failed: {e}");
+        }
+    }
     for p in &cleanup {
         let _ = std::fs::remove_file(p);
     }

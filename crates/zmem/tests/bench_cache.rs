@@ -34,15 +34,22 @@ fn bench_cache_reports_both_runs_and_leaves_nothing_behind() {
             skip!("`{t}` is not installed (scripts/setup.sh installs it)");
         }
     }
+    for frontend in ["fuse", "nbd"] {
+        one_run(frontend);
+    }
+}
+
+fn one_run(frontend: &str) {
     let workdir = Path::new("/var/tmp/zmem-test-bench-cache");
     let before = machine(workdir);
     let out = run_ok(
         Command::new(ZMEM)
-            .args(["bench", "cache", "--budget", "96M", "--data-bytes", "96M", "--warm-passes", "1", "--random-secs", "2", "--json", "--workdir"])
+            .args(["bench", "cache", "--budget", "96M", "--data-bytes", "96M", "--warm-passes", "1", "--random-secs", "2", "--json", "--frontend", frontend, "--workdir"])
             .arg(workdir),
         Duration::from_secs(600),
     );
     let v: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    assert_eq!(v["frontend"], frontend);
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     assert_eq!((runs[0]["target"].as_str(), runs[1]["target"].as_str()), (Some("direct"), Some("zmem")));
@@ -59,5 +66,5 @@ fn bench_cache_reports_both_runs_and_leaves_nothing_behind() {
     assert!(z["rss"].as_u64().unwrap() > 0 && z["budget"]["updates"].as_u64().unwrap() > 0, "the reader's limit followed zmem: {z}");
     assert!(v["data_bytes"].as_u64().unwrap() >= 96 << 20);
     assert!(v["ratios"]["origin_read_ops"].as_f64().unwrap() > 0.0);
-    assert_eq!(machine(workdir), before, "the bench left something behind");
+    assert_eq!(machine(workdir), before, "the bench ({frontend}) left something behind");
 }

@@ -76,15 +76,36 @@ fn a_bad_origin_is_refused_with_its_name() {
     }
     let out = run_timeout(Command::new(ZMEM).args(["serve", "--size", "1M", "--origin", tiny.to_str().unwrap()]), T);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+    // A --fuse directory that is not there: refused, and nothing left
+    // listening.
+    let sock = dir.path().join("f.sock");
+    let out = run_timeout(
+        Command::new(ZMEM).args(["serve", "--size", "1M", "--control", "none", "--socket"]).arg(&sock).arg("--fuse").arg(dir.path().join("no-such-dir")),
+        T,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("mounting the FUSE file at") && err.contains("no-such-dir"), "{err}");
+    assert!(!sock.exists(), "the socket of a server that did not start was removed");
 }
 
 /// ext4 on the caching device over a file on disk, with a cache far
 /// smaller than the data: copy a tree, churn it (delete, rewrite, copy
 /// again, fstrim), drop the kernel's page cache and read it all back
 /// through the cache; fsck on the device; then stop everything, fsck the
-/// origin file itself and check every file read straight from it.
+/// origin file itself and check every file read straight from it. The
+/// device is reached through nbdfuse (the NBD server) or through the
+/// server's own FUSE file (`--fuse`).
 #[test]
-fn ext4_on_a_cached_file_survives_churn_and_matches_the_origin() {
+fn ext4_on_a_cached_file_over_nbd_survives_churn_and_matches_the_origin() {
+    ext4_churn(false);
+}
+
+#[test]
+fn ext4_on_a_cached_file_over_its_fuse_file_survives_churn_and_matches_the_origin() {
+    ext4_churn(true);
+}
+
+fn ext4_churn(own_fuse: bool) {
     if !is_root() {
         skip!("needs root (loop devices, mount)");
     }
@@ -98,10 +119,23 @@ fn ext4_on_a_cached_file_survives_churn_and_matches_the_origin() {
     let src = work.path().join("src");
     make_tree(&src);
 
-    let mut server = ZmemServer::start_with(&["--origin", origin.to_str().unwrap(), "--max-pool", "2M", "--compressor", "lz4"]);
+    let fuse_dir = work.path().join("fuse");
+    std::fs::create_dir_all(&fuse_dir).unwrap();
+    let mut args = vec!["--origin", origin.to_str().unwrap(), "--max-pool", "2M", "--compressor", "lz4"];
+    if own_fuse {
+        args.extend(["--fuse", fuse_dir.to_str().unwrap()]);
+    }
+    let mut server = ZmemServer::start_with(&args);
+    // If the server is gone before it unmounted its file (or the test
+    // failed with it still up): unmount it by hand.
+    let _own_fuse = own_fuse.then(|| Undo::new(&["umount", fuse_dir.to_str().unwrap()]));
     assert!(server.log_text().contains("(O_DIRECT)"), "{}", server.log_text());
-    let fuse = Fuse::mount(&work.path().join("fuse"), &server.socket);
-    let lo = Loop::attach(&fuse.file());
+    let nbdfuse = (!own_fuse).then(|| Fuse::mount(&fuse_dir, &server.socket));
+    let file = match &nbdfuse {
+        Some(f) => f.file(),
+        None => fuse_dir.join("image"),
+    };
+    let lo = Loop::attach(&file);
     run_ok(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", &lo.dev]), T);
     let mnt = work.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -130,14 +164,28 @@ fn ext4_on_a_cached_file_survives_churn_and_matches_the_origin() {
     let st = origin_stats(&server);
     eprintln!("{st}");
     assert!(n(&st, "cache_hits") > 0 && n(&st, "evicted_pages") > 0, "the 2M cache hit and dropped pages: {st}");
-    assert!(n(&st, "origin_trims") > 0 && n(&st, "origin_flushes") > 0, "{st}");
+    // fstrim's discards: NBD TRIM over nbdfuse; over the FUSE file, the
+    // loop device's hole punches, which must read back as zeroes and so
+    // reach the origin as zeroings.
+    let discards = if own_fuse { "origin_zeroes" } else { "origin_trims" };
+    assert!(n(&st, discards) > 0 && n(&st, "origin_flushes") > 0, "{st}");
     assert_eq!(n(&st, "origin_errors"), 0);
 
     umount.now();
     run_ok(Command::new("e2fsck").args(["-f", "-n", &lo.dev]), T);
+    // The loop device's fsync reached the origin (FUSE's fsync or NBD's
+    // FLUSH).
+    let flushes = n(&origin_stats(&server), "origin_flushes");
+    run_ok(Command::new("python3").args(["-c", "import os, sys; os.fsync(os.open(sys.argv[1], os.O_WRONLY))", &lo.dev]), T);
+    assert!(n(&origin_stats(&server), "origin_flushes") > flushes, "a flush of the device flushed the origin");
     drop(lo);
-    drop(fuse);
+    drop(nbdfuse);
     assert!(server.stop().is_some_and(|s| s.success()), "{}", server.log_text());
+    if own_fuse {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        assert!(!mounts.contains(fuse_dir.to_str().unwrap()), "the server unmounted its FUSE file: {mounts}");
+        assert!(server.log_text().contains("also serving the device as"), "{}", server.log_text());
+    }
 
     // The origin alone: a clean file system holding every file.
     run_ok(Command::new("e2fsck").args(["-f", "-n"]).arg(&origin), T);
