@@ -15,7 +15,9 @@ use zmem_nbd::Server;
 
 /// What carries the device's requests.
 pub enum Frontend {
-    Nbd(Arc<Server>),
+    /// The NBD server, and the FUSE file's counters if `serve --fuse`
+    /// serves the device that way too.
+    Nbd { server: Arc<Server>, fuse: Option<Arc<zmem_fuse::FuseStats>> },
     /// The FUSE image's counters, what the server got of its protection
     /// from reclaim, and the budget it shares with a cgroup, if any.
     Fuse {
@@ -55,9 +57,9 @@ impl Info {
             v["origin"] = ov;
         }
         let extra = match &self.frontend {
-            Frontend::Nbd(server) => {
+            Frontend::Nbd { server, fuse } => {
                 let ss = server.stats();
-                serde_json::json!({
+                let mut j = serde_json::json!({
                     "export": server.info().name,
                     "connections": {
                         "active": ss.connections_active,
@@ -71,19 +73,15 @@ impl Info {
                     "warnings_suppressed": ss.warnings_suppressed,
                     "requests": ss.requests,
                     "request_errors": ss.request_errors,
-                })
+                });
+                if let Some(fs) = fuse {
+                    j["fuse"] = fuse_json(fs);
+                }
+                j
             }
             Frontend::Fuse { stats: fs, safety, budget } => {
-                let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
                 serde_json::json!({
-                    "fuse": {
-                        "reads": n(&fs.reads),
-                        "writes": n(&fs.writes),
-                        "bytes_read": n(&fs.bytes_read),
-                        "bytes_written": n(&fs.bytes_written),
-                        "discards": n(&fs.discards),
-                        "errors": n(&fs.errors),
-                    },
+                    "fuse": fuse_json(fs),
                     "reclaim_safety": safety,
                     "shared_budget": budget.as_ref().map(|b| b.stats()),
                 })
@@ -94,6 +92,19 @@ impl Info {
         }
         v
     }
+}
+
+/// A FUSE file's request counters.
+fn fuse_json(fs: &zmem_fuse::FuseStats) -> serde_json::Value {
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    serde_json::json!({
+        "reads": n(&fs.reads),
+        "writes": n(&fs.writes),
+        "bytes_read": n(&fs.bytes_read),
+        "bytes_written": n(&fs.bytes_written),
+        "discards": n(&fs.discards),
+        "errors": n(&fs.errors),
+    })
 }
 
 /// Answer control clients until `stop` is set.

@@ -255,7 +255,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
     let info = Info {
         export: Arc::clone(server.export()),
-        frontend: Frontend::Nbd(server.clone()),
+        frontend: Frontend::Nbd { server: server.clone(), fuse: fuse.as_ref().map(|m| Arc::clone(m.stats())) },
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
         endpoint: endpoint.clone(),

@@ -147,6 +147,18 @@ origin: {}: {} reads ({}), {} writes ({}), {} flushes, {} trims, {} zeroings, {}
             n("origin_errors"),
         );
     }
+    if let Some(f) = v.get("fuse").filter(|f| f.is_object()) {
+        let n = |k: &str| f[k].as_u64().unwrap_or(0);
+        out += &format!(
+            "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors\n",
+            n("reads"),
+            human(n("bytes_read")),
+            n("writes"),
+            human(n("bytes_written")),
+            n("discards"),
+            n("errors")
+        );
+    }
     if g("recompressed_pages") + g("recompress_marked") > 0 {
         out += &format!(
             "recompress: {} pages rewritten smaller, {} saved, {} beyond it (marked)\n",

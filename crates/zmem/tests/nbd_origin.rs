@@ -170,6 +170,12 @@ fn ext4_churn(own_fuse: bool) {
     let discards = if own_fuse { "origin_zeroes" } else { "origin_trims" };
     assert!(n(&st, discards) > 0 && n(&st, "origin_flushes") > 0, "{st}");
     assert_eq!(n(&st, "origin_errors"), 0);
+    if own_fuse {
+        let f = server.stats()["fuse"].clone();
+        assert!(n(&f, "reads") > 0 && n(&f, "writes") > 0 && n(&f, "discards") > 0 && n(&f, "errors") == 0, "{f}");
+        let text = run_ok(Command::new(ZMEM).arg("stat").arg("--control").arg(&server.control), T);
+        assert!(text.contains("fuse: ") && text.contains(" discards, 0 errors"), "{text}");
+    }
 
     umount.now();
     run_ok(Command::new("e2fsck").args(["-f", "-n", &lo.dev]), T);
