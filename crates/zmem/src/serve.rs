@@ -87,7 +87,8 @@ pub struct Args {
     /// mounted on DIR (an existing empty directory): `losetup --direct-io=on
     /// --find --show DIR/image` makes it a block device with one process
     /// on the path instead of two (nbdfuse and this one) where the kernel
-    /// has no nbd driver. Unmounted when the server stops.
+    /// has no nbd driver. Unmounted when the server stops (detach the loop
+    /// device first: a file system still on it would get I/O errors).
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,
     /// Threads serving the FUSE file.
