@@ -169,6 +169,25 @@ impl Export {
         self.origin.as_ref().map(|c| c.stats())
     }
 
+    /// Whether this export caches an origin: then every write, trim,
+    /// zeroing and flush waits for it.
+    pub fn has_origin(&self) -> bool {
+        self.origin.is_some()
+    }
+
+    /// Whether reading `[offset, offset + len)` may wait for the origin: a
+    /// page it touches is not in the pool. Always false without an origin
+    /// (and for a range out of bounds, which fails at once). A frontend
+    /// that runs cheap requests on the thread reading them (the NBD
+    /// server) hands these to a worker instead, so that a miss does not
+    /// hold up the hits queued behind it.
+    pub fn read_may_wait(&self, offset: u64, len: u64) -> bool {
+        if self.origin.is_none() || len == 0 || self.check(offset, len).is_err() {
+            return false;
+        }
+        (offset / PAGE..(offset + len).div_ceil(PAGE)).any(|k| !self.pool.contains(k))
+    }
+
     /// What the origin is, if any (a path or URI, and how it is opened).
     pub fn origin_description(&self) -> Option<String> {
         self.origin.as_ref().map(|c| c.origin().describe())

@@ -9,7 +9,9 @@
 //! (or once 256 KiB are pending); a WRITE payload already in the read buffer
 //! is used in place. Bigger requests go to a small pool of worker threads
 //! over a bounded channel, so they run concurrently with each other and with
-//! the small ones. Every reply is written whole under a mutex on the socket;
+//! the small ones; so do small ones that may wait for a cache's origin (a
+//! read that misses, a write, trim, zeroing or flush: milliseconds, where a
+//! hit takes microseconds), so that the hits behind them are not held up. Every reply is written whole under a mutex on the socket;
 //! replies therefore go out in completion order, matched by handle, and a
 //! WRITE is in the pool before its reply is encoded. Payload bytes in flight
 //! at the workers per connection are capped, so a client cannot make the
@@ -823,7 +825,7 @@ impl Server {
             if plen > MAX_PAYLOAD {
                 return Err(ProtoError::PayloadTooLarge { len: plen });
             }
-            if req.len <= inline_max {
+            if req.len <= inline_max && !(inline_max < u32::MAX && self.may_wait(&req)) {
                 let plen = plen as usize;
                 // Only a connection without workers runs big requests here:
                 // their buffers count against the server's budget.
@@ -901,6 +903,18 @@ impl Server {
     /// Run one request and encode its complete reply.
     /// The reply is appended to `out` (which may already hold earlier
     /// replies of a batch).
+    /// Whether a request may wait for a cache's origin (a read that
+    /// misses, any write, trim, zeroing or flush): such a request goes to
+    /// the workers even if small, so the reader goes on to the next.
+    fn may_wait(&self, req: &Request) -> bool {
+        let e = &self.export;
+        match req.typ {
+            CMD_READ => e.read_may_wait(req.offset, req.len.into()),
+            CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_WRITE_ZEROES => e.has_origin(),
+            _ => false,
+        }
+    }
+
     fn execute(&self, req: &Request, payload: &[u8], s: &Session, out: &mut Vec<u8>) {
         let h = req.handle;
         let base = out.len();

@@ -667,3 +667,71 @@ fn burst_of_small_big_and_failing_requests() {
     c.disconnect();
     h.join().unwrap().unwrap();
 }
+
+/// The origin's bytes and its gate: reads of page 100 wait until it opens.
+struct Gate {
+    data: Vec<u8>,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+struct GatedOrigin(Arc<Gate>);
+
+impl zmem_export::Origin for GatedOrigin {
+    fn size(&self) -> u64 {
+        self.0.data.len() as u64
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let g = &self.0;
+        if (offset..offset + buf.len() as u64).contains(&(100 * 4096)) {
+            let mut open = g.open.lock().unwrap();
+            while !*open {
+                open = g.opened.wait(open).unwrap();
+            }
+        }
+        buf.copy_from_slice(&g.data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, _: &[u8], _: u64, _: bool) -> std::io::Result<()> {
+        Err(std::io::Error::other("read-only"))
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn trim(&self, _: u64, _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _: u64, _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "gated".into()
+    }
+}
+
+/// A small read that misses a cache waits for the origin on a worker: the
+/// hits sent after it on the same connection are answered meanwhile (run
+/// on the reader thread, the miss held them all up).
+#[test]
+fn a_cache_miss_does_not_hold_up_the_hits_behind_it() {
+    let origin = Arc::new(Gate { data: data(1 << 20, 9), open: std::sync::Mutex::new(false), opened: std::sync::Condvar::new() });
+    let pool = Arc::new(Pool::new(PoolConfig::default()).unwrap());
+    let export = Export::with_origin(pool, Box::new(GatedOrigin(Arc::clone(&origin))));
+    let srv = Arc::new(Server::new(Arc::new(export), "", ServerConfig::default()));
+    let (c, h) = connect(&srv);
+    let mut c = handshake(c, false);
+    let page = |k: usize| origin.data[k * 4096..(k + 1) * 4096].to_vec();
+    assert_eq!(c.read(0, 4096), ok(page(0)), "page 0 fetched and kept");
+    c.send(CMD_READ, 0, 1, 100 * 4096, 4096, &[]);
+    for i in 0..3 {
+        c.send(CMD_READ, 0, 2 + i, 0, 4096, &[]);
+        let (handle, r) = c.recv(|_| 4096);
+        assert_eq!((handle, r), (2 + i, ok(page(0))), "the hit was answered while the miss waits");
+    }
+    *origin.open.lock().unwrap() = true;
+    origin.opened.notify_all();
+    let (handle, r) = c.recv(|_| 4096);
+    assert_eq!((handle, r), (1, ok(page(100))));
+    c.disconnect();
+    h.join().unwrap().unwrap();
+}
