@@ -294,11 +294,6 @@ fn copy_files(files: &[PathBuf], dest: &Path, scratch: &Path) -> anyhow::Result<
     Ok(())
 }
 
-fn drop_caches() -> anyhow::Result<()> {
-    run_tool(&mut Command::new("sync"))?;
-    host::write_attr("/proc/sys/vm/drop_caches", "3")
-}
-
 /// fio over every file under `dir`, in the memory cgroup `cg`.
 fn fio(cg: &MemCgroup, dir: &Path, args: &[String], limit: Duration) -> anyhow::Result<(f64, f64)> {
     let out = tempfile::NamedTempFile::new()?;
@@ -402,7 +397,7 @@ impl Drop for RemoveDir {
 
 fn run_direct(cfg: &Config, disk: &mut LoopDisk, progress: &mut impl FnMut(&str)) -> anyhow::Result<Run> {
     progress("direct: ext4 straight on the throttled disk");
-    drop_caches()?;
+    host::drop_caches()?;
     disk.mount("ro,noatime")?;
     let cg = MemCgroup::create(CGROUP, Some(cfg.budget), 0)?;
     let phases = phases(cfg, &cg, disk.mnt(), disk.dev(), progress);
@@ -414,7 +409,7 @@ fn run_direct(cfg: &Config, disk: &mut LoopDisk, progress: &mut impl FnMut(&str)
 
 fn run_zmem(cfg: &Config, disk: &LoopDisk, max_pool: u64, progress: &mut impl FnMut(&str)) -> anyhow::Result<Run> {
     progress("zmem: ext4 on zmem serve --origin (the throttled disk)");
-    drop_caches()?;
+    host::drop_caches()?;
     let dir = cfg.workdir.join("zmem");
     std::fs::create_dir_all(&dir)?;
     let (sock, ctl, fuse_dir) = (dir.join("nbd.sock"), dir.join("ctl.sock"), dir.join("fuse"));

@@ -43,8 +43,12 @@ pub fn write_attr(path: impl AsRef<Path>, value: &str) -> anyhow::Result<()> {
     std::fs::write(p, value).with_context(|| format!("cannot write {value:?} to {}", p.display()))
 }
 
-/// Retry an undo a few times (a device is often briefly busy after its
-/// last user closed it); log it with the hand-made fix if it never works.
+/// Write dirty pages back, then drop the kernel's clean caches.
+pub fn drop_caches() -> anyhow::Result<()> {
+    run_tool(&mut Command::new("sync"))?;
+    write_attr("/proc/sys/vm/drop_caches", "3")
+}
+
 /// Whether a file system is mounted exactly at `dir`.
 pub fn is_mounted(dir: &Path) -> bool {
     mounts().iter().any(|m| m == dir)
@@ -65,6 +69,8 @@ fn mounts() -> Vec<PathBuf> {
         .collect()
 }
 
+/// Retry an undo a few times (a device is often briefly busy after its
+/// last user closed it); log it with the hand-made fix if it never works.
 pub(crate) fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>) {
     let mut last = None;
     for _ in 0..50 {

@@ -527,11 +527,6 @@ fn argv(cfg: &Config, jobs: u32) -> Vec<String> {
     cfg.workload.iter().map(|a| a.replace("{jobs}", &jobs.to_string())).collect()
 }
 
-fn drop_caches() {
-    let _ = Command::new("sync").status();
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-}
-
 #[allow(clippy::too_many_arguments)]
 fn measure(
     cfg: &Config,
@@ -549,7 +544,8 @@ fn measure(
         let (cmd, args) = p.split_first().context("empty --prepare command")?;
         host::run_tool(Command::new(cmd).args(args).current_dir(&cfg.workload_dir)).context("the prepare command failed")?;
     }
-    drop_caches();
+    // Best effort: a run with some page cache left is still a run.
+    let _ = host::drop_caches();
     let setup = if kind.is_some() { Some(set_up(cfg, sys, cap, disk, zswap)?) } else { None };
     // The workload's cgroup starts at the budget; for a compressed system
     // the keeper below then takes the pool's share from it.

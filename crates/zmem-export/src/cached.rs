@@ -52,9 +52,11 @@
 //! evictions, so a page the kernel holds is in the pool too; zcache, fed
 //! by evictions, held only pages the page cache had let go. The pool has
 //! to hold the working set by itself.
-//! Pages that compress to half a page or more are not kept (zcache's rule,
-//! the pool's `huge_threshold`): a page cache page costs no more and is
-//! faster. The pool never holds the only copy of anything.
+//! Pages that compress to more than `--cache-max-compressed` bytes are not
+//! kept (the pool's `huge_threshold`). zcache kept only pages below half a
+//! page, since the page cache held the others for no more memory; this
+//! pool squeezes the page cache, so the default keeps every page that
+//! compresses at all. The pool never holds the only copy of anything.
 
 use std::cell::RefCell;
 use std::io;
@@ -102,7 +104,7 @@ pub struct OriginStats {
     pub cache_hits: u64,
     pub cache_misses: u64,
     /// Fetched or written pages the pool did not keep: they compress to
-    /// half a page or more, or the pool could not make room.
+    /// more than `--cache-max-compressed`, or the pool could not make room.
     pub cache_refused: u64,
     /// Fetched pages not kept because a write reached them meanwhile.
     pub cache_stale: u64,

@@ -12,7 +12,7 @@
 //! out goes loop → FUSE → this process → the pool: one hop. `zmem serve
 //! --fuse` serves any export this way, the caching device of `--origin`
 //! among them (`zmem bench cache`: sequential re-reads 4.5 × the bare
-//! disk through this file, 1.5–1.8 × through nbdfuse).
+//! disk through this file, 1.5–2.2 × through nbdfuse).
 //!
 //! # How
 //! [`mount`] builds the filesystem on [`fuser`] (pure Rust, no libfuse): the

@@ -106,16 +106,6 @@ fn parse_uri(uri: &str) -> Result<(Target, String), ClientError> {
     Err(bad("unknown scheme"))
 }
 
-fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().unwrap())
-}
-fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().unwrap())
-}
-
 /// A server's export as the handshake found it.
 #[derive(Clone, Copy, Debug)]
 struct Found {
@@ -202,13 +192,13 @@ impl NbdOrigin {
         let st = ClientState::Greeting;
         let mut g = [0u8; 18];
         s.read_exact(&mut g).map_err(self.io(st))?;
-        if be64(&g) != NBDMAGIC {
+        if be_u64(&g) != NBDMAGIC {
             return Err(self.proto(st, "not an NBD server (no NBDMAGIC)".into()));
         }
-        if be64(&g[8..]) != IHAVEOPT {
+        if be_u64(&g[8..]) != IHAVEOPT {
             return Err(self.proto(st, "an oldstyle server: only newstyle is supported".into()));
         }
-        let hflags = be16(&g[16..]);
+        let hflags = be_u16(&g[16..]);
         if hflags & FLAG_FIXED_NEWSTYLE == 0 {
             return Err(self.proto(st, "the server is not fixed-newstyle".into()));
         }
@@ -230,7 +220,7 @@ impl NbdOrigin {
         loop {
             let mut h = [0u8; 20];
             s.read_exact(&mut h).map_err(self.io(st))?;
-            let (magic, opt, typ, len) = (be64(&h), be32(&h[8..]), be32(&h[12..]), be32(&h[16..]));
+            let (magic, opt, typ, len) = (be_u64(&h), be_u32(&h[8..]), be_u32(&h[12..]), be_u32(&h[16..]));
             if magic != OPT_REPLY_MAGIC || opt != OPT_GO {
                 return Err(self.proto(st, format!("bad option reply (magic {magic:#x}, option {opt})")));
             }
@@ -241,8 +231,8 @@ impl NbdOrigin {
             s.read_exact(&mut data).map_err(self.io(st))?;
             match typ {
                 REP_ACK => break,
-                REP_INFO if data.len() >= 12 && be16(&data) == INFO_EXPORT => {
-                    found = Some(Found { size: be64(&data[2..]), flags: be16(&data[10..]) });
+                REP_INFO if data.len() >= 12 && be_u16(&data) == INFO_EXPORT => {
+                    found = Some(Found { size: be_u64(&data[2..]), flags: be_u16(&data[10..]) });
                 }
                 REP_INFO => {}
                 t if t & (1 << 31) != 0 => {
@@ -282,26 +272,20 @@ impl NbdOrigin {
         let st = ClientState::Transmission;
         let handle = c.next_handle;
         c.next_handle += 1;
-        let mut h = [0u8; 28];
-        h[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        h[4..6].copy_from_slice(&flags.to_be_bytes());
-        h[6..8].copy_from_slice(&typ.to_be_bytes());
-        h[8..16].copy_from_slice(&handle.to_be_bytes());
-        h[16..24].copy_from_slice(&offset.to_be_bytes());
-        h[24..28].copy_from_slice(&len.to_be_bytes());
+        let h = Request { flags, typ, handle, offset, len }.encode();
         c.s.write_all(&h).map_err(self.io(st))?;
         if !payload.is_empty() {
             c.s.write_all(payload).map_err(self.io(st))?;
         }
         let mut r = [0u8; 16];
         c.s.read_exact(&mut r).map_err(self.io(st))?;
-        if be32(&r) != SIMPLE_REPLY_MAGIC || be64(&r[8..]) != handle {
+        if be_u32(&r) != SIMPLE_REPLY_MAGIC || be_u64(&r[8..]) != handle {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                self.proto(st, format!("bad reply (magic {:#x}, handle {} for {handle})", be32(&r), be64(&r[8..]))).to_string(),
+                self.proto(st, format!("bad reply (magic {:#x}, handle {} for {handle})", be_u32(&r), be_u64(&r[8..]))).to_string(),
             ));
         }
-        let errno = be32(&r[4..]);
+        let errno = be_u32(&r[4..]);
         if errno != 0 {
             let os = io::Error::from_raw_os_error(errno as i32);
             return Err(io::Error::other(format!("{}: the server failed command {typ} at {offset}+{len}: {os}", self.uri)));

@@ -11,8 +11,9 @@
 //! over a bounded channel, so they run concurrently with each other and with
 //! the small ones; so do small ones that may wait for a cache's origin (a
 //! read that misses, a write, trim, zeroing or flush: milliseconds, where a
-//! hit takes microseconds), so that the hits behind them are not held up. Every reply is written whole under a mutex on the socket;
-//! replies therefore go out in completion order, matched by handle, and a
+//! hit takes microseconds), so that the hits behind them are not held up.
+//! Every reply is written whole under a mutex on the socket; replies
+//! therefore go out in completion order, matched by handle, and a
 //! WRITE is in the pool before its reply is encoded. Payload bytes in flight
 //! at the workers per connection are capped, so a client cannot make the
 //! server buffer unbounded data.
@@ -900,9 +901,6 @@ impl Server {
         }
     }
 
-    /// Run one request and encode its complete reply.
-    /// The reply is appended to `out` (which may already hold earlier
-    /// replies of a batch).
     /// Whether a request may wait for a cache's origin (a read that
     /// misses, any write, trim, zeroing or flush): such a request goes to
     /// the workers even if small, so the reader goes on to the next.
@@ -915,6 +913,9 @@ impl Server {
         }
     }
 
+    /// Run one request and encode its complete reply.
+    /// The reply is appended to `out` (which may already hold earlier
+    /// replies of a batch).
     fn execute(&self, req: &Request, payload: &[u8], s: &Session, out: &mut Vec<u8>) {
         let h = req.handle;
         let base = out.len();

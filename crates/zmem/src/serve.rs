@@ -96,9 +96,6 @@ pub struct Args {
     pub fuse_threads: u16,
 }
 
-/// The file in the --fuse directory.
-pub const FUSE_FILE: &str = "image";
-
 /// Upper bound for --workers: each connection may run this many threads.
 pub const MAX_WORKERS: u16 = 64;
 
@@ -206,9 +203,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // nothing behind (a mount made is undone when `fuse` drops).
     let fuse = match &a.fuse {
         Some(dir) => {
-            let cfg = zmem_fuse::FuseConfig { file_name: FUSE_FILE.into(), threads: a.fuse_threads.into(), allow_other: false };
+            // The file is `image`, as for `zmem swap`.
+            let cfg = zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), ..Default::default() };
             let m = zmem_fuse::mount(Arc::clone(server.export()), dir, &cfg).with_context(|| format!("mounting the FUSE file at {}", dir.display()))?;
-            eprintln!("zmem: also serving the device as {}", dir.join(FUSE_FILE).display());
+            eprintln!("zmem: also serving the device as {}", dir.join(&cfg.file_name).display());
             Some(m)
         }
         None => None,
