@@ -26,9 +26,7 @@ fn main() {
         // Warm, cache-resident steady state: a 2000-object population where
         // every round frees every other object (spans stay live) and refills.
         let pool = ZsPool::default();
-        let mut hs: Vec<Handle> = (0..2000)
-            .map(|_| pool.alloc_write(&data).unwrap())
-            .collect();
+        let mut hs: Vec<Handle> = (0..2000).map(|_| pool.alloc_write(&data).unwrap()).collect();
         let (mut tf, mut ta, rounds) = (std::time::Duration::ZERO, std::time::Duration::ZERO, 200);
         for _ in 0..rounds {
             let t = Instant::now();
@@ -70,8 +68,5 @@ fn main() {
     for _ in 0..n {
         black_box(pool.alloc_write(&page).unwrap());
     }
-    println!(
-        "len 4096 churn: free (madvise) {free:.1} ns, alloc into released span {:.1} ns",
-        per(t.elapsed(), n)
-    );
+    println!("len 4096 churn: free (madvise) {free:.1} ns, alloc into released span {:.1} ns", per(t.elapsed(), n));
 }

@@ -33,11 +33,7 @@ pub struct Budget {
 
 impl Budget {
     pub fn new(limit: Option<u64>) -> Budget {
-        Budget {
-            used: AtomicU64::new(0),
-            max_used: AtomicU64::new(0),
-            limit: AtomicU64::new(limit.unwrap_or(u64::MAX)),
-        }
+        Budget { used: AtomicU64::new(0), max_used: AtomicU64::new(0), limit: AtomicU64::new(limit.unwrap_or(u64::MAX)) }
     }
 
     /// Charge `bytes`, unless that takes the total past the limit; then

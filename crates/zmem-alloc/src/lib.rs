@@ -88,8 +88,8 @@ mod mem;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-pub use budget::Budget;
 use budget::grow_charged;
+pub use budget::Budget;
 
 use parking_lot::RwLock;
 
@@ -191,10 +191,7 @@ pub struct AllocConfig {
 
 impl Default for AllocConfig {
     fn default() -> Self {
-        AllocConfig {
-            max_span_pages: DEFAULT_SPAN_PAGES,
-            limit_bytes: None,
-        }
+        AllocConfig { max_span_pages: DEFAULT_SPAN_PAGES, limit_bytes: None }
     }
 }
 
@@ -368,9 +365,7 @@ impl ClassState {
 
     #[inline]
     fn unlink(&mut self, s: u32) {
-        let SpanMeta {
-            prev, next, group, ..
-        } = self.spans[s as usize];
+        let SpanMeta { prev, next, group, .. } = self.spans[s as usize];
         if prev != NIL {
             self.spans[prev as usize].next = next;
         } else {
@@ -428,10 +423,7 @@ impl ClassState {
         if e & E_LIVE == 0 || e >> GEN_SHIFT != h.gen() {
             return None;
         }
-        Some((
-            ((e >> E_SPAN_SHIFT) & E_SPAN_MASK) as usize,
-            (e & E_SLOT_MASK) as usize,
-        ))
+        Some((((e >> E_SPAN_SHIFT) & E_SPAN_MASK) as usize, (e & E_SLOT_MASK) as usize))
     }
 
     /// Bring a span to life (reuse a released one, or carve a new one).
@@ -467,8 +459,7 @@ impl ClassState {
             let cap = (MAX_CHUNK_BYTES / span_bytes).max(1);
             let n = (FIRST_CHUNK_SPANS << self.chunks.len().min(20)).min(cap);
             grow_charged(&mut self.chunks, 1, b)?;
-            let chunk =
-                Chunk::map(n * span_bytes).map_err(|e| AllocError::OutOfMemory(e.to_string()))?;
+            let chunk = Chunk::map(n * span_bytes).map_err(|e| AllocError::OutOfMemory(e.to_string()))?;
             self.chunks.push(chunk);
             self.chunk_spans_left = n;
             self.chunk_next_off = 0;
@@ -489,8 +480,7 @@ impl ClassState {
         self.chunk_spans_left -= 1;
         self.chunk_next_off += self.span_bytes();
         let objs = self.objs as u32;
-        self.backptr
-            .extend((1..=objs).map(|i| FREE_BIT | if i == objs { SLOT_NIL as u32 } else { i }));
+        self.backptr.extend((1..=objs).map(|i| FREE_BIT | if i == objs { SLOT_NIL as u32 } else { i }));
         Ok(s)
     }
 
@@ -507,12 +497,7 @@ impl ClassState {
         c.spans_released.fetch_add(1, Relaxed);
     }
 
-    fn alloc_write(
-        &mut self,
-        class: usize,
-        data: &[u8],
-        c: &Counters,
-    ) -> Result<Handle, AllocError> {
+    fn alloc_write(&mut self, class: usize, data: &[u8], c: &Counters) -> Result<Handle, AllocError> {
         // Check everything fallible before mutating anything (growing a
         // table's capacity, charged, is not a change anyone can see).
         if self.handle_free == NIL {
@@ -560,8 +545,7 @@ impl ClassState {
             (self.handles.len() - 1) as u32
         };
         let gen = self.handles[idx as usize] >> GEN_SHIFT;
-        self.handles[idx as usize] =
-            (gen << GEN_SHIFT) | E_LIVE | ((s as u64) << E_SPAN_SHIFT) | slot as u64;
+        self.handles[idx as usize] = (gen << GEN_SHIFT) | E_LIVE | ((s as u64) << E_SPAN_SHIFT) | slot as u64;
         self.backptr[s as usize * self.objs + slot] = idx;
         self.objs_used += 1;
 
@@ -574,9 +558,7 @@ impl ClassState {
     }
 
     fn free(&mut self, h: Handle, c: &Counters) -> Result<(), AllocError> {
-        let (s, slot) = self
-            .lookup(h)
-            .ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
+        let (s, slot) = self.lookup(h).ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
         let s = s as u32;
         self.push_slot(s, slot);
         let idx = h.index();
@@ -637,8 +619,7 @@ impl ClassState {
         let size = self.size;
         let base = src as usize * self.objs;
         for slot in (0..self.objs).rev() {
-            if self.spans[src as usize].inuse == 0 || self.spans[dst as usize].free_head == SLOT_NIL
-            {
+            if self.spans[src as usize].inuse == 0 || self.spans[dst as usize].free_head == SLOT_NIL {
                 break;
             }
             let idx = self.backptr[base + slot];
@@ -661,16 +642,12 @@ impl ClassState {
             let (sc, so) = self.obj_location(src as usize, slot);
             let (dc, dof) = self.obj_location(dst as usize, dslot);
             tmp[..size].copy_from_slice(self.chunks[sc].bytes(so, size));
-            self.chunks[dc]
-                .bytes_mut(dof, size)
-                .copy_from_slice(&tmp[..size]);
+            self.chunks[dc].bytes_mut(dof, size).copy_from_slice(&tmp[..size]);
             self.backptr[dst as usize * self.objs + dslot] = idx;
             self.push_slot(src, slot);
             moved += 1;
             let e = &mut self.handles[idx as usize];
-            *e = (*e & !((E_SPAN_MASK << E_SPAN_SHIFT) | E_SLOT_MASK))
-                | ((dst as u64) << E_SPAN_SHIFT)
-                | dslot as u64;
+            *e = (*e & !((E_SPAN_MASK << E_SPAN_SHIFT) | E_SLOT_MASK)) | ((dst as u64) << E_SPAN_SHIFT) | dslot as u64;
         }
 
         let g = self.group_for(self.spans[dst as usize].inuse as usize);
@@ -802,14 +779,7 @@ impl ZsPool {
     pub fn with_budget(cfg: AllocConfig, budget: Arc<Budget>) -> ZsPool {
         budget.force_charge(Self::fixed_bytes());
         let max_pages = cfg.max_span_pages.clamp(1, MAX_SPAN_PAGES);
-        let classes = (0..NUM_CLASSES)
-            .map(|c| {
-                Padded(RwLock::new(ClassState::new(
-                    MIN_OBJ_SIZE + c * CLASS_DELTA,
-                    max_pages,
-                )))
-            })
-            .collect();
+        let classes = (0..NUM_CLASSES).map(|c| Padded(RwLock::new(ClassState::new(MIN_OBJ_SIZE + c * CLASS_DELTA, max_pages)))).collect();
         ZsPool {
             classes,
             counters: Counters {
@@ -843,20 +813,14 @@ impl ZsPool {
 
     #[inline]
     fn class_of_handle(&self, h: Handle) -> Result<&RwLock<ClassState>, AllocError> {
-        self.classes
-            .get(h.class())
-            .map(|p| &p.0)
-            .ok_or(AllocError::InvalidHandle { raw: h.to_raw() })
+        self.classes.get(h.class()).map(|p| &p.0).ok_or(AllocError::InvalidHandle { raw: h.to_raw() })
     }
 
     /// Allocate an object of `data.len()` (1..=4096) bytes and copy `data` in.
     /// Bytes of the class slot past `data.len()` are zeroed.
     pub fn alloc_write(&self, data: &[u8]) -> Result<Handle, AllocError> {
         let class = Self::class_of_len(data.len())?;
-        self.classes[class]
-            .0
-            .write()
-            .alloc_write(class, data, &self.counters)
+        self.classes[class].0.write().alloc_write(class, data, &self.counters)
     }
 
     /// Run `f` on the object's bytes: a slice of the object's *class* size
@@ -866,9 +830,7 @@ impl ZsPool {
     #[inline]
     pub fn read<R>(&self, h: Handle, f: impl FnOnce(&[u8]) -> R) -> Result<R, AllocError> {
         let st = self.class_of_handle(h)?.read();
-        let (s, slot) = st
-            .lookup(h)
-            .ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
+        let (s, slot) = st.lookup(h).ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
         let (chunk, off) = st.obj_location(s, slot);
         Ok(f(st.chunks[chunk].bytes(off, st.size)))
     }
@@ -884,9 +846,7 @@ impl ZsPool {
             return Ok(false);
         }
         let mut st = self.classes[class].0.write();
-        let (s, slot) = st
-            .lookup(h)
-            .ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
+        let (s, slot) = st.lookup(h).ok_or(AllocError::InvalidHandle { raw: h.to_raw() })?;
         let (chunk, off) = st.obj_location(s, slot);
         let size = st.size;
         let obj = st.chunks[chunk].bytes_mut(off, size);
@@ -988,19 +948,13 @@ impl ZsPool {
     /// Should always be 0.
     #[doc(hidden)]
     pub fn resident_pages_of_released_spans(&self) -> usize {
-        self.classes
-            .iter()
-            .map(|c| c.0.read().resident_pages().1)
-            .sum()
+        self.classes.iter().map(|c| c.0.read().resident_pages().1).sum()
     }
 
     /// Test hook: pages of live spans that are resident (mincore).
     #[doc(hidden)]
     pub fn resident_pages_of_live_spans(&self) -> usize {
-        self.classes
-            .iter()
-            .map(|c| c.0.read().resident_pages().0)
-            .sum()
+        self.classes.iter().map(|c| c.0.read().resident_pages().0).sum()
     }
 
     /// Test hook: pages per span chosen for a class size.
@@ -1010,9 +964,7 @@ impl ZsPool {
         if i % CLASS_DELTA != 0 {
             return None;
         }
-        self.classes
-            .get(i / CLASS_DELTA)
-            .map(|c| c.0.read().span_pages)
+        self.classes.get(i / CLASS_DELTA).map(|c| c.0.read().span_pages)
     }
 }
 
@@ -1020,9 +972,7 @@ impl Drop for ZsPool {
     /// Give back everything this pool charged, so a shared budget stays true.
     fn drop(&mut self) {
         let st = self.stats();
-        self.counters
-            .budget
-            .uncharge(st.pages_used * PAGE_SIZE as u64 + st.metadata_bytes);
+        self.counters.budget.uncharge(st.pages_used * PAGE_SIZE as u64 + st.metadata_bytes);
     }
 }
 
@@ -1034,9 +984,7 @@ impl Default for ZsPool {
 
 impl std::fmt::Debug for ZsPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ZsPool")
-            .field("stats", &self.stats())
-            .finish()
+        f.debug_struct("ZsPool").field("stats", &self.stats()).finish()
     }
 }
 
@@ -1057,18 +1005,12 @@ mod tests {
             let (w, t) = waste_frac(size, k);
             for k4 in 1..=4 {
                 let (w4, t4) = waste_frac(size, k4);
-                assert!(
-                    w * t4 <= w4 * t,
-                    "class {size}: k={k} wastes more than k={k4}"
-                );
+                assert!(w * t4 <= w4 * t, "class {size}: k={k} wastes more than k={k4}");
             }
             // Tie -> smallest: no smaller k has the same fraction.
             for ks in 1..k {
                 let (ws, ts) = waste_frac(size, ks);
-                assert!(
-                    w * ts < ws * t,
-                    "class {size}: k={k} not minimal, {ks} ties"
-                );
+                assert!(w * ts < ws * t, "class {size}: k={k} not minimal, {ks} ties");
             }
         }
         assert_eq!(pages_per_span(32, 16), 1);
@@ -1080,10 +1022,7 @@ mod tests {
     #[test]
     fn handle_layout() {
         let h = Handle::new(254, 0x7fff_ffff, GEN_MASK);
-        assert_eq!(
-            (h.class(), h.index(), h.gen()),
-            (254, 0x7fff_ffff, GEN_MASK)
-        );
+        assert_eq!((h.class(), h.index(), h.gen()), (254, 0x7fff_ffff, GEN_MASK));
         assert_eq!(next_gen(GEN_MASK), 1);
         assert_eq!(NUM_CLASSES, 255);
         assert!(std::mem::size_of::<SpanMeta>() <= 24);

@@ -30,22 +30,12 @@ impl Chunk {
     /// Map `len` bytes (a multiple of [`PAGE_SIZE`]) of zero-filled,
     /// lazily-backed anonymous memory.
     pub(crate) fn map(len: usize) -> io::Result<Chunk> {
-        assert!(
-            len > 0 && len.is_multiple_of(PAGE_SIZE),
-            "chunk length must be whole pages"
-        );
+        assert!(len > 0 && len.is_multiple_of(PAGE_SIZE), "chunk length must be whole pages");
         // SAFETY: a fresh private anonymous mapping at a kernel-chosen address
         // (no fd, offset 0) cannot alias any existing Rust object; the result
         // is checked against MAP_FAILED before use.
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
         };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -56,8 +46,7 @@ impl Chunk {
         unsafe {
             libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
         }
-        let ptr =
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
         Ok(Chunk { ptr, len })
     }
 
@@ -121,13 +110,7 @@ impl Chunk {
         let mut vec = vec![0u8; len.div_ceil(PAGE_SIZE)];
         // SAFETY: page-aligned range inside our mapping; `vec` has one byte per
         // page of the range, as mincore requires, and outlives the call.
-        let rc = unsafe {
-            libc::mincore(
-                self.ptr.as_ptr().add(off).cast(),
-                len,
-                vec.as_mut_ptr().cast(),
-            )
-        };
+        let rc = unsafe { libc::mincore(self.ptr.as_ptr().add(off).cast(), len, vec.as_mut_ptr().cast()) };
         if rc != 0 {
             return 0;
         }

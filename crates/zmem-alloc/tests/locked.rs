@@ -14,9 +14,7 @@ fn emptied_spans_are_released_under_mlockall() {
         return;
     }
     let pool = ZsPool::new(AllocConfig::default());
-    let hs: Vec<_> = (0..4000u32)
-        .map(|i| pool.alloc_write(&vec![(i % 251) as u8; 1000 + (i as usize % 7) * 300]).unwrap())
-        .collect();
+    let hs: Vec<_> = (0..4000u32).map(|i| pool.alloc_write(&vec![(i % 251) as u8; 1000 + (i as usize % 7) * 300]).unwrap()).collect();
     assert!(pool.resident_pages_of_live_spans() > 500);
     for h in hs {
         pool.free(h).unwrap();

@@ -13,11 +13,7 @@ fn content(seed: u64, len: usize) -> Vec<u8> {
 
 fn read_exact(pool: &ZsPool, h: Handle, len: usize) -> Result<Vec<u8>, AllocError> {
     pool.read(h, |b| {
-        assert_eq!(
-            Some(b.len()),
-            ZsPool::class_size(len),
-            "read slice must be the class size"
-        );
+        assert_eq!(Some(b.len()), ZsPool::class_size(len), "read slice must be the class size");
         b[..len].to_vec()
     })
 }
@@ -32,12 +28,7 @@ enum Op {
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
-    let len = prop_oneof![
-        1usize..=64,
-        1usize..=4096,
-        4000usize..=4096,
-        Just(4096usize)
-    ];
+    let len = prop_oneof![1usize..=64, 1usize..=4096, 4000usize..=4096, Just(4096usize)];
     prop_oneof![
         6 => (len, any::<u64>()).prop_map(|(len, seed)| Op::Alloc { len, seed }),
         4 => any::<usize>().prop_map(Op::Free),
@@ -50,10 +41,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 fn check_stats(pool: &ZsPool, model: &HashMap<Handle, Vec<u8>>) {
     let st = pool.stats();
     assert_eq!(st.objs_used, model.len() as u64);
-    let bytes: u64 = model
-        .values()
-        .map(|v| ZsPool::class_size(v.len()).unwrap() as u64)
-        .sum();
+    let bytes: u64 = model.values().map(|v| ZsPool::class_size(v.len()).unwrap() as u64).sum();
     assert_eq!(st.obj_bytes_used, bytes);
     assert!(st.objs_allocated >= st.objs_used);
     assert_eq!(st.pages_used, pool.pages_used());
@@ -142,20 +130,14 @@ fn compaction_moves_objects_and_frees_spans() {
         }
     }
     let before = pool.stats();
-    assert_eq!(
-        before.pages_used, full_pages,
-        "scattered frees should not empty spans"
-    );
+    assert_eq!(before.pages_used, full_pages, "scattered frees should not empty spans");
     assert_eq!(before.pages_compacted, 0);
     let freed = pool.compact();
     let after = pool.stats();
     assert!(freed > 0);
     assert_eq!(after.pages_compacted, freed);
     assert_eq!(after.pages_used, before.pages_used - freed);
-    assert!(
-        after.pages_used * 4 < before.pages_used,
-        "{after:?} vs {before:?}"
-    );
+    assert!(after.pages_used * 4 < before.pages_used, "{after:?} vs {before:?}");
     // Nothing left to compact: fewer than one span's worth of holes.
     let span_objs = pool.span_pages_of_class(112).unwrap() as u64 * 4096 / 112;
     assert!(after.objs_allocated - after.objs_used < span_objs);
@@ -172,10 +154,7 @@ fn compaction_moves_objects_and_frees_spans() {
 
 #[test]
 fn compaction_across_all_classes() {
-    let pool = ZsPool::new(AllocConfig {
-        max_span_pages: 4,
-        limit_bytes: None,
-    });
+    let pool = ZsPool::new(AllocConfig { max_span_pages: 4, limit_bytes: None });
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut live = Vec::new();
     for i in 0..30_000u64 {
@@ -217,10 +196,7 @@ fn released_spans_leave_ram() {
     // (except untouched tail pages of each class's last, partly filled span).
     let slack = pool.span_pages_of_class(704).unwrap() + pool.span_pages_of_class(48).unwrap();
     let live = pool.resident_pages_of_live_spans();
-    assert!(
-        live <= used && live + slack >= used,
-        "{live} resident of {used}"
-    );
+    assert!(live <= used && live + slack >= used, "{live} resident of {used}");
     assert_eq!(pool.resident_pages_of_released_spans(), 0);
     // Free the huge objects: each releases its own span.
     for h in hs.iter().step_by(3) {
@@ -246,14 +222,8 @@ fn released_spans_leave_ram() {
 #[test]
 fn errors() {
     let pool = ZsPool::default();
-    assert!(matches!(
-        pool.alloc_write(&[]),
-        Err(AllocError::InvalidSize { len: 0 })
-    ));
-    assert!(matches!(
-        pool.alloc_write(&[0; 4097]),
-        Err(AllocError::InvalidSize { len: 4097 })
-    ));
+    assert!(matches!(pool.alloc_write(&[]), Err(AllocError::InvalidSize { len: 0 })));
+    assert!(matches!(pool.alloc_write(&[0; 4097]), Err(AllocError::InvalidSize { len: 4097 })));
     assert_eq!(ZsPool::class_size(0), None);
     assert_eq!(ZsPool::class_size(4097), None);
     assert_eq!(ZsPool::class_size(1), Some(32));
@@ -265,50 +235,23 @@ fn errors() {
     let keep = pool.alloc_write(b"world").unwrap();
     assert_eq!(pool.read(h, |b| b[..5].to_vec()).unwrap(), b"hello");
     pool.free(h).unwrap();
-    assert!(matches!(
-        pool.read(h, |_| ()),
-        Err(AllocError::InvalidHandle { .. })
-    ));
-    assert!(matches!(
-        pool.free(h),
-        Err(AllocError::InvalidHandle { .. })
-    ));
+    assert!(matches!(pool.read(h, |_| ()), Err(AllocError::InvalidHandle { .. })));
+    assert!(matches!(pool.free(h), Err(AllocError::InvalidHandle { .. })));
     // Slot and handle index reused: the old handle must still be rejected.
     let h2 = pool.alloc_write(b"again").unwrap();
     assert_ne!(h, h2);
-    assert!(matches!(
-        pool.read(h, |_| ()),
-        Err(AllocError::InvalidHandle { .. })
-    ));
-    assert!(matches!(
-        pool.free(h),
-        Err(AllocError::InvalidHandle { .. })
-    ));
+    assert!(matches!(pool.read(h, |_| ()), Err(AllocError::InvalidHandle { .. })));
+    assert!(matches!(pool.free(h), Err(AllocError::InvalidHandle { .. })));
     assert_eq!(pool.read(h2, |b| b[..5].to_vec()).unwrap(), b"again");
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    for raw in [
-        0,
-        u64::MAX,
-        1,
-        0xFF << 32,
-        h2.to_raw() + 1,
-        h2.to_raw() ^ (1 << 40),
-    ]
-    .into_iter()
-    .chain((0..10_000).map(|_| rng.gen::<u64>()))
-    {
+    for raw in [0, u64::MAX, 1, 0xFF << 32, h2.to_raw() + 1, h2.to_raw() ^ (1 << 40)].into_iter().chain((0..10_000).map(|_| rng.gen::<u64>())) {
         if raw == h2.to_raw() || raw == keep.to_raw() {
             continue;
         }
         let g = Handle::from_raw(raw);
-        assert!(
-            matches!(pool.read(g, |_| ()), Err(AllocError::InvalidHandle { raw: r }) if r == raw)
-        );
-        assert!(matches!(
-            pool.free(g),
-            Err(AllocError::InvalidHandle { .. })
-        ));
+        assert!(matches!(pool.read(g, |_| ()), Err(AllocError::InvalidHandle { raw: r }) if r == raw));
+        assert!(matches!(pool.free(g), Err(AllocError::InvalidHandle { .. })));
     }
     assert_eq!(pool.read(keep, |b| b[..5].to_vec()).unwrap(), b"world");
     assert_eq!(pool.stats().objs_used, 2);
@@ -322,10 +265,7 @@ fn limit_reached_changes_nothing() {
         probe.alloc_write(&[i; 4096]).unwrap();
     }
     let limit = probe.budget().used();
-    let pool = ZsPool::new(AllocConfig {
-        max_span_pages: 16,
-        limit_bytes: Some(limit),
-    });
+    let pool = ZsPool::new(AllocConfig { max_span_pages: 16, limit_bytes: Some(limit) });
     let mut hs = Vec::new();
     for i in 0..10u8 {
         hs.push(pool.alloc_write(&[i; 4096]).unwrap());
@@ -346,10 +286,7 @@ fn limit_reached_changes_nothing() {
     hs.push(pool.alloc_write(&[42; 4096]).unwrap());
     pool.set_limit(None);
     let extra = pool.alloc_write(&[5; 100]).unwrap();
-    assert_eq!(
-        pool.read(extra, |b| b[..100].to_vec()).unwrap(),
-        vec![5; 100]
-    );
+    assert_eq!(pool.read(extra, |b| b[..100].to_vec()).unwrap(), vec![5; 100]);
     assert!(pool.pages_used() > 10);
     // Objects that fit an existing span's touched pages succeed even at the limit.
     pool.set_limit(Some(pool.budget().used()));
@@ -416,12 +353,7 @@ fn metadata_grows_with_objects() {
     let pool = ZsPool::default();
     let m0 = pool.stats().metadata_bytes;
     assert!(m0 > 0);
-    let hs: Vec<_> = (0..20_000u64)
-        .map(|i| {
-            pool.alloc_write(&content(i, 1 + (i as usize * 37) % 2000))
-                .unwrap()
-        })
-        .collect();
+    let hs: Vec<_> = (0..20_000u64).map(|i| pool.alloc_write(&content(i, 1 + (i as usize * 37) % 2000)).unwrap()).collect();
     let st = pool.stats();
     assert!(st.metadata_bytes > m0 + 20_000 * 8, "{st:?}");
     assert!(st.obj_bytes_used <= st.pages_used * 4096);
@@ -434,10 +366,7 @@ fn metadata_grows_with_objects() {
 
 #[test]
 fn concurrent_stress_with_compaction() {
-    let pool = Arc::new(ZsPool::new(AllocConfig {
-        max_span_pages: 8,
-        limit_bytes: None,
-    }));
+    let pool = Arc::new(ZsPool::new(AllocConfig { max_span_pages: 8, limit_bytes: None }));
     let stop = Arc::new(AtomicBool::new(false));
     let compactor = {
         let (pool, stop) = (pool.clone(), stop.clone());
@@ -460,11 +389,7 @@ fn concurrent_stress_with_compaction() {
                     let r = rng.gen_range(0..10);
                     if r < 4 || live.is_empty() {
                         // Each thread favours a few classes shared with others.
-                        let len = if rng.gen_bool(0.1) {
-                            4096
-                        } else {
-                            rng.gen_range(1..=600)
-                        };
+                        let len = if rng.gen_bool(0.1) { 4096 } else { rng.gen_range(1..=600) };
                         let seed = (t << 32) | step;
                         let h = pool.alloc_write(&content(seed, len)).unwrap();
                         live.push((h, seed, len));
@@ -475,9 +400,7 @@ fn concurrent_stress_with_compaction() {
                         pool.free(h).unwrap();
                     } else {
                         let (h, seed, len) = live[rng.gen_range(0..live.len())];
-                        let ok = pool
-                            .read(h, |b| b[..len] == content(seed, len)[..])
-                            .unwrap();
+                        let ok = pool.read(h, |b| b[..len] == content(seed, len)[..]).unwrap();
                         assert!(ok);
                     }
                 }

@@ -121,10 +121,7 @@ impl OsFile {
     /// aligned write and read-back must work before the file is used.
     pub fn open(path: &Path, existing: Existing) -> Result<(OsFile, Option<String>), BackingError> {
         let refuse = |why: String| BackingError::Refused { path: path.to_owned(), why };
-        let io_err = |op: &'static str, e: io::Error| BackingError::Io {
-            op,
-            source: io::Error::new(e.kind(), format!("{}: {e}", path.display())),
-        };
+        let io_err = |op: &'static str, e: io::Error| BackingError::Io { op, source: io::Error::new(e.kind(), format!("{}: {e}", path.display())) };
         let create = match std::fs::symlink_metadata(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => true,
             Err(e) => return Err(io_err("stat", e)),
@@ -156,9 +153,7 @@ impl OsFile {
                 })?;
                 (f, Some(format!("opening it with O_DIRECT failed: {e}")))
             }
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                return Err(refuse("it was created by someone else while zmem was opening it".into()))
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Err(refuse("it was created by someone else while zmem was opening it".into())),
             Err(e) => return Err(io_err("open", e)),
         };
         // What was opened is what was checked (nothing swapped it since).
@@ -239,9 +234,7 @@ impl OsFile {
             return Ok(None);
         }
         let what = if self.device_bytes.is_some() { "a block device whose first sectors hold data" } else { "a non-empty file" };
-        Ok(Some(format!(
-            "it is {what} ({len} bytes) that is not a zmem backing store; pass --force to overwrite it"
-        )))
+        Ok(Some(format!("it is {what} ({len} bytes) that is not a zmem backing store; pass --force to overwrite it")))
     }
 
     /// Write a page at offset 0 and read it back: the file must really keep
@@ -364,10 +357,7 @@ pub struct MemFile {
 impl MemFile {
     /// An empty file; `direct` selects `O_DIRECT` alignment checking.
     pub fn new(direct: bool) -> MemFile {
-        MemFile {
-            data: Mutex::new(Vec::new()),
-            direct,
-        }
+        MemFile { data: Mutex::new(Vec::new()), direct }
     }
 
     /// Current length of the file.
@@ -382,11 +372,7 @@ impl MemFile {
 
     fn check_aligned(&self, ptr: *const u8, len: usize, off: u64) -> io::Result<()> {
         let a = PAGE_SIZE as u64;
-        if self.direct
-            && !(off.is_multiple_of(a)
-                && (len as u64).is_multiple_of(a)
-                && (ptr as usize as u64).is_multiple_of(a))
-        {
+        if self.direct && !(off.is_multiple_of(a) && (len as u64).is_multiple_of(a) && (ptr as usize as u64).is_multiple_of(a)) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         Ok(())
@@ -462,13 +448,7 @@ pub struct FaultyFile<F: BlockFile> {
 impl<F: BlockFile> FaultyFile<F> {
     /// Wrap `inner` with no faults armed.
     pub fn new(inner: F) -> FaultyFile<F> {
-        FaultyFile {
-            inner,
-            faults: Mutex::new(Faults::default()),
-            door: Condvar::new(),
-            writes: AtomicU64::new(0),
-            reads: AtomicU64::new(0),
-        }
+        FaultyFile { inner, faults: Mutex::new(Faults::default()), door: Condvar::new(), writes: AtomicU64::new(0), reads: AtomicU64::new(0) }
     }
     /// Make the `n`th write from now (1 = the next one) fail with `EIO`
     /// without writing anything.
@@ -572,9 +552,7 @@ impl<F: BlockFile> BlockFile for FaultyFile<F> {
         };
         match limit {
             Some(l) if off >= l => Ok(0),
-            Some(l) if off + buf.len() as u64 > l => {
-                self.inner.write_at(&buf[..(l - off) as usize], off)
-            }
+            Some(l) if off + buf.len() as u64 > l => self.inner.write_at(&buf[..(l - off) as usize], off),
             _ => self.inner.write_at(buf, off),
         }
     }

@@ -63,14 +63,7 @@ struct Segment {
 
 impl Segment {
     fn new(state: SegState) -> Segment {
-        Segment {
-            state,
-            used: 0,
-            live_bytes: 0,
-            live_records: 0,
-            bad: false,
-            ids: Vec::new(),
-        }
+        Segment { state, used: 0, live_bytes: 0, live_records: 0, bad: false, ids: Vec::new() }
     }
 }
 
@@ -117,10 +110,7 @@ impl State {
             self.table[s as usize] = Entry { gen, ..e };
             s
         } else {
-            let s = u32::try_from(self.table.len())
-                .ok()
-                .filter(|&s| s < NONE - 1)
-                .expect("more than 4 billion live backing records");
+            let s = u32::try_from(self.table.len()).ok().filter(|&s| s < NONE - 1).expect("more than 4 billion live backing records");
             grow_gently(&mut self.table, 64);
             self.table.push(Entry { gen: 1, ..e });
             s
@@ -180,11 +170,7 @@ impl State {
     fn take_segment(&mut self, limit: Option<u64>, for_compaction: bool) -> Result<u32> {
         if let Some(limit) = limit {
             let max_segs = limit / SEG;
-            let allowed = if for_compaction || max_segs < 2 {
-                max_segs
-            } else {
-                max_segs - 1
-            };
+            let allowed = if for_compaction || max_segs < 2 { max_segs } else { max_segs - 1 };
             if self.occupied_bytes() / SEG + 1 > allowed {
                 return Err(BackingError::Full { limit_bytes: limit });
             }
@@ -478,11 +464,7 @@ fn verify(rec: &[u8], len: u16, key: Option<u64>) -> Option<(u64, &[u8])> {
     let hkey = u64::from_le_bytes(field(4..12).try_into().ok()?);
     let sum = u32::from_le_bytes(field(12..16).try_into().ok()?);
     let payload = rec.get(RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + len as usize)?;
-    (magic == RECORD_MAGIC
-        && hlen == len
-        && key.is_none_or(|k| k == hkey)
-        && sum == checksum(hkey, payload))
-    .then_some((hkey, payload))
+    (magic == RECORD_MAGIC && hlen == len && key.is_none_or(|k| k == hkey) && sum == checksum(hkey, payload)).then_some((hkey, payload))
 }
 
 /// A log-structured file of compressed records: zmem's writeback tier.
@@ -520,11 +502,7 @@ const SEG_EPOCHS: usize = 256;
 
 impl std::fmt::Debug for BackingStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BackingStore")
-            .field("direct", &self.direct)
-            .field("limit", &self.limit)
-            .field("stats", &self.stats())
-            .finish()
+        f.debug_struct("BackingStore").field("direct", &self.direct).field("limit", &self.limit).field("stats", &self.stats()).finish()
     }
 }
 
@@ -539,10 +517,7 @@ impl BackingStore {
             file,
             limit: limit_bytes,
             direct,
-            state: RwLock::new(State {
-                free_slot: NONE,
-                ..State::default()
-            }),
+            state: RwLock::new(State { free_slot: NONE, ..State::default() }),
             app: Mutex::new(None),
             app_made: std::sync::atomic::AtomicBool::new(false),
             c: Counters::default(),
@@ -619,24 +594,10 @@ impl BackingStore {
         }
         let ids = {
             let mut st = self.state.write();
-            let ids: Vec<RecordId> = plan
-                .places
-                .iter()
-                .zip(&lens)
-                .map(|(&(seg, off), &len)| {
-                    st.alloc_slot(Entry {
-                        seg,
-                        off,
-                        gen: 0,
-                        len: len as u16,
-                    })
-                })
-                .collect();
+            let ids: Vec<RecordId> =
+                plan.places.iter().zip(&lens).map(|(&(seg, off), &len)| st.alloc_slot(Entry { seg, off, gen: 0, len: len as u16 })).collect();
             st.records += ids.len() as u64;
-            st.live_bytes += lens
-                .iter()
-                .map(|l| (RECORD_HEADER_SIZE + l) as u64)
-                .sum::<u64>();
+            st.live_bytes += lens.iter().map(|l| (RECORD_HEADER_SIZE + l) as u64).sum::<u64>();
             self.finish_plan(&mut st, &plan);
             ids
         };
@@ -716,10 +677,7 @@ impl BackingStore {
             let hi = (need + ahead as u64).min(lo + READAHEAD as u64).min(seg_end).max(need);
             let got = self.read_some(buf.get_mut((hi - lo) as usize), lo)?;
             if (got as u64) < abs + n as u64 - lo {
-                return Err(BackingError::ShortRead {
-                    expected: (abs + n as u64 - lo) as usize,
-                    got,
-                });
+                return Err(BackingError::ShortRead { expected: (abs + n as u64 - lo) as usize, got });
             }
             self.serve(&buf.get(got)[(abs - lo) as usize..][..n], id, key, e.len, out)?;
             // Keep what was read for the records next to this one.
@@ -750,12 +708,7 @@ impl BackingStore {
             let mut st = self.state.write();
             let (slot, e) = st.lookup(id)?;
             let free_slot = st.free_slot;
-            st.table[slot] = Entry {
-                seg: NONE,
-                off: free_slot,
-                gen: e.gen.wrapping_add(1),
-                len: 0,
-            };
+            st.table[slot] = Entry { seg: NONE, off: free_slot, gen: e.gen.wrapping_add(1), len: 0 };
             st.free_slot = slot as u32;
             st.records -= 1;
             st.live_bytes -= (RECORD_HEADER_SIZE + e.len as usize) as u64;
@@ -878,11 +831,7 @@ impl BackingStore {
     /// moving to fresh segments as needed. Takes the state lock briefly.
     fn plan(&self, lens: &[usize], for_compaction: bool) -> Result<Plan> {
         let mut st = self.state.write();
-        let mut plan = Plan {
-            chunks: Vec::new(),
-            places: Vec::with_capacity(lens.len()),
-            taken: Vec::new(),
-        };
+        let mut plan = Plan { chunks: Vec::new(), places: Vec::with_capacity(lens.len()), taken: Vec::new() };
         let mut seg = match st.open {
             Some(s) => s,
             None => {
@@ -898,13 +847,7 @@ impl BackingStore {
             let need = (RECORD_HEADER_SIZE + len) as u32;
             if (pos + need) as usize > SEGMENT_SIZE {
                 if i > first {
-                    plan.chunks.push(Chunk {
-                        seg,
-                        start,
-                        data_end: pos,
-                        end: round_up(pos.into()) as u32,
-                        recs: first..i,
-                    });
+                    plan.chunks.push(Chunk { seg, start, data_end: pos, end: round_up(pos.into()) as u32, recs: first..i });
                 }
                 seg = match self.take_segment(&mut st, for_compaction) {
                     Ok(s) => s,
@@ -920,13 +863,7 @@ impl BackingStore {
             plan.places.push((seg, pos));
             pos += need;
         }
-        plan.chunks.push(Chunk {
-            seg,
-            start,
-            data_end: pos,
-            end: round_up(pos.into()) as u32,
-            recs: first..lens.len(),
-        });
+        plan.chunks.push(Chunk { seg, start, data_end: pos, end: round_up(pos.into()) as u32, recs: first..lens.len() });
         Ok(plan)
     }
 
@@ -940,9 +877,7 @@ impl BackingStore {
             for &s in &plan.taken {
                 st.free_segment(s);
             }
-            plan.chunks
-                .iter()
-                .any(|c| c.seg as u64 * SEG + c.end as u64 > st.file_len)
+            plan.chunks.iter().any(|c| c.seg as u64 * SEG + c.end as u64 > st.file_len)
         };
         self.trim(grew);
     }
@@ -969,12 +904,7 @@ impl BackingStore {
         st.open = Some(last);
     }
 
-    fn write_plan(
-        &self,
-        wbuf: &mut AlignedBuf,
-        plan: &Plan,
-        records: &[(u64, &[u8])],
-    ) -> Result<()> {
+    fn write_plan(&self, wbuf: &mut AlignedBuf, plan: &Plan, records: &[(u64, &[u8])]) -> Result<()> {
         for c in &plan.chunks {
             let buf = wbuf.get_mut((c.end - c.start) as usize);
             for i in c.recs.clone() {
@@ -995,29 +925,16 @@ impl BackingStore {
                 break Ok(());
             }
             match self.file.write_at(&buf[done..], off + done as u64) {
-                Ok(0) => {
-                    break Err(BackingError::ShortWrite {
-                        expected: buf.len(),
-                        written: done,
-                    })
-                }
+                Ok(0) => break Err(BackingError::ShortWrite { expected: buf.len(), written: done }),
                 Ok(n) => {
                     done += n;
                     if self.direct && done % PAGE_SIZE != 0 {
                         // The rest would be misaligned for O_DIRECT.
-                        break Err(BackingError::ShortWrite {
-                            expected: buf.len(),
-                            written: done,
-                        });
+                        break Err(BackingError::ShortWrite { expected: buf.len(), written: done });
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    break Err(BackingError::Io {
-                        op: "write",
-                        source,
-                    })
-                }
+                Err(source) => break Err(BackingError::Io { op: "write", source }),
             }
         };
         self.c.bytes_written.fetch_add(done as u64, Relaxed);
@@ -1063,12 +980,7 @@ impl BackingStore {
                 break Ok(());
             }
             match self.file.read_at(&mut buf[got..], off + got as u64) {
-                Ok(0) => {
-                    break Err(BackingError::ShortRead {
-                        expected: buf.len(),
-                        got,
-                    })
-                }
+                Ok(0) => break Err(BackingError::ShortRead { expected: buf.len(), got }),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(source) => break Err(BackingError::Io { op: "read", source }),
@@ -1082,15 +994,9 @@ impl BackingStore {
     /// appender lock.
     fn trim(&self, force: bool) {
         let mut st = self.state.write();
-        let keep = st
-            .segs
-            .iter()
-            .rposition(|s| s.state != SegState::Free)
-            .map_or(0, |i| i + 1);
+        let keep = st.segs.iter().rposition(|s| s.state != SegState::Free).map_or(0, |i| i + 1);
         let drop_n = st.segs.len() - keep;
-        let new_len = keep
-            .checked_sub(1)
-            .map_or(0, |i| i as u64 * SEG + st.segs[i].used as u64);
+        let new_len = keep.checked_sub(1).map_or(0, |i| i as u64 * SEG + st.segs[i].used as u64);
         if !force && drop_n == 0 && new_len >= st.file_len {
             return;
         }
@@ -1123,9 +1029,7 @@ impl BackingStore {
             st.segs
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| {
-                    s.state == SegState::Closed && !s.bad && (s.live_bytes as u64) * 2 < SEG
-                })
+                .filter(|(_, s)| s.state == SegState::Closed && !s.bad && (s.live_bytes as u64) * 2 < SEG)
                 .map(|(i, s)| (s.live_bytes, i as u32))
                 .collect()
         };
@@ -1171,12 +1075,7 @@ impl BackingStore {
         }
         if freed > 0 {
             let st = self.state.read();
-            tracing::debug!(
-                freed,
-                file_bytes = st.file_len,
-                live_bytes = st.live_bytes,
-                "compacted backing file"
-            );
+            tracing::debug!(freed, file_bytes = st.file_len, live_bytes = st.live_bytes, "compacted backing file");
         }
         Ok(freed)
     }
@@ -1206,9 +1105,7 @@ impl BackingStore {
         live.dedup();
         if live.is_empty() {
             let mut st = self.state.write();
-            if st.segs[v as usize].state == SegState::Closed
-                && st.segs[v as usize].live_records == 0
-            {
+            if st.segs[v as usize].state == SegState::Closed && st.segs[v as usize].live_records == 0 {
                 st.free_segment(v);
                 self.c.segments_compacted.fetch_add(1, Relaxed);
                 return Ok(true);
@@ -1219,21 +1116,13 @@ impl BackingStore {
         // v's space, and frees never move data.
         // Read only the aligned span holding live records.
         let lo = live[0].2 & !(PAGE_SIZE as u32 - 1);
-        let hi = live
-            .iter()
-            .map(|r| round_up((r.2 as usize + RECORD_HEADER_SIZE + r.3 as usize) as u64) as u32)
-            .max()
-            .unwrap_or(used)
-            .min(used);
+        let hi = live.iter().map(|r| round_up((r.2 as usize + RECORD_HEADER_SIZE + r.3 as usize) as u64) as u32).max().unwrap_or(used).min(used);
         let span = (hi - lo) as usize;
         self.read_exact(rbuf.get_mut(span), v as u64 * SEG + lo as u64)?;
         let data = rbuf.get(span);
         let mut recs: Vec<(u64, &[u8])> = Vec::with_capacity(live.len());
         for &(slot, _, off, len) in &live {
-            match data
-                .get((off - lo) as usize..)
-                .and_then(|r| verify(r, len, None))
-            {
+            match data.get((off - lo) as usize..).and_then(|r| verify(r, len, None)) {
                 Some(kp) => recs.push(kp),
                 None => {
                     tracing::warn!(
@@ -1468,5 +1357,4 @@ mod window_tests {
         let b = s.stats().bytes_read - before;
         assert!(b <= 1024 * 512 * 3 / 2, "512 records read in order with appends between cost {b} bytes of reads");
     }
-
 }

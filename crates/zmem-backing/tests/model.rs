@@ -4,9 +4,7 @@ mod common;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use zmem_backing::{
-    BackingError, BackingStore, MemFile, RecordId, RECORD_HEADER_SIZE, SEGMENT_SIZE,
-};
+use zmem_backing::{BackingError, BackingStore, MemFile, RecordId, RECORD_HEADER_SIZE, SEGMENT_SIZE};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -44,12 +42,8 @@ fn run(direct: bool, limit: Option<u64>, ops: Vec<Op>) -> Result<(), TestCaseErr
     for op in ops {
         match op {
             Op::Write(recs) => {
-                let data: Vec<(u64, Vec<u8>)> = recs
-                    .iter()
-                    .map(|&(k, len, seed, kind)| (k, common::payload(len, seed, kind)))
-                    .collect();
-                let batch: Vec<(u64, &[u8])> =
-                    data.iter().map(|(k, p)| (*k, p.as_slice())).collect();
+                let data: Vec<(u64, Vec<u8>)> = recs.iter().map(|&(k, len, seed, kind)| (k, common::payload(len, seed, kind))).collect();
+                let batch: Vec<(u64, &[u8])> = data.iter().map(|(k, p)| (*k, p.as_slice())).collect();
                 let got = match store.write_batch(&batch) {
                     Ok(got) => got,
                     // Under a limit, Full is allowed and records nothing.
@@ -71,9 +65,7 @@ fn run(direct: bool, limit: Option<u64>, ops: Vec<Op>) -> Result<(), TestCaseErr
                 let id = ids[i % ids.len()];
                 let (key, data) = &model[&id];
                 if matches!(op, Op::Read(_)) {
-                    store
-                        .read(id, *key, &mut out)
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    store.read(id, *key, &mut out).map_err(|e| TestCaseError::fail(e.to_string()))?;
                     prop_assert!(&out == data);
                 } else {
                     let r = store.read(id, key ^ 1, &mut out);
@@ -84,9 +76,7 @@ fn run(direct: bool, limit: Option<u64>, ops: Vec<Op>) -> Result<(), TestCaseErr
             Op::Free(i) if !ids.is_empty() => {
                 let id = ids.swap_remove(i % ids.len());
                 model.remove(&id);
-                store
-                    .free(id)
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                store.free(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 stale.push(id);
             }
             Op::FreeMany(pct, seed) => {
@@ -99,9 +89,7 @@ fn run(direct: bool, limit: Option<u64>, ops: Vec<Op>) -> Result<(), TestCaseErr
                     if (x % 100) < pct as u64 {
                         let id = ids.swap_remove(i);
                         model.remove(&id);
-                        store
-                            .free(id)
-                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        store.free(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
                         stale.push(id);
                     } else {
                         i += 1;
@@ -111,55 +99,32 @@ fn run(direct: bool, limit: Option<u64>, ops: Vec<Op>) -> Result<(), TestCaseErr
             Op::UseStale(i) if !stale.is_empty() => {
                 let id = stale[i % stale.len()];
                 let r = store.read(id, 0, &mut out);
-                prop_assert!(
-                    matches!(r, Err(BackingError::InvalidRecord { .. })),
-                    "{:?}",
-                    r
-                );
+                prop_assert!(matches!(r, Err(BackingError::InvalidRecord { .. })), "{:?}", r);
                 let f = store.free(id);
-                prop_assert!(
-                    matches!(f, Err(BackingError::InvalidRecord { .. })),
-                    "{:?}",
-                    f
-                );
+                prop_assert!(matches!(f, Err(BackingError::InvalidRecord { .. })), "{:?}", f);
             }
             Op::Compact => {
-                store
-                    .compact()
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                store.compact().map_err(|e| TestCaseError::fail(e.to_string()))?;
                 let s = store.stats();
-                prop_assert!(
-                    s.file_bytes <= 2 * s.live_bytes + 2 * SEGMENT_SIZE as u64,
-                    "after compact: {:?}",
-                    s
-                );
+                prop_assert!(s.file_bytes <= 2 * s.live_bytes + 2 * SEGMENT_SIZE as u64, "after compact: {:?}", s);
             }
             _ => {}
         }
         let s = store.stats();
         prop_assert_eq!(s.records, model.len() as u64);
-        let live: u64 = model
-            .values()
-            .map(|(_, p)| (RECORD_HEADER_SIZE + p.len()) as u64)
-            .sum();
+        let live: u64 = model.values().map(|(_, p)| (RECORD_HEADER_SIZE + p.len()) as u64).sum();
         prop_assert_eq!(s.live_bytes, live);
     }
     // Everything still reads back.
     for (id, (key, data)) in &model {
-        store
-            .read(*id, *key, &mut out)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        store.read(*id, *key, &mut out).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(&out == data);
     }
     // Freeing everything and compacting returns the file to nothing.
     for id in ids {
-        store
-            .free(id)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        store.free(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
-    store
-        .compact()
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    store.compact().map_err(|e| TestCaseError::fail(e.to_string()))?;
     let s = store.stats();
     prop_assert_eq!(s.records, 0);
     prop_assert!(s.file_bytes <= SEGMENT_SIZE as u64, "{:?}", s);

@@ -5,10 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use zmem_backing::{
-    BackingError, BackingStore, BlockFile, Existing, FaultyFile, MemFile, OsFile, RecordId,
-    RECORD_HEADER_SIZE, SEGMENT_SIZE,
-};
+use zmem_backing::{BackingError, BackingStore, BlockFile, Existing, FaultyFile, MemFile, OsFile, RecordId, RECORD_HEADER_SIZE, SEGMENT_SIZE};
 
 const SEG: u64 = SEGMENT_SIZE as u64;
 
@@ -37,26 +34,13 @@ fn store_is_send_and_sync() {
 fn batch_is_one_write_and_packed() {
     for direct in [false, true] {
         let (s, f) = faulty(direct);
-        let pages: Vec<Vec<u8>> = (0..64)
-            .map(|i| common::payload(1000 + i * 7, i as u64, 0))
-            .collect();
-        let batch: Vec<(u64, &[u8])> = pages
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (i as u64, p.as_slice()))
-            .collect();
+        let pages: Vec<Vec<u8>> = (0..64).map(|i| common::payload(1000 + i * 7, i as u64, 0)).collect();
+        let batch: Vec<(u64, &[u8])> = pages.iter().enumerate().map(|(i, p)| (i as u64, p.as_slice())).collect();
         let ids = s.write_batch(&batch).unwrap();
         assert_eq!(f.writes(), 1, "a batch must be one write");
-        let data: u64 = pages
-            .iter()
-            .map(|p| (p.len() + RECORD_HEADER_SIZE) as u64)
-            .sum();
+        let data: u64 = pages.iter().map(|p| (p.len() + RECORD_HEADER_SIZE) as u64).sum();
         let st = s.stats();
-        assert_eq!(
-            st.bytes_written,
-            data.div_ceil(4096) * 4096,
-            "records packed, padded once"
-        );
+        assert_eq!(st.bytes_written, data.div_ceil(4096) * 4096, "records packed, padded once");
         assert_eq!(st.records, 64);
         assert_eq!(st.records_written, 64);
         for (i, id) in ids.iter().enumerate() {
@@ -78,10 +62,7 @@ fn too_large_and_empty_batches() {
     let big = vec![1u8; 4097];
     let ok = vec![1u8; 10];
     let r = s.write_batch(&[(1, &ok), (2, &big)]);
-    assert!(
-        matches!(r, Err(BackingError::TooLarge { len: 4097 })),
-        "{r:?}"
-    );
+    assert!(matches!(r, Err(BackingError::TooLarge { len: 4097 })), "{r:?}");
     assert_eq!(s.write_batch(&[]).unwrap(), vec![]);
     assert_eq!(f.writes(), 0);
     assert_eq!(s.stats().records, 0);
@@ -98,18 +79,9 @@ fn churn_keeps_file_bounded() {
         for cycle in 0..20_000u64 {
             // Write a small batch, then free random records beyond the bound.
             let n = rng.gen_range(1..=8);
-            let recs: Vec<(u64, u64, usize)> = (0..n)
-                .map(|i| (cycle * 16 + i, rng.gen(), rng.gen_range(1..=4096)))
-                .collect();
-            let data: Vec<Vec<u8>> = recs
-                .iter()
-                .map(|&(_, seed, len)| common::payload(len, seed, 0))
-                .collect();
-            let batch: Vec<(u64, &[u8])> = recs
-                .iter()
-                .zip(&data)
-                .map(|(r, d)| (r.0, d.as_slice()))
-                .collect();
+            let recs: Vec<(u64, u64, usize)> = (0..n).map(|i| (cycle * 16 + i, rng.gen(), rng.gen_range(1..=4096))).collect();
+            let data: Vec<Vec<u8>> = recs.iter().map(|&(_, seed, len)| common::payload(len, seed, 0)).collect();
+            let batch: Vec<(u64, &[u8])> = recs.iter().zip(&data).map(|(r, d)| (r.0, d.as_slice())).collect();
             let ids = s.write_batch(&batch).unwrap();
             for (id, r) in ids.into_iter().zip(recs) {
                 live.push((id, r.0, r.1, r.2));
@@ -123,10 +95,7 @@ fn churn_keeps_file_bounded() {
         let st = s.stats();
         println!("churn (direct={direct}): {st:?}, peak file {peak_file}");
         assert_eq!(st.records, live.len() as u64);
-        assert!(
-            st.file_bytes <= 2 * st.live_bytes + 4 * SEG,
-            "file too long: {st:?}"
-        );
+        assert!(st.file_bytes <= 2 * st.live_bytes + 4 * SEG, "file too long: {st:?}");
         assert!(st.segments_compacted > 0);
         let mut out = Vec::new();
         for &(id, key, seed, len) in &live {
@@ -151,11 +120,7 @@ fn failed_write_records_nothing() {
             other => panic!("expected Io write error, got {other:?}"),
         }
         let after = s.stats();
-        assert_eq!(
-            f.inner().len(),
-            after.file_bytes,
-            "file cut back to its committed end"
-        );
+        assert_eq!(f.inner().len(), after.file_bytes, "file cut back to its committed end");
         assert_eq!(after.records, before.records);
         assert_eq!(after.live_bytes, before.live_bytes);
         assert_eq!(after.records_written, before.records_written);
@@ -176,17 +141,12 @@ fn failure_in_second_segment_of_a_split_batch_records_nothing() {
     let ids = s.write_batch(&batch).unwrap();
     let before = s.stats();
     // This batch spills into a new segment: two writes; fail the second.
-    let more: Vec<Vec<u8>> = (0..40)
-        .map(|i| common::payload(4096, 1000 + i, 0))
-        .collect();
+    let more: Vec<Vec<u8>> = (0..40).map(|i| common::payload(4096, 1000 + i, 0)).collect();
     let batch: Vec<(u64, &[u8])> = more.iter().map(|p| (10, p.as_slice())).collect();
     f.fail_nth_write(2);
     assert!(s.write_batch(&batch).is_err());
     let after = s.stats();
-    assert_eq!(
-        (after.records, after.live_bytes),
-        (before.records, before.live_bytes)
-    );
+    assert_eq!((after.records, after.live_bytes), (before.records, before.live_bytes));
     assert_eq!(f.inner().len(), after.file_bytes, "partial segment cut off");
     let ids2 = s.write_batch(&batch).unwrap();
     for (i, id) in ids.iter().enumerate() {
@@ -207,12 +167,7 @@ fn short_write_is_reported() {
     let b = common::payload(3000, 2, 0);
     let r = s.write_batch(&[(2, &b)]);
     match r {
-        Err(
-            e @ BackingError::ShortWrite {
-                expected: 4096,
-                written: 100,
-            },
-        ) => println!("{e}"),
+        Err(e @ BackingError::ShortWrite { expected: 4096, written: 100 }) => println!("{e}"),
         other => panic!("expected ShortWrite, got {other:?}"),
     }
     assert_eq!(s.stats().records, 1);
@@ -231,10 +186,7 @@ fn read_error_is_io() {
     f.fail_reads(true);
     let mut out = vec![1, 2, 3];
     let r = s.read(id, 1, &mut out);
-    assert!(
-        matches!(r, Err(BackingError::Io { op: "read", .. })),
-        "{r:?}"
-    );
+    assert!(matches!(r, Err(BackingError::Io { op: "read", .. })), "{r:?}");
     assert!(out.is_empty());
     f.fail_reads(false);
     assert_eq!(read(&s, id, 1).unwrap(), a);
@@ -252,10 +204,7 @@ fn every_bit_flip_is_a_checksum_error() {
                 f.flip_bit(Some((byte, bit)));
                 let mut out = Vec::new();
                 let r = s.read(id, 77, &mut out);
-                assert!(
-                    matches!(r, Err(BackingError::Checksum { .. })),
-                    "byte {byte} bit {bit}: {r:?}"
-                );
+                assert!(matches!(r, Err(BackingError::Checksum { .. })), "byte {byte} bit {bit}: {r:?}");
                 assert!(out.is_empty(), "corrupt bytes returned");
             }
         }
@@ -263,10 +212,7 @@ fn every_bit_flip_is_a_checksum_error() {
         f.flip_bit(Some(((RECORD_HEADER_SIZE + a.len()) as u64, 0)));
         assert_eq!(read(&s, id, 77).unwrap(), a);
         f.flip_bit(None);
-        assert!(
-            matches!(read(&s, id, 78), Err(BackingError::Checksum { .. })),
-            "wrong key"
-        );
+        assert!(matches!(read(&s, id, 78), Err(BackingError::Checksum { .. })), "wrong key");
     }
 }
 
@@ -276,28 +222,16 @@ fn stale_and_bogus_ids_are_invalid() {
     let a = common::payload(100, 1, 0);
     let id = write_one(&s, 1, &a);
     s.free(id).unwrap();
-    assert!(matches!(
-        read(&s, id, 1),
-        Err(BackingError::InvalidRecord { .. })
-    ));
-    assert!(matches!(
-        s.free(id),
-        Err(BackingError::InvalidRecord { .. })
-    ));
+    assert!(matches!(read(&s, id, 1), Err(BackingError::InvalidRecord { .. })));
+    assert!(matches!(s.free(id), Err(BackingError::InvalidRecord { .. })));
     // The slot is reused with a new generation; the old id stays dead.
     let id2 = write_one(&s, 2, &a);
     assert_ne!(id, id2);
-    assert!(matches!(
-        read(&s, id, 1),
-        Err(BackingError::InvalidRecord { .. })
-    ));
+    assert!(matches!(read(&s, id, 1), Err(BackingError::InvalidRecord { .. })));
     assert_eq!(read(&s, id2, 2).unwrap(), a);
     for raw in [0, 12345, u64::MAX, id2.to_raw() + 1] {
         let r = read(&s, RecordId::from_raw(raw), 2);
-        assert!(
-            matches!(r, Err(BackingError::InvalidRecord { .. })),
-            "{raw:#x}: {r:?}"
-        );
+        assert!(matches!(r, Err(BackingError::InvalidRecord { .. })), "{raw:#x}: {r:?}");
     }
     assert_eq!(RecordId::from_raw(id2.to_raw()), id2);
 }
@@ -342,10 +276,7 @@ fn limit_is_enforced_after_compaction() {
             Err(e) => break e,
         }
     };
-    assert!(
-        matches!(err, BackingError::Full { limit_bytes } if limit_bytes == 4 * SEG),
-        "{err:?}"
-    );
+    assert!(matches!(err, BackingError::Full { limit_bytes } if limit_bytes == 4 * SEG), "{err:?}");
     println!("{err}");
     assert!(s.stats().file_bytes <= 4 * SEG);
     // Freeing space makes writes succeed again (compaction reclaims it).
@@ -430,9 +361,7 @@ fn real_file_in_tmp() {
         }
         let st = s.stats();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), st.file_bytes);
-        let mode = std::os::unix::fs::PermissionsExt::mode(
-            &std::fs::metadata(&path).unwrap().permissions(),
-        );
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
         assert_eq!(mode & 0o777, 0o600);
         // Reopening our own store (a restart) is allowed, and truncates.
         drop(s);
@@ -462,9 +391,7 @@ fn bytes_written_per_record_are_payload_header_and_one_pad_per_batch() {
     let (n_batches, per_batch) = (500u64, 32u64);
     let mut payload_bytes = 0u64;
     for b in 0..n_batches {
-        let data: Vec<Vec<u8>> = (0..per_batch)
-            .map(|i| common::payload(rng.gen_range(1800..=2300), b * 64 + i, 0))
-            .collect();
+        let data: Vec<Vec<u8>> = (0..per_batch).map(|i| common::payload(rng.gen_range(1800..=2300), b * 64 + i, 0)).collect();
         payload_bytes += data.iter().map(|p| p.len() as u64).sum::<u64>();
         let batch: Vec<(u64, &[u8])> = data.iter().map(|p| (b, p.as_slice())).collect();
         s.write_batch(&batch).unwrap();
@@ -533,12 +460,7 @@ fn readahead_window_is_not_trusted_after_a_write() {
 
 /// Start reading `id` on another thread, and return once that read is
 /// held at the disk (reads stay held until `hold_reads(false)`).
-fn read_stuck(
-    s: &Arc<BackingStore>,
-    f: &FaultyFile<MemFile>,
-    id: RecordId,
-    key: u64,
-) -> std::thread::JoinHandle<Result<Vec<u8>, BackingError>> {
+fn read_stuck(s: &Arc<BackingStore>, f: &FaultyFile<MemFile>, id: RecordId, key: u64) -> std::thread::JoinHandle<Result<Vec<u8>, BackingError>> {
     f.hold_reads(true);
     let s = Arc::clone(s);
     let reader = std::thread::spawn(move || read(&s, id, key));

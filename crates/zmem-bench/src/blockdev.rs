@@ -137,30 +137,10 @@ struct Job {
 }
 
 const JOBS: [Job; 4] = [
-    Job {
-        name: "fill",
-        rw: "write",
-        bs: "1M",
-        time_based: false,
-    },
-    Job {
-        name: "randread",
-        rw: "randread",
-        bs: "4k",
-        time_based: true,
-    },
-    Job {
-        name: "randwrite",
-        rw: "randwrite",
-        bs: "4k",
-        time_based: true,
-    },
-    Job {
-        name: "seqread",
-        rw: "read",
-        bs: "1M",
-        time_based: false,
-    },
+    Job { name: "fill", rw: "write", bs: "1M", time_based: false },
+    Job { name: "randread", rw: "randread", bs: "4k", time_based: true },
+    Job { name: "randwrite", rw: "randwrite", bs: "4k", time_based: true },
+    Job { name: "seqread", rw: "read", bs: "1M", time_based: false },
 ];
 
 /// What every target is filled with, and how the random jobs write.
@@ -228,18 +208,12 @@ fn fill(plan: &Plan, engine: &str, target: &str) -> anyhow::Result<JobResult> {
             .spawn()
             .context("starting nbdcopy")?;
         let mut stdin = child.stdin.take().expect("piped stdin");
-        let mut f = std::fs::File::open(&plan.data)
-            .with_context(|| format!("opening {}", plan.data.display()))?
-            .take(plan.fill_len);
+        let mut f = std::fs::File::open(&plan.data).with_context(|| format!("opening {}", plan.data.display()))?.take(plan.fill_len);
         let copied = std::io::copy(&mut f, &mut stdin);
         drop(stdin);
         let out = child.wait_with_output()?;
         if !out.status.success() {
-            bail!(
-                "nbdcopy failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            bail!("nbdcopy failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
         }
         if copied? != plan.fill_len {
             bail!("{} is shorter than expected", plan.data.display());
@@ -253,12 +227,7 @@ fn fill(plan: &Plan, engine: &str, target: &str) -> anyhow::Result<JobResult> {
         run_limited(&mut c, Duration::from_secs(600))?;
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-6);
-    Ok(JobResult {
-        job: "fill".into(),
-        mb_per_s: plan.fill_len as f64 / secs / 1e6,
-        iops: (plan.fill_len >> 20) as f64 / secs,
-        p99_us: 0.0,
-    })
+    Ok(JobResult { job: "fill".into(), mb_per_s: plan.fill_len as f64 / secs / 1e6, iops: (plan.fill_len >> 20) as f64 / secs, p99_us: 0.0 })
 }
 
 /// Run one fio job over the filled range; `target` is either ("nbd", uri)
@@ -284,11 +253,7 @@ fn fio(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyh
     }
     match engine {
         "nbd" => c.args(["--ioengine=nbd", &format!("--uri={target}")]),
-        _ => c.args([
-            "--ioengine=io_uring",
-            "--direct=1",
-            &format!("--filename={target}"),
-        ]),
+        _ => c.args(["--ioengine=io_uring", "--direct=1", &format!("--filename={target}")]),
     };
     let limit = Duration::from_secs(cfg.runtime.max(1) + 300);
     let out = run_limited(&mut c, limit)?;
@@ -299,15 +264,8 @@ fn fio(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyh
     if j["error"].as_i64().unwrap_or(0) != 0 {
         bail!("fio job {} failed with error {}", job.name, j["error"]);
     }
-    let side = if job.rw.contains("read") {
-        &j["read"]
-    } else {
-        &j["write"]
-    };
-    let p99 = side["clat_ns"]["percentile"]["99.000000"]
-        .as_f64()
-        .unwrap_or(0.0)
-        / 1000.0;
+    let side = if job.rw.contains("read") { &j["read"] } else { &j["write"] };
+    let p99 = side["clat_ns"]["percentile"]["99.000000"].as_f64().unwrap_or(0.0) / 1000.0;
     Ok(JobResult {
         job: job.name.to_string(),
         mb_per_s: side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
@@ -317,13 +275,7 @@ fn fio(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyh
 }
 
 /// Fill (timed: the `fill` row), or fill then run `job`.
-fn fill_and_run(
-    cfg: &Config,
-    plan: &Plan,
-    job: &Job,
-    engine: &str,
-    target: &str,
-) -> anyhow::Result<JobResult> {
+fn fill_and_run(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyhow::Result<JobResult> {
     let f = fill(plan, engine, target)?;
     if job.name == "fill" {
         return Ok(f);
@@ -357,9 +309,7 @@ fn bench_zmem(cfg: &Config, plan: &mut Plan, dir: &Path) -> anyhow::Result<Targe
             let v = zmem_stats(&cfg.zmem, &ctl)?;
             let st = &v["stats"];
             mem = st["mem_used_total"].as_u64();
-            rss = rss_of(server.pid())
-                .zip(rss0)
-                .map(|(b, a)| b.saturating_sub(a));
+            rss = rss_of(server.pid()).zip(rss0).map(|(b, a)| b.saturating_sub(a));
             if cfg.compress_percentage.is_none() {
                 let orig = st["orig_data_size"].as_u64().unwrap_or(0);
                 let compr = st["compr_data_size"].as_u64().unwrap_or(0);
@@ -373,11 +323,7 @@ fn bench_zmem(cfg: &Config, plan: &mut Plan, dir: &Path) -> anyhow::Result<Targe
     }
     Ok(TargetResult {
         target: "zmem".into(),
-        detail: format!(
-            "{}{}, nbd over unix socket",
-            cfg.compressor,
-            if cfg.dedup { "+dedup" } else { "" }
-        ),
+        detail: format!("{}{}, nbd over unix socket", cfg.compressor, if cfg.dedup { "+dedup" } else { "" }),
         jobs,
         mem_used_bytes: mem,
         rss_growth_bytes: rss,
@@ -393,11 +339,7 @@ fn bench_nbdkit(cfg: &Config, plan: &Plan, dir: &Path, allocator: Option<&str>) 
     for job in &JOBS {
         let _ = std::fs::remove_file(&sock);
         let mut server = ChildGuard::spawn(
-            Command::new("nbdkit")
-                .args(["-f", "-U"])
-                .arg(&sock)
-                .args(["memory", &cfg.size.to_string()])
-                .args(allocator.map(|al| format!("allocator={al}"))),
+            Command::new("nbdkit").args(["-f", "-U"]).arg(&sock).args(["memory", &cfg.size.to_string()]).args(allocator.map(|al| format!("allocator={al}"))),
             Stdio::null(),
         )?;
         wait_for_socket(&sock, &mut server)?;
@@ -405,9 +347,7 @@ fn bench_nbdkit(cfg: &Config, plan: &Plan, dir: &Path, allocator: Option<&str>) 
         let rss0 = rss_of(server.pid());
         jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri)?);
         if job.name == "fill" {
-            rss = rss_of(server.pid())
-                .zip(rss0)
-                .map(|(b, a)| b.saturating_sub(a));
+            rss = rss_of(server.pid()).zip(rss0).map(|(b, a)| b.saturating_sub(a));
         }
         drop(server);
     }
@@ -452,14 +392,7 @@ fn bench_zram(cfg: &Config, plan: &Plan) -> anyhow::Result<TargetResult> {
 }
 
 fn skipped(target: &str, why: String) -> TargetResult {
-    TargetResult {
-        target: target.into(),
-        detail: String::new(),
-        jobs: vec![],
-        mem_used_bytes: None,
-        rss_growth_bytes: None,
-        skipped: Some(why),
-    }
+    TargetResult { target: target.into(), detail: String::new(), jobs: vec![], mem_used_bytes: None, rss_growth_bytes: None, skipped: Some(why) }
 }
 
 /// zmem's figure over another target's, per job (IOPS) and for memory.
@@ -507,11 +440,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Repor
     if fill_len < (4 << 20) {
         bail!("{}: at least 4 MiB of data are needed", data.display());
     }
-    let mut plan = Plan {
-        data,
-        fill_len,
-        compress_percentage: cfg.compress_percentage.unwrap_or(50).min(99),
-    };
+    let mut plan = Plan { data, fill_len, compress_percentage: cfg.compress_percentage.unwrap_or(50).min(99) };
     let dir = tempfile::Builder::new().prefix("zmem-bench-").tempdir()?;
     let mut targets = vec![bench_zmem(cfg, &mut plan, dir.path()).context("zmem")?];
     for (name, allocator) in [("nbdkit", Some("zstd")), ("nbdkit-raw", None)] {
@@ -561,39 +490,21 @@ pub fn render(r: &Report) -> String {
         r.iodepth,
         r.runtime_s
     );
-    out += &format!(
-        "{:<10} {:<10} {:>10} {:>10} {:>10}\n",
-        "TARGET", "JOB", "MB/s", "IOPS", "p99 us"
-    );
+    out += &format!("{:<10} {:<10} {:>10} {:>10} {:>10}\n", "TARGET", "JOB", "MB/s", "IOPS", "p99 us");
     for t in &r.targets {
         if let Some(why) = &t.skipped {
             out += &format!("{:<10} skipped: {why}\n", t.target);
             continue;
         }
         for j in &t.jobs {
-            out += &format!(
-                "{:<10} {:<10} {:>10.1} {:>10.0} {:>10.1}\n",
-                t.target, j.job, j.mb_per_s, j.iops, j.p99_us
-            );
+            out += &format!("{:<10} {:<10} {:>10.1} {:>10.0} {:>10.1}\n", t.target, j.job, j.mb_per_s, j.iops, j.p99_us);
         }
     }
     out.push('\n');
-    out += &format!(
-        "{:<10} {:>14} {:>14}  detail\n",
-        "TARGET", "MEM AFTER FILL", "RSS GROWTH"
-    );
-    let mib = |v: Option<u64>| {
-        v.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0))
-            .unwrap_or_else(|| "-".into())
-    };
+    out += &format!("{:<10} {:>14} {:>14}  detail\n", "TARGET", "MEM AFTER FILL", "RSS GROWTH");
+    let mib = |v: Option<u64>| v.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into());
     for t in r.targets.iter().filter(|t| t.skipped.is_none()) {
-        out += &format!(
-            "{:<10} {:>14} {:>14}  {}\n",
-            t.target,
-            mib(t.mem_used_bytes),
-            mib(t.rss_growth_bytes),
-            t.detail
-        );
+        out += &format!("{:<10} {:>14} {:>14}  {}\n", t.target, mib(t.mem_used_bytes), mib(t.rss_growth_bytes), t.detail);
     }
     let q = &r.ratios;
     for (name, v) in [("nbdkit", &q.zmem_vs_nbdkit), ("nbdkit-raw", &q.zmem_vs_nbdkit_raw), ("zram", &q.zmem_vs_zram)] {

@@ -322,7 +322,9 @@ fn fio(cg: &MemCgroup, dir: &Path, args: &[String], limit: Duration) -> anyhow::
 /// counters from `origin`.
 fn phases(cfg: &Config, cg: &MemCgroup, mnt: &Path, origin: &str, progress: &mut impl FnMut(&str)) -> anyhow::Result<Vec<Phase>> {
     let data = mnt.join("data");
-    let seq = |loops: u32| vec!["--name=seq".to_string(), "--rw=read".into(), "--bs=128k".into(), "--file_service_type=sequential".into(), format!("--loops={loops}")];
+    let seq = |loops: u32| {
+        vec!["--name=seq".to_string(), "--rw=read".into(), "--bs=128k".into(), "--file_service_type=sequential".into(), format!("--loops={loops}")]
+    };
     let limit = Duration::from_secs(3600);
     let mut out = Vec::new();
     let mut run = |name: &str, args: Vec<String>| -> anyhow::Result<()> {
@@ -450,9 +452,7 @@ fn run_zmem(cfg: &Config, disk: &LoopDisk, max_pool: u64, progress: &mut impl Fn
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let lo = run_tool(Command::new("losetup").args(["--find", "--show", "--direct-io=on", "--read-only"]).arg(&file))?
-        .trim()
-        .to_string();
+    let lo = run_tool(Command::new("losetup").args(["--find", "--show", "--direct-io=on", "--read-only"]).arg(&file))?.trim().to_string();
     let detach = Step::new(&format!("detach {lo}"), &["losetup", "-d", &lo]);
     let lo_name = lo.trim_start_matches("/dev/").to_string();
     let dio = host::read_trim(format!("/sys/block/{lo_name}/loop/dio")).is_ok_and(|v| v == "1");
@@ -688,7 +688,13 @@ mod tests {
         Run {
             target: target.into(),
             phases: (0..3)
-                .map(|i| Phase { phase: names[i].into(), secs: 1.0, mb_per_s: mbs[i], iops: 1.0, origin: DiskStat { read_ops: ops[i], read_bytes: ops[i] * 4096, ..Default::default() } })
+                .map(|i| Phase {
+                    phase: names[i].into(),
+                    secs: 1.0,
+                    mb_per_s: mbs[i],
+                    iops: 1.0,
+                    origin: DiskStat { read_ops: ops[i], read_bytes: ops[i] * 4096, ..Default::default() },
+                })
                 .collect(),
             cgroup_peak: 0,
             zmem: None,

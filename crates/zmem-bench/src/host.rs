@@ -17,9 +17,7 @@ use anyhow::{bail, Context};
 
 /// Whether `tool` is a file in a directory of PATH.
 pub fn have(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file())).unwrap_or(false)
 }
 
 /// Run a tool to completion; its stdout, or an error with its stderr.
@@ -127,21 +125,14 @@ pub fn kswapd_cpu_secs() -> f64 {
     let Ok(rd) = std::fs::read_dir("/proc") else { return 0.0 };
     rd.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end().starts_with("kswapd"))
-        })
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end().starts_with("kswapd")))
         .filter_map(cpu_secs)
         .sum()
 }
 
 /// Swap areas in use (`/proc/swaps`), by name.
 pub fn active_swaps() -> Vec<String> {
-    std::fs::read_to_string("/proc/swaps")
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next().map(String::from))
-        .collect()
+    std::fs::read_to_string("/proc/swaps").unwrap_or_default().lines().skip(1).filter_map(|l| l.split_whitespace().next().map(String::from)).collect()
 }
 
 // ---- child processes ---------------------------------------------------
@@ -197,12 +188,8 @@ pub fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()
 pub fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
     let dir = tempfile::tempdir()?;
     let (op, ep) = (dir.path().join("out"), dir.path().join("err"));
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&op)?)
-        .stderr(std::fs::File::create(&ep)?)
-        .spawn()
-        .with_context(|| format!("running {c:?}"))?;
+    let mut child =
+        c.stdin(Stdio::null()).stdout(std::fs::File::create(&op)?).stderr(std::fs::File::create(&ep)?).spawn().with_context(|| format!("running {c:?}"))?;
     let end = Instant::now() + limit;
     let status = loop {
         if let Some(s) = child.try_wait()? {
@@ -217,10 +204,7 @@ pub fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
     };
     let out = std::fs::read_to_string(&op)?;
     if !status.success() {
-        bail!(
-            "{c:?} failed ({status}): {}",
-            std::fs::read_to_string(&ep).unwrap_or_default().trim()
-        );
+        bail!("{c:?} failed ({status}): {}", std::fs::read_to_string(&ep).unwrap_or_default().trim());
     }
     Ok(out)
 }
@@ -230,7 +214,6 @@ pub fn zmem_stats(zmem: &Path, ctl: &Path) -> anyhow::Result<serde_json::Value> 
     let out = run_tool(Command::new(zmem).args(["stat", "--json", "--control"]).arg(ctl))?;
     serde_json::from_str(&out).context("parsing `zmem stat --json`")
 }
-
 
 // ---- memory cgroups ----------------------------------------------------
 
@@ -288,11 +271,7 @@ impl MemCgroup {
     }
 
     fn tasks(&self) -> Vec<String> {
-        std::fs::read_to_string(self.path.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .map(String::from)
-            .collect()
+        std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default().lines().map(String::from).collect()
     }
 }
 
@@ -321,11 +300,8 @@ pub struct DiskStat {
 
 impl DiskStat {
     pub fn of(dev: &str) -> DiskStat {
-        let f: Vec<u64> = std::fs::read_to_string(format!("/sys/block/{dev}/stat"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(|t| t.parse().unwrap_or(0))
-            .collect();
+        let f: Vec<u64> =
+            std::fs::read_to_string(format!("/sys/block/{dev}/stat")).unwrap_or_default().split_whitespace().map(|t| t.parse().unwrap_or(0)).collect();
         let g = |i: usize| f.get(i).copied().unwrap_or(0);
         DiskStat { read_ops: g(0), read_bytes: g(2) * 512, write_ops: g(4), write_bytes: g(6) * 512 }
     }
@@ -348,12 +324,8 @@ pub struct Throttle {
 }
 
 const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
-const THROTTLE_FILES: [&str; 4] = [
-    "blkio.throttle.read_iops_device",
-    "blkio.throttle.write_iops_device",
-    "blkio.throttle.read_bps_device",
-    "blkio.throttle.write_bps_device",
-];
+const THROTTLE_FILES: [&str; 4] =
+    ["blkio.throttle.read_iops_device", "blkio.throttle.write_iops_device", "blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device"];
 
 /// A file on the host's disk seen as a block device (a loop device with
 /// direct I/O, so the host's page cache does not stand in front of the

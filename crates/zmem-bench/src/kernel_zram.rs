@@ -52,9 +52,7 @@ pub struct Unavailable {
 
 impl Unavailable {
     fn new(reason: impl Into<String>) -> Self {
-        Unavailable {
-            reason: reason.into(),
-        }
+        Unavailable { reason: reason.into() }
     }
 }
 
@@ -87,18 +85,11 @@ pub struct MmStat {
 pub fn parse_mm_stat(line: &str) -> Result<MmStat, Unavailable> {
     let mut v = Vec::with_capacity(9);
     for tok in line.split_ascii_whitespace() {
-        let n: u64 = tok.parse().map_err(|_| {
-            unavail(format!(
-                "malformed mm_stat {line:?}: field {tok:?} is not a number"
-            ))
-        })?;
+        let n: u64 = tok.parse().map_err(|_| unavail(format!("malformed mm_stat {line:?}: field {tok:?} is not a number")))?;
         v.push(n);
     }
     if v.len() < 7 {
-        return Err(unavail(format!(
-            "malformed mm_stat {line:?}: {} fields, expected at least 7",
-            v.len()
-        )));
+        return Err(unavail(format!("malformed mm_stat {line:?}: {} fields, expected at least 7", v.len())));
     }
     let f = |i: usize| v.get(i).copied().unwrap_or(0);
     Ok(MmStat {
@@ -126,9 +117,7 @@ pub fn zram_algorithm_name(ours: &str) -> &str {
 
 /// Parse `comp_algorithm` (`lzo [lzo-rle] lz4 zstd`) into names.
 pub fn parse_comp_algorithms(s: &str) -> Vec<String> {
-    s.split_ascii_whitespace()
-        .map(|t| t.trim_matches(|c| c == '[' || c == ']').to_string())
-        .collect()
+    s.split_ascii_whitespace().map(|t| t.trim_matches(|c| c == '[' || c == ']').to_string()).collect()
 }
 
 const MIB: u64 = 1 << 20;
@@ -140,15 +129,12 @@ fn sys(dev: &str, attr: &str) -> PathBuf {
 
 fn read_attr(dev: &str, attr: &str) -> Result<String, Unavailable> {
     let p = sys(dev, attr);
-    fs::read_to_string(&p)
-        .map(|s| s.trim().to_string())
-        .map_err(|e| unavail(format!("cannot read {}: {e}", p.display())))
+    fs::read_to_string(&p).map(|s| s.trim().to_string()).map_err(|e| unavail(format!("cannot read {}: {e}", p.display())))
 }
 
 fn write_attr(dev: &str, attr: &str, value: &str) -> Result<(), Unavailable> {
     let p = sys(dev, attr);
-    fs::write(&p, value)
-        .map_err(|e| unavail(format!("cannot write {value:?} to {}: {e}", p.display())))
+    fs::write(&p, value).map_err(|e| unavail(format!("cannot write {value:?} to {}: {e}", p.display())))
 }
 
 use crate::ci::effective_uid;
@@ -161,18 +147,11 @@ fn device_is_free(dev: &str) -> Result<bool, Unavailable> {
     }
     let node = format!("/dev/{dev}");
     let swaps = fs::read_to_string("/proc/swaps").unwrap_or_default();
-    if swaps
-        .lines()
-        .skip(1)
-        .any(|l| l.split_ascii_whitespace().next() == Some(node.as_str()))
-    {
+    if swaps.lines().skip(1).any(|l| l.split_ascii_whitespace().next() == Some(node.as_str())) {
         return Ok(false);
     }
     let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
-    if mounts
-        .lines()
-        .any(|l| l.split_ascii_whitespace().next() == Some(node.as_str()))
-    {
+    if mounts.lines().any(|l| l.split_ascii_whitespace().next() == Some(node.as_str())) {
         return Ok(false);
     }
     Ok(true)
@@ -199,11 +178,7 @@ impl Drop for DeviceGuard {
             std::thread::sleep(Duration::from_millis(20));
         }
         if !ok {
-            tracing::error!(
-                "could not reset /dev/{}; run `echo 1 > /sys/block/{}/reset`",
-                self.dev,
-                self.dev
-            );
+            tracing::error!("could not reset /dev/{}; run `echo 1 > /sys/block/{}/reset`", self.dev, self.dev);
         }
         if self.hot_added {
             for _ in 0..50 {
@@ -226,28 +201,18 @@ static CLAIM_LOCK: Mutex<()> = Mutex::new(());
 
 fn acquire_device() -> Result<DeviceGuard, Unavailable> {
     if device_is_free("zram0")? {
-        return Ok(DeviceGuard {
-            dev: "zram0".into(),
-            id: 0,
-            hot_added: false,
-        });
+        return Ok(DeviceGuard { dev: "zram0".into(), id: 0, hot_added: false });
     }
     let ctl = Path::new("/sys/class/zram-control/hot_add");
     if !ctl.exists() {
-        return Err(unavail(
-            "zram0 is in use and /sys/class/zram-control/hot_add is not available",
-        ));
+        return Err(unavail("zram0 is in use and /sys/class/zram-control/hot_add is not available"));
     }
     let id: u32 = fs::read_to_string(ctl)
         .map_err(|e| unavail(format!("zram0 is in use and hot_add failed: {e}")))?
         .trim()
         .parse()
         .map_err(|_| unavail("zram0 is in use and hot_add returned garbage"))?;
-    let guard = DeviceGuard {
-        dev: format!("zram{id}"),
-        id,
-        hot_added: true,
-    };
+    let guard = DeviceGuard { dev: format!("zram{id}"), id, hot_added: true };
     if !device_is_free(&guard.dev)? {
         return Err(unavail(format!("hot-added {} is not free", guard.dev)));
     }
@@ -265,21 +230,11 @@ fn ensure_node(dev: &str) -> Result<PathBuf, Unavailable> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let majmin = read_attr(dev, "dev")?;
-    let (maj, min) = majmin
-        .split_once(':')
-        .ok_or_else(|| unavail(format!("bad {dev}/dev {majmin:?}")))?;
-    let st = std::process::Command::new("mknod")
-        .arg(&node)
-        .arg("b")
-        .arg(maj)
-        .arg(min)
-        .status();
+    let (maj, min) = majmin.split_once(':').ok_or_else(|| unavail(format!("bad {dev}/dev {majmin:?}")))?;
+    let st = std::process::Command::new("mknod").arg(&node).arg("b").arg(maj).arg(min).status();
     match st {
         Ok(s) if s.success() && node.exists() => Ok(node),
-        _ => Err(unavail(format!(
-            "{} does not exist and could not be created",
-            node.display()
-        ))),
+        _ => Err(unavail(format!("{} does not exist and could not be created", node.display()))),
     }
 }
 
@@ -335,10 +290,7 @@ impl Device {
         let algo = zram_algorithm_name(algorithm).to_string();
         let available = parse_comp_algorithms(&read_attr(&dev, "comp_algorithm")?);
         if !available.contains(&algo) {
-            return Err(unavail(format!(
-                "zram does not support algorithm {algo:?} (available: {})",
-                available.join(" ")
-            )));
+            return Err(unavail(format!("zram does not support algorithm {algo:?} (available: {})", available.join(" "))));
         }
         write_attr(&dev, "comp_algorithm", &algo)?;
         if let Some(limit) = mem_limit {
@@ -405,10 +357,7 @@ impl Device {
 /// `pages.len()` must be a non-zero multiple of [`PAGE_SIZE`].
 pub fn run(pages: &[u8], algorithm: &str) -> Result<ZramResult, Unavailable> {
     if pages.is_empty() || !pages.len().is_multiple_of(PAGE_SIZE) {
-        return Err(unavail(format!(
-            "data length {} is not a non-zero multiple of {PAGE_SIZE}",
-            pages.len()
-        )));
+        return Err(unavail(format!("data length {} is not a non-zero multiple of {PAGE_SIZE}", pages.len())));
     }
     let _lock = RUN_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let disksize = (pages.len() as u64).div_ceil(MIB) * MIB;
@@ -436,21 +385,13 @@ pub fn run(pages: &[u8], algorithm: &str) -> Result<ZramResult, Unavailable> {
 }
 
 fn io_err(what: &str, node: &Path, off: usize, e: io::Error) -> Unavailable {
-    unavail(format!(
-        "{what} {} at offset {off} failed: {e}",
-        node.display()
-    ))
+    unavail(format!("{what} {} at offset {off} failed: {e}", node.display()))
 }
 
 /// Write, fsync, snapshot mm_stat, read back + verify.
 fn io_pass(node: &Path, pages: &[u8]) -> Result<(Duration, Duration, String), Unavailable> {
-    let dev = node
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("zram0")
-        .to_string();
-    let mut buf = memmap2::MmapMut::map_anon(CHUNK)
-        .map_err(|e| unavail(format!("cannot map 1 MiB buffer: {e}")))?;
+    let dev = node.file_name().and_then(|n| n.to_str()).unwrap_or("zram0").to_string();
+    let mut buf = memmap2::MmapMut::map_anon(CHUNK).map_err(|e| unavail(format!("cannot map 1 MiB buffer: {e}")))?;
 
     let f = open_direct(node, true)?;
     let mut write_time = Duration::ZERO;
@@ -458,13 +399,11 @@ fn io_pass(node: &Path, pages: &[u8]) -> Result<(Duration, Duration, String), Un
         let off = i * CHUNK;
         buf[..chunk.len()].copy_from_slice(chunk);
         let t = Instant::now();
-        f.write_all_at(&buf[..chunk.len()], off as u64)
-            .map_err(|e| io_err("write to", node, off, e))?;
+        f.write_all_at(&buf[..chunk.len()], off as u64).map_err(|e| io_err("write to", node, off, e))?;
         write_time += t.elapsed();
     }
     let t = Instant::now();
-    f.sync_all()
-        .map_err(|e| unavail(format!("fsync {} failed: {e}", node.display())))?;
+    f.sync_all().map_err(|e| unavail(format!("fsync {} failed: {e}", node.display())))?;
     write_time += t.elapsed();
     drop(f);
 
@@ -475,20 +414,11 @@ fn io_pass(node: &Path, pages: &[u8]) -> Result<(Duration, Duration, String), Un
     for (i, chunk) in pages.chunks(CHUNK).enumerate() {
         let off = i * CHUNK;
         let t = Instant::now();
-        f.read_exact_at(&mut buf[..chunk.len()], off as u64)
-            .map_err(|e| io_err("read from", node, off, e))?;
+        f.read_exact_at(&mut buf[..chunk.len()], off as u64).map_err(|e| io_err("read from", node, off, e))?;
         read_time += t.elapsed();
         if buf[..chunk.len()] != *chunk {
-            let pos = buf[..chunk.len()]
-                .iter()
-                .zip(chunk)
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
-            return Err(unavail(format!(
-                "data read back from {} differs from input at byte {}",
-                node.display(),
-                off + pos
-            )));
+            let pos = buf[..chunk.len()].iter().zip(chunk).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(unavail(format!("data read back from {} differs from input at byte {}", node.display(), off + pos)));
         }
     }
     Ok((write_time, read_time, mm_line))
@@ -500,8 +430,7 @@ mod tests {
 
     #[test]
     fn mm_stat_nine_fields() {
-        let line =
-            "  8531968   112394   262144        0   262144      512        3        7        9";
+        let line = "  8531968   112394   262144        0   262144      512        3        7        9";
         let m = parse_mm_stat(line).unwrap();
         assert_eq!(
             m,
@@ -532,26 +461,12 @@ mod tests {
         assert_eq!(m.pages_compacted, 7);
         assert_eq!(m.huge_pages, 0);
         // Future kernels may append fields.
-        assert_eq!(
-            parse_mm_stat("1 2 3 4 5 6 7 8 9 10")
-                .unwrap()
-                .huge_pages_since,
-            9
-        );
+        assert_eq!(parse_mm_stat("1 2 3 4 5 6 7 8 9 10").unwrap().huge_pages_since, 9);
     }
 
     #[test]
     fn mm_stat_malformed() {
-        for l in [
-            "",
-            "   ",
-            "1 2 3",
-            "1 2 3 4 5 6",
-            "a b c d e f g h",
-            "1 2 3 4 5 6 -7 8",
-            "1 2 3 4 5 6 7 8x",
-            "99999999999999999999999 2 3 4 5 6 7 8",
-        ] {
+        for l in ["", "   ", "1 2 3", "1 2 3 4 5 6", "a b c d e f g h", "1 2 3 4 5 6 -7 8", "1 2 3 4 5 6 7 8x", "99999999999999999999999 2 3 4 5 6 7 8"] {
             let e = parse_mm_stat(l).unwrap_err();
             assert!(e.reason.contains("malformed mm_stat"), "{l:?}: {e}");
         }
@@ -559,10 +474,7 @@ mod tests {
 
     #[test]
     fn algorithm_names() {
-        assert_eq!(
-            parse_comp_algorithms("[lzo-rle] lzo lz4 \n"),
-            vec!["lzo-rle", "lzo", "lz4"]
-        );
+        assert_eq!(parse_comp_algorithms("[lzo-rle] lzo lz4 \n"), vec!["lzo-rle", "lzo", "lz4"]);
         assert_eq!(zram_algorithm_name("lz4"), "lz4");
         assert_eq!(zram_algorithm_name("lzo"), "lzo");
         assert_eq!(zram_algorithm_name("zstd"), "zstd");
@@ -588,8 +500,7 @@ mod tests {
     fn mixed_data() -> Vec<u8> {
         let mut v = Vec::with_capacity(16 << 20);
         v.resize(4 << 20, 0u8);
-        let text =
-            b"The quick brown fox jumps over the lazy dog; zram stores compressed pages in RAM. ";
+        let text = b"The quick brown fox jumps over the lazy dog; zram stores compressed pages in RAM. ";
         while v.len() < (8 << 20) {
             let n = text.len().min((8 << 20) - v.len());
             v.extend_from_slice(&text[..n]);
@@ -634,11 +545,7 @@ mod tests {
         assert!(res.same_pages >= 1024, "zero pages: {}", res.same_pages);
         assert!(res.mem_used_bytes > 0);
         assert!(res.compr_bytes > 0 && res.compr_bytes < data.len() as u64);
-        assert!(
-            res.huge_pages >= 1000,
-            "random pages should be huge: {}",
-            res.huge_pages
-        );
+        assert!(res.huge_pages >= 1000, "random pages should be huge: {}", res.huge_pages);
         assert!(res.write_mbps > 0.0 && res.read_mbps > 0.0);
         // Device reset afterwards.
         assert_eq!(read_attr(&res.device, "disksize").unwrap(), "0");

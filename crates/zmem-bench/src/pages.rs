@@ -120,15 +120,12 @@ pub fn read_paths(paths: &[PathBuf], max_bytes: Option<u64>) -> anyhow::Result<P
         if set.data.len() >= limit {
             break;
         }
-        let meta = fs::metadata(p)
-            .map_err(|e| anyhow!("cannot read {}: {}", p.display(), describe_io(&e)))?;
+        let meta = fs::metadata(p).map_err(|e| anyhow!("cannot read {}: {}", p.display(), describe_io(&e)))?;
         if meta.is_dir() {
             walk_dir(p, &mut set, limit)?;
         } else if meta.is_file() {
-            let f = File::open(p)
-                .map_err(|e| anyhow!("cannot open {}: {}", p.display(), describe_io(&e)))?;
-            let n = append_pages(&mut set.data, f, limit)
-                .map_err(|e| anyhow!("cannot read {}: {}", p.display(), describe_io(&e)))?;
+            let f = File::open(p).map_err(|e| anyhow!("cannot open {}: {}", p.display(), describe_io(&e)))?;
+            let n = append_pages(&mut set.data, f, limit).map_err(|e| anyhow!("cannot read {}: {}", p.display(), describe_io(&e)))?;
             if n > 0 {
                 set.sources.push(p.display().to_string());
             }
@@ -175,22 +172,14 @@ fn walk_dir(dir: &Path, set: &mut PageSet, limit: usize) -> anyhow::Result<()> {
             let f = match File::open(&path) {
                 Ok(f) => f,
                 Err(e) => {
-                    tracing::warn!(
-                        "skipping unreadable {}: {}",
-                        path.display(),
-                        describe_io(&e)
-                    );
+                    tracing::warn!("skipping unreadable {}: {}", path.display(), describe_io(&e));
                     continue;
                 }
             };
             match append_pages(&mut set.data, f, limit) {
                 Ok(0) => {}
                 Ok(_) => set.sources.push(path.display().to_string()),
-                Err(e) => tracing::warn!(
-                    "skipping unreadable {}: {}",
-                    path.display(),
-                    describe_io(&e)
-                ),
+                Err(e) => tracing::warn!("skipping unreadable {}: {}", path.display(), describe_io(&e)),
             }
         } else {
             tracing::warn!("skipping special file {}", path.display());
@@ -238,12 +227,7 @@ impl MapsEntry {
     pub fn is_anonymous(&self) -> bool {
         match &self.pathname {
             None => self.inode == 0,
-            Some(p) => {
-                p == "[heap]"
-                    || p == "[stack]"
-                    || p.starts_with("[stack:")
-                    || p.starts_with("[anon:")
-            }
+            Some(p) => p == "[heap]" || p == "[stack]" || p.starts_with("[stack:") || p.starts_with("[anon:"),
         }
     }
 
@@ -290,11 +274,7 @@ pub fn parse_maps_line(line: &str) -> anyhow::Result<MapsEntry> {
         offset,
         dev: dev.to_string(),
         inode,
-        pathname: if name.is_empty() {
-            None
-        } else {
-            Some(name.to_string())
-        },
+        pathname: if name.is_empty() { None } else { Some(name.to_string()) },
     })
 }
 
@@ -316,9 +296,7 @@ pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
 /// Human description of an I/O error, with a hint for permission problems.
 fn describe_io(e: &io::Error) -> String {
     match e.raw_os_error() {
-        Some(libc::EACCES) | Some(libc::EPERM) => {
-            "permission denied (run as root or same user)".to_string()
-        }
+        Some(libc::EACCES) | Some(libc::EPERM) => "permission denied (run as root or same user)".to_string(),
         Some(libc::ENOENT) => "no such file or directory".to_string(),
         Some(libc::ESRCH) => "no such process".to_string(),
         _ => e.to_string(),
@@ -348,13 +326,9 @@ fn proc_error(pid: u32, what: &str, e: &io::Error) -> anyhow::Error {
 /// permissive `kernel.yama.ptrace_scope`.
 pub fn read_process(pid: u32, max_bytes: Option<u64>) -> anyhow::Result<PageSet> {
     let limit = page_budget(max_bytes);
-    let maps_text =
-        fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| proc_error(pid, "maps", &e))?;
+    let maps_text = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| proc_error(pid, "maps", &e))?;
     let mem = File::open(format!("/proc/{pid}/mem")).map_err(|e| proc_error(pid, "mem", &e))?;
-    let regions: Vec<MapsEntry> = parse_maps(&maps_text)
-        .into_iter()
-        .filter(MapsEntry::is_candidate)
-        .collect();
+    let regions: Vec<MapsEntry> = parse_maps(&maps_text).into_iter().filter(MapsEntry::is_candidate).collect();
 
     let mut set = PageSet::default();
     let mut chunk = vec![0u8; 1 << 20];
@@ -368,9 +342,7 @@ pub fn read_process(pid: u32, max_bytes: Option<u64>) -> anyhow::Result<PageSet>
             if set.data.len() >= limit {
                 break 'regions;
             }
-            let want = ((r.end - addr) as usize)
-                .min(chunk.len())
-                .min(limit - set.data.len());
+            let want = ((r.end - addr) as usize).min(chunk.len()).min(limit - set.data.len());
             let want = want - want % PAGE_SIZE;
             if want == 0 {
                 break;
@@ -404,12 +376,7 @@ pub fn read_process(pid: u32, max_bytes: Option<u64>) -> anyhow::Result<PageSet>
         let got = set.data.len() - before;
         if got > 0 {
             let name = r.pathname.as_deref().unwrap_or("[anon]");
-            set.sources.push(format!(
-                "pid {pid} {:x}-{:x} {name} ({} pages)",
-                r.start,
-                r.end,
-                got / PAGE_SIZE
-            ));
+            set.sources.push(format!("pid {pid} {:x}-{:x} {name} ({} pages)", r.start, r.end, got / PAGE_SIZE));
         }
     }
     if failed_pages > 0 {
@@ -532,19 +499,12 @@ mod tests {
 
     #[test]
     fn maps_line_named() {
-        let heap = parse_maps_line(
-            "55d0c8a4e000-55d0c8a6f000 rw-p 00000000 00:00 0                          [heap]",
-        )
-        .unwrap();
+        let heap = parse_maps_line("55d0c8a4e000-55d0c8a6f000 rw-p 00000000 00:00 0                          [heap]").unwrap();
         assert_eq!(heap.pathname.as_deref(), Some("[heap]"));
         assert!(heap.is_candidate());
-        let stack = parse_maps_line(
-            "7ffc1a2b3000-7ffc1a2d4000 rw-p 00000000 00:00 0                          [stack]",
-        )
-        .unwrap();
+        let stack = parse_maps_line("7ffc1a2b3000-7ffc1a2d4000 rw-p 00000000 00:00 0                          [stack]").unwrap();
         assert!(stack.is_candidate());
-        let named =
-            parse_maps_line("7f00-8f00 rw-p 00000000 00:00 0   [anon:scudo primary]").unwrap();
+        let named = parse_maps_line("7f00-8f00 rw-p 00000000 00:00 0   [anon:scudo primary]").unwrap();
         assert_eq!(named.pathname.as_deref(), Some("[anon:scudo primary]"));
         assert!(named.is_candidate());
         for pseudo in ["[vvar]", "[vdso]", "[vsyscall]", "[vvar_vclock]"] {
@@ -555,19 +515,14 @@ mod tests {
         let file = parse_maps_line("7f3a1c200000-7f3a1c228000 r--p 00000000 fd:01 1311234   /usr/lib/x86_64-linux-gnu/libc.so.6").unwrap();
         assert_eq!(file.inode, 1311234);
         assert!(!file.is_candidate());
-        let spaces =
-            parse_maps_line("1000-2000 rw-p 00001000 fd:01 42  /tmp/my file (deleted)").unwrap();
+        let spaces = parse_maps_line("1000-2000 rw-p 00001000 fd:01 42  /tmp/my file (deleted)").unwrap();
         assert_eq!(spaces.pathname.as_deref(), Some("/tmp/my file (deleted)"));
         assert_eq!(spaces.offset, 0x1000);
-        let shared =
-            parse_maps_line("1000-2000 rw-s 00000000 00:01 7 /dev/zero (deleted)").unwrap();
+        let shared = parse_maps_line("1000-2000 rw-s 00000000 00:01 7 /dev/zero (deleted)").unwrap();
         assert!(!shared.is_candidate());
         let noread = parse_maps_line("1000-2000 ---p 00000000 00:00 0").unwrap();
         assert!(!noread.is_candidate());
-        let vsys = parse_maps_line(
-            "ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]",
-        )
-        .unwrap();
+        let vsys = parse_maps_line("ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]").unwrap();
         assert_eq!(vsys.start, 0xffffffffff600000);
         assert!(!vsys.is_candidate());
     }
@@ -590,9 +545,7 @@ mod tests {
         ] {
             assert!(parse_maps_line(l).is_err(), "{l:?}");
         }
-        let v = parse_maps(
-            "1000-2000 rw-p 00000000 00:00 0\nbad line\n\n3000-4000 r--p 00000000 00:00 0 [heap]\n",
-        );
+        let v = parse_maps("1000-2000 rw-p 00000000 00:00 0\nbad line\n\n3000-4000 r--p 00000000 00:00 0 [heap]\n");
         assert_eq!(v.len(), 2);
     }
 
@@ -600,9 +553,7 @@ mod tests {
     fn cutting_pads_tail() {
         let dir = tempfile::tempdir().unwrap();
         let a = dir.path().join("a");
-        let content: Vec<u8> = (0..(PAGE_SIZE * 2 + 100))
-            .map(|i| (i % 251) as u8 + 1)
-            .collect();
+        let content: Vec<u8> = (0..(PAGE_SIZE * 2 + 100)).map(|i| (i % 251) as u8 + 1).collect();
         fs::write(&a, &content).unwrap();
         let set = read_paths(std::slice::from_ref(&a), None).unwrap();
         assert_eq!(set.pages(), 3);
@@ -672,10 +623,7 @@ mod tests {
     fn missing_path_is_clear_error() {
         let err = read_paths(&[PathBuf::from("/nonexistent/zmem-bench")], None).unwrap_err();
         let msg = err.to_string();
-        assert!(
-            msg.contains("/nonexistent/zmem-bench") && msg.contains("no such file"),
-            "{msg}"
-        );
+        assert!(msg.contains("/nonexistent/zmem-bench") && msg.contains("no such file"), "{msg}");
     }
 
     #[test]
@@ -713,9 +661,6 @@ mod tests {
         let set = res.unwrap();
         assert!(set.pages() > 1000, "only {} pages", set.pages());
         let hay = &set.data;
-        assert!(
-            hay.windows(12).any(|w| w == b"@example.com"),
-            "python strings not found"
-        );
+        assert!(hay.windows(12).any(|w| w == b"@example.com"), "python strings not found");
     }
 }

@@ -102,11 +102,7 @@ impl SharedBudget {
         let text = std::fs::read_to_string(&f).with_context(|| format!("cannot read {} (is it a cgroup v1 memory cgroup?)", f.display()))?;
         let limit: u64 = text.trim().parse().with_context(|| format!("{}: not a number: {:?}", f.display(), text.trim()))?;
         if limit >= UNLIMITED {
-            bail!(
-                "{} has no memory limit: write the budget for its processes and the pool together to {} first",
-                cgroup.display(),
-                f.display()
-            );
+            bail!("{} has no memory limit: write the budget for its processes and the pool together to {} first", cgroup.display(), f.display());
         }
         Ok(limit)
     }
@@ -114,12 +110,7 @@ impl SharedBudget {
     /// Starts the keeper: `pool()` is the memory held outside the cgroup
     /// (`None` when it cannot be read this time: the last value stands).
     /// The limit never goes below `floor`.
-    pub fn start(
-        cgroup: &Path,
-        budget: u64,
-        floor: u64,
-        mut pool: impl FnMut() -> Option<u64> + Send + 'static,
-    ) -> anyhow::Result<SharedBudget> {
+    pub fn start(cgroup: &Path, budget: u64, floor: u64, mut pool: impl FnMut() -> Option<u64> + Send + 'static) -> anyhow::Result<SharedBudget> {
         if floor >= budget {
             bail!("the floor ({floor} bytes) must be below the budget ({budget} bytes)");
         }

@@ -69,7 +69,10 @@ pub struct Config {
 pub enum MaxPool {
     Bytes(u64),
     /// `num / den` of the data set (0 < num <= den), at least one page.
-    ShareOfData { num: u64, den: u64 },
+    ShareOfData {
+        num: u64,
+        den: u64,
+    },
 }
 
 impl MaxPool {
@@ -292,14 +295,9 @@ pub(crate) fn mbps(bytes: u64, secs: f64) -> f64 {
 fn load_pages(cfg: &Config, progress: &mut impl FnMut(Progress)) -> anyhow::Result<PageSet> {
     let mut set = PageSet::default();
     let default = cfg.paths.is_empty() && cfg.pid.is_none();
-    let paths = if default {
-        vec![PathBuf::from("/usr/lib/x86_64-linux-gnu")]
-    } else {
-        cfg.paths.clone()
-    };
+    let paths = if default { vec![PathBuf::from("/usr/lib/x86_64-linux-gnu")] } else { cfg.paths.clone() };
     if !paths.is_empty() {
-        set = pages::read_paths(&paths, cfg.max_bytes)
-            .with_context(|| format!("reading {}", paths[0].display()))?;
+        set = pages::read_paths(&paths, cfg.max_bytes).with_context(|| format!("reading {}", paths[0].display()))?;
     }
     let mut extra = |p: PageSet| {
         set.data.extend_from_slice(&p.data);
@@ -329,9 +327,7 @@ fn load_pages(cfg: &Config, progress: &mut impl FnMut(Progress)) -> anyhow::Resu
 fn par<T: Send>(parts: Vec<T>, f: impl Fn(T) -> anyhow::Result<()> + Sync) -> anyhow::Result<()> {
     std::thread::scope(|s| {
         let hs: Vec<_> = parts.into_iter().map(|p| s.spawn(|| f(p))).collect();
-        hs.into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("benchmark thread panicked"))?)
-            .collect::<anyhow::Result<Vec<()>>>()
+        hs.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("benchmark thread panicked"))?).collect::<anyhow::Result<Vec<()>>>()
     })?;
     Ok(())
 }
@@ -399,8 +395,8 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
     let mut new_pool = || -> anyhow::Result<Pool> {
         Ok(match &backing_path {
             Some(p) => {
-                let (store, why) = zmem_core::BackingStore::open(p, None, zmem_core::Existing::Refuse)
-                    .with_context(|| format!("opening backing file {}", p.display()))?;
+                let (store, why) =
+                    zmem_core::BackingStore::open(p, None, zmem_core::Existing::Refuse).with_context(|| format!("opening backing file {}", p.display()))?;
                 if let Some(why) = why {
                     progress(Progress::Note(why.clone()));
                     buffered_io = Some(why);
@@ -458,8 +454,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
                 let runs = r.clone().step_by(per).map(|f| f..(f + per).min(r.end)).collect();
                 par(runs, |run: Range<usize>| {
                     for i in run {
-                        pool.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE])
-                            .with_context(|| format!("storing page {i}"))?;
+                        pool.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE]).with_context(|| format!("storing page {i}"))?;
                     }
                     Ok(())
                 })
@@ -507,8 +502,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
         }
     }
     progress(Progress::PassesDone);
-    let (best_rc, best_st, best_ld, best_rd): (f64, f64, f64, f64) =
-        (rc_t.iter().sum(), st_t.iter().sum(), ld_t.iter().sum(), rd_t.iter().sum());
+    let (best_rc, best_st, best_ld, best_rd): (f64, f64, f64, f64) = (rc_t.iter().sum(), st_t.iter().sum(), ld_t.iter().sum(), rd_t.iter().sum());
 
     // Verify every byte, outside the timed passes: load again into `out`.
     let mut bad = 0u64;
@@ -599,10 +593,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
         sources: set.sources.len(),
         // With a writeback tier most pages are on the file: RAM use is
         // bounded by max_pool, and a ratio against zram would mislead.
-        mem_used_vs_kernel_zram: kernel_zram
-            .as_ref()
-            .filter(|_| backing_path.is_none())
-            .map(|k| st.mem_used_total as f64 / k.mem_used_bytes.max(1) as f64),
+        mem_used_vs_kernel_zram: kernel_zram.as_ref().filter(|_| backing_path.is_none()).map(|k| st.mem_used_total as f64 / k.mem_used_bytes.max(1) as f64),
         stats: st,
         writeback,
         recompress,
@@ -631,52 +622,24 @@ pub fn render(r: &Report) -> String {
     out += &format!("  {:<22} {:>14} {:>14}\n", "", "zmem", "kernel zram");
     let kz = r.kernel_zram.as_ref();
     let col = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    out += &format!(
-        "  {:<22} {:>14.1} {:>14}\n",
-        "compressed MiB",
-        mib(r.compr_bytes),
-        col(kz.map(|k| format!("{:.1}", mib(k.compr_bytes))))
-    );
-    out += &format!(
-        "  {:<22} {:>14.1} {:>14}\n",
-        "memory used MiB",
-        mib(r.mem_used_bytes),
-        col(kz.map(|k| format!("{:.1}", mib(k.mem_used_bytes))))
-    );
+    out += &format!("  {:<22} {:>14.1} {:>14}\n", "compressed MiB", mib(r.compr_bytes), col(kz.map(|k| format!("{:.1}", mib(k.compr_bytes)))));
+    out += &format!("  {:<22} {:>14.1} {:>14}\n", "memory used MiB", mib(r.mem_used_bytes), col(kz.map(|k| format!("{:.1}", mib(k.mem_used_bytes)))));
     out += &format!(
         "  {:<22} {:>14} {:>14}\n",
         "same / huge pages",
         format!("{} / {}", r.same_pages, r.huge_pages),
         col(kz.map(|k| format!("{} / {}", k.same_pages, k.huge_pages)))
     );
-    out += &format!(
-        "  {:<22} {:>14.0} {:>14}\n",
-        "store / write MB/s",
-        r.store_mbps,
-        col(kz.map(|k| format!("{:.0}", k.write_mbps)))
-    );
-    out += &format!(
-        "  {:<22} {:>14.0} {:>14}\n",
-        "load / read MB/s",
-        r.load_mbps,
-        col(kz.map(|k| format!("{:.0}", k.read_mbps)))
-    );
+    out += &format!("  {:<22} {:>14.0} {:>14}\n", "store / write MB/s", r.store_mbps, col(kz.map(|k| format!("{:.0}", k.write_mbps))));
+    out += &format!("  {:<22} {:>14.0} {:>14}\n", "load / read MB/s", r.load_mbps, col(kz.map(|k| format!("{:.0}", k.read_mbps))));
     out.push('\n');
-    out += &format!(
-        "  first store into a fresh pool (page faults included): {:.0} MB/s\n",
-        r.store_cold_mbps
-    );
+    out += &format!("  first store into a fresh pool (page faults included): {:.0} MB/s\n", r.store_cold_mbps);
     out += &format!(
         "  raw {}: compress {:.0} MB/s, decompress {:.0} MB/s; store at {:.2}x, load at {:.2}x of raw\n",
         r.compressor, r.raw_compress_mbps, r.raw_decompress_mbps, r.store_vs_raw_compress, r.load_vs_raw_decompress
     );
     if r.dedup {
-        out += &format!(
-            "  dedup: {} pages shared, {:.1} MiB saved, {:.1} MiB metadata\n",
-            r.dup_pages,
-            mib(r.dup_data_size),
-            mib(r.meta_data_size)
-        );
+        out += &format!("  dedup: {} pages shared, {:.1} MiB saved, {:.1} MiB metadata\n", r.dup_pages, mib(r.dup_data_size), mib(r.meta_data_size));
     }
     if let Some(c) = &r.recompress {
         out += &format!(

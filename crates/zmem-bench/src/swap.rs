@@ -57,8 +57,8 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 use crate::host::{self, DiskStat, LoopDisk, MemCgroup, SwapOn, Throttle, ZswapParams};
-use crate::shared_budget::{self, BudgetStats, SharedBudget};
 use crate::kernel_zram;
+use crate::shared_budget::{self, BudgetStats, SharedBudget};
 
 /// A system under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -396,10 +396,7 @@ fn preflight(cfg: &Config) -> anyhow::Result<()> {
     }
     let swaps = host::active_swaps();
     if !swaps.is_empty() {
-        bail!(
-            "swap is already on ({}): the kernel would spread the workload's pages over it too; swapoff first",
-            swaps.join(", ")
-        );
+        bail!("swap is already on ({}): the kernel would spread the workload's pages over it too; swapoff first", swaps.join(", "));
     }
     for t in ["mkswap", "swapon", "swapoff", "sh"] {
         if !host::have(t) {
@@ -699,9 +696,7 @@ pub struct Ratios {
 }
 
 pub fn ratios(report: &Report, r: &RunResult) -> Ratios {
-    let peer = |s: System| {
-        report.runs.iter().find(|o| o.system == s && o.disk == r.disk && o.jobs == r.jobs && o.budget_bytes == r.budget_bytes && o.exit_ok)
-    };
+    let peer = |s: System| report.runs.iter().find(|o| o.system == s && o.disk == r.disk && o.jobs == r.jobs && o.budget_bytes == r.budget_bytes && o.exit_ok);
     let base = report.runs.iter().find(|o| o.disk.is_none() && o.jobs == r.jobs);
     let ok = |x: Option<f64>| if r.exit_ok { x } else { None };
     let d = peer(System::Disk);
@@ -734,8 +729,8 @@ pub fn render(report: &Report) -> String {
         out += &format!("zmem swap on with: {}\n", report.zmem_args.join(" "));
     }
     let head = [
-        "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB",
-        "pool MB", "mem MB", "wb pages", "t/disk", "t/zswap", "io/disk", "io/zswap",
+        "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
+        "mem MB", "wb pages", "t/disk", "t/zswap", "io/disk", "io/zswap",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {

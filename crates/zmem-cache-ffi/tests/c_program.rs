@@ -46,15 +46,6 @@ fn a_c_program_uses_the_cache() {
         eprintln!("memcheck of the C program: skipped, valgrind is not installed");
         return;
     }
-    let mc = Command::new("valgrind")
-        .args(["-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        mc.status.success() && mc.stdout == b"ok\n",
-        "memcheck found errors ({}): {}",
-        mc.status,
-        String::from_utf8_lossy(&mc.stderr)
-    );
+    let mc = Command::new("valgrind").args(["-q", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite"]).arg(&out).output().unwrap();
+    assert!(mc.status.success() && mc.stdout == b"ok\n", "memcheck found errors ({}): {}", mc.status, String::from_utf8_lossy(&mc.stderr));
 }

@@ -56,8 +56,7 @@ impl Dictionary {
     /// laid end to end, `sizes` their lengths) with zstd's trainer, number
     /// it `id`, and prepare it for the zstd `levels`.
     pub fn train(id: u32, samples: &[u8], sizes: &[usize], max_size: usize, levels: &[i32]) -> Result<Dictionary, CompressError> {
-        let bytes = zstd::dict::from_continuous(samples, sizes, max_size)
-            .map_err(|e| CompressError::Train(e.to_string()))?;
+        let bytes = zstd::dict::from_continuous(samples, sizes, max_size).map_err(|e| CompressError::Train(e.to_string()))?;
         Dictionary::from_bytes(id, bytes, levels)
     }
 
@@ -86,8 +85,7 @@ impl Dictionary {
             if cdicts.iter().any(|(l, _)| *l == level) {
                 continue;
             }
-            let c = CDict::try_create(&bytes, level)
-                .ok_or_else(|| corrupt(format!("zstd could not prepare it for level {level}")))?;
+            let c = CDict::try_create(&bytes, level).ok_or_else(|| corrupt(format!("zstd could not prepare it for level {level}")))?;
             cdicts.push((level, c));
         }
         let lz4 = DictStream::new(&bytes).ok_or_else(|| corrupt("liblz4 could not allocate a stream".into()))?;
@@ -152,16 +150,14 @@ impl Dictionary {
     pub fn decompress(&self, alg: Algorithm, src: &[u8], dst: &mut [u8]) -> Result<(), CompressError> {
         let expected = dst.len();
         let got = match alg {
-            Algorithm::Lz4 => self.lz4.decompress(src, dst).ok_or_else(|| CompressError::Corrupt {
-                alg,
-                msg: format!("malformed block for dictionary {}, or more than {expected} bytes", self.id),
-            })?,
+            Algorithm::Lz4 => self
+                .lz4
+                .decompress(src, dst)
+                .ok_or_else(|| CompressError::Corrupt { alg, msg: format!("malformed block for dictionary {}, or more than {expected} bytes", self.id) })?,
             Algorithm::Zstd => DICT_DCTX.with_borrow_mut(|dctx| {
                 let dctx = dctx.get_or_insert_with(zstd_safe::DCtx::create);
-                dctx.decompress_using_ddict(dst, src, &self.ddict).map_err(|code| CompressError::Corrupt {
-                    alg,
-                    msg: format!("{} (with dictionary {})", zstd_safe::get_error_name(code), self.id),
-                })
+                dctx.decompress_using_ddict(dst, src, &self.ddict)
+                    .map_err(|code| CompressError::Corrupt { alg, msg: format!("{} (with dictionary {})", zstd_safe::get_error_name(code), self.id) })
             })?,
             Algorithm::Lzo => return Err(CompressError::NoDictionary(Compressor::new(alg))),
         };
@@ -239,10 +235,7 @@ mod tests {
         assert!(!d.supports(Compressor::zstd(9).unwrap()));
         assert!(!d.supports(Compressor::new(Algorithm::Lzo)));
         let mut z = vec![0u8; 8192];
-        assert_eq!(
-            d.compress(Compressor::zstd(9).unwrap(), &pages[0], &mut z),
-            Err(CompressError::NoDictionary(Compressor::zstd(9).unwrap()))
-        );
+        assert_eq!(d.compress(Compressor::zstd(9).unwrap(), &pages[0], &mut z), Err(CompressError::NoDictionary(Compressor::zstd(9).unwrap())));
         let mut small = vec![0u8; 10];
         for c in [Compressor::new(Algorithm::Lz4), Compressor::zstd(3).unwrap()] {
             assert_eq!(d.compress(c, &pages[0], &mut small), Err(CompressError::DoesNotFit { capacity: 10 }), "{c}");

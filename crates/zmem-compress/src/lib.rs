@@ -111,11 +111,7 @@ pub enum CompressError {
     #[error("{0} cannot compress with this dictionary (lzo takes none; zstd only at the levels it was prepared for)")]
     NoDictionary(Compressor),
     #[error("{alg} stream decompressed to {got} bytes, expected {expected}")]
-    WrongLength {
-        alg: Algorithm,
-        got: usize,
-        expected: usize,
-    },
+    WrongLength { alg: Algorithm, got: usize, expected: usize },
 }
 
 /// A configured compressor: algorithm plus level (level is used by zstd only).
@@ -136,11 +132,7 @@ pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
 
 impl Compressor {
     pub fn new(algorithm: Algorithm) -> Compressor {
-        let level = if algorithm == Algorithm::Zstd {
-            DEFAULT_ZSTD_LEVEL
-        } else {
-            0
-        };
+        let level = if algorithm == Algorithm::Zstd { DEFAULT_ZSTD_LEVEL } else { 0 };
         Compressor { algorithm, level }
     }
 
@@ -148,10 +140,7 @@ impl Compressor {
         if !(1..=22).contains(&level) {
             return Err(CompressError::BadLevel(level.to_string()));
         }
-        Ok(Compressor {
-            algorithm: Algorithm::Zstd,
-            level,
-        })
+        Ok(Compressor { algorithm: Algorithm::Zstd, level })
     }
 
     /// Compress `src` into `dst`; returns the compressed length.
@@ -165,25 +154,16 @@ impl Compressor {
             Algorithm::Lz4 => lz4c::compress(src, dst).ok_or(CompressError::DoesNotFit { capacity }),
             Algorithm::Lzo => zmem_lzo::compress(src, dst).map_err(|e| match e {
                 zmem_lzo::LzoError::OutputOverrun => CompressError::DoesNotFit { capacity },
-                e => CompressError::Compress {
-                    alg: Algorithm::Lzo,
-                    msg: e.to_string(),
-                },
+                e => CompressError::Compress { alg: Algorithm::Lzo, msg: e.to_string() },
             }),
             Algorithm::Zstd => ZSTD_CCTX.with(|cell| {
                 let mut slot = cell.borrow_mut();
                 if slot.as_ref().map(|(lvl, _)| *lvl) != Some(self.level) {
-                    let c = zstd::bulk::Compressor::new(self.level).map_err(|e| {
-                        CompressError::Compress {
-                            alg: Algorithm::Zstd,
-                            msg: e.to_string(),
-                        }
-                    })?;
+                    let c = zstd::bulk::Compressor::new(self.level).map_err(|e| CompressError::Compress { alg: Algorithm::Zstd, msg: e.to_string() })?;
                     *slot = Some((self.level, c));
                 }
                 let (_, c) = slot.as_mut().expect("context was just installed");
-                c.compress_to_buffer(src, dst)
-                    .map_err(|_| CompressError::DoesNotFit { capacity })
+                c.compress_to_buffer(src, dst).map_err(|_| CompressError::DoesNotFit { capacity })
             }),
         }
     }
@@ -234,30 +214,17 @@ thread_local! {
 pub fn decompress(alg: Algorithm, src: &[u8], dst: &mut [u8]) -> Result<(), CompressError> {
     let expected = dst.len();
     let got = match alg {
-        Algorithm::Lz4 => lz4c::decompress(src, dst).ok_or_else(|| CompressError::Corrupt {
-            alg,
-            msg: format!("malformed block, or more than {expected} bytes"),
-        })?,
-        Algorithm::Lzo => zmem_lzo::decompress(src, dst).map_err(|e| CompressError::Corrupt {
-            alg,
-            msg: e.to_string(),
-        })?,
+        Algorithm::Lz4 => {
+            lz4c::decompress(src, dst).ok_or_else(|| CompressError::Corrupt { alg, msg: format!("malformed block, or more than {expected} bytes") })?
+        }
+        Algorithm::Lzo => zmem_lzo::decompress(src, dst).map_err(|e| CompressError::Corrupt { alg, msg: e.to_string() })?,
         Algorithm::Zstd => ZSTD_DCTX.with(|cell| {
             let mut slot = cell.borrow_mut();
             if slot.is_none() {
-                *slot = Some(zstd::bulk::Decompressor::new().map_err(|e| {
-                    CompressError::Corrupt {
-                        alg,
-                        msg: e.to_string(),
-                    }
-                })?);
+                *slot = Some(zstd::bulk::Decompressor::new().map_err(|e| CompressError::Corrupt { alg, msg: e.to_string() })?);
             }
             let d = slot.as_mut().expect("context was just installed");
-            d.decompress_to_buffer(src, dst)
-                .map_err(|e| CompressError::Corrupt {
-                    alg,
-                    msg: e.to_string(),
-                })
+            d.decompress_to_buffer(src, dst).map_err(|e| CompressError::Corrupt { alg, msg: e.to_string() })
         })?,
     };
     if got != expected {
@@ -273,12 +240,7 @@ mod tests {
 
     /// Text, random bytes, zeros, one byte, nothing (`[1]` is random).
     pub(crate) fn sample_pages() -> Vec<Vec<u8>> {
-        let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog 0123456789\n"
-            .iter()
-            .cycle()
-            .take(4096)
-            .copied()
-            .collect();
+        let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog 0123456789\n".iter().cycle().take(4096).copied().collect();
         let mut x = 0x9e3779b97f4a7c15u64;
         let random: Vec<u8> = (0..4096)
             .map(|_| {

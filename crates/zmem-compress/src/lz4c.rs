@@ -123,14 +123,7 @@ impl DictStream {
         // most 64 KiB that the decoder only reads (a match may reach back
         // into it, never before its start).
         let n = unsafe {
-            LZ4_decompress_safe_usingDict(
-                src.as_ptr().cast(),
-                dst.as_mut_ptr().cast(),
-                src_len,
-                dst_len,
-                self.dict.as_ptr().cast(),
-                self.dict.len() as c_int,
-            )
+            LZ4_decompress_safe_usingDict(src.as_ptr().cast(), dst.as_mut_ptr().cast(), src_len, dst_len, self.dict.as_ptr().cast(), self.dict.len() as c_int)
         };
         usize::try_from(n).ok()
     }

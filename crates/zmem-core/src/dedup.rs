@@ -161,8 +161,7 @@ impl Engine {
         let mut frees = Vec::new();
         {
             let mut s = self.shards[i].lock();
-            let objs: Vec<(u64, Entry)> =
-                s.index.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)).collect();
+            let objs: Vec<(u64, Entry)> = s.index.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)).collect();
             let now = self.now();
             for (key, e) in objs {
                 let Slot::Obj(h, info) = e.slot() else { continue };
@@ -212,12 +211,8 @@ impl Engine {
     fn unshare_shard(&self, i: usize) {
         let Some(d) = &self.dedup else { return };
         let mut s = self.shards[i].lock();
-        let shared: Vec<(u64, Entry)> = s
-            .index
-            .iter()
-            .filter(|(_, e, _)| matches!(e.slot(), Slot::Dedup(hash, _) if !hash.is_multiple_of(SAMPLE)))
-            .map(|(k, e, _)| (k, e))
-            .collect();
+        let shared: Vec<(u64, Entry)> =
+            s.index.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Dedup(hash, _) if !hash.is_multiple_of(SAMPLE))).map(|(k, e, _)| (k, e)).collect();
         for (key, e) in shared {
             let Slot::Dedup(hash, _) = e.slot() else { continue };
             let mut ds = Self::dedup_shard(d, hash).lock();

@@ -109,7 +109,16 @@ pub struct DictConfig {
 
 impl Default for DictConfig {
     fn default() -> Self {
-        DictConfig { source: DictSource::Off, lz4: false, max_size: 64 << 10, sample_every: 16, samples: 1024, min_gain_percent: 2, drift_window: 1 << 14, background: true }
+        DictConfig {
+            source: DictSource::Off,
+            lz4: false,
+            max_size: 64 << 10,
+            sample_every: 16,
+            samples: 1024,
+            min_gain_percent: 2,
+            drift_window: 1 << 14,
+            background: true,
+        }
     }
 }
 
@@ -358,7 +367,11 @@ impl Dicts {
         let pages = &ring.pages[..ring.filled * PAGE_SIZE];
         let (mut train, mut held) = (Vec::new(), Vec::new());
         for (i, p) in pages.chunks_exact(PAGE_SIZE).enumerate() {
-            if i % 2 == 0 { train.push(p) } else { held.push(p) }
+            if i % 2 == 0 {
+                train.push(p)
+            } else {
+                held.push(p)
+            }
         }
         let mut out = vec![0u8; 2 * PAGE_SIZE];
         let mut measure = |d: Option<&Dictionary>| -> u64 {
@@ -375,12 +388,11 @@ impl Dicts {
         rep.plain_bytes = measure(None);
         rep.current_bytes = self.current_dict().map(|c| measure(Some(&c)));
         let sizes = vec![PAGE_SIZE; train.len()];
-        let d = Dictionary::train(self.next_id.fetch_add(1, Relaxed), &train.concat(), &sizes, self.cfg.max_size, &self.levels)
-            .map_err(|e| {
-                // Sample again for the next round.
-                self.collecting.store(true, Relaxed);
-                format!("{e} (on {} sampled pages, for a dictionary of at most {} bytes)", train.len(), self.cfg.max_size)
-            })?;
+        let d = Dictionary::train(self.next_id.fetch_add(1, Relaxed), &train.concat(), &sizes, self.cfg.max_size, &self.levels).map_err(|e| {
+            // Sample again for the next round.
+            self.collecting.store(true, Relaxed);
+            format!("{e} (on {} sampled pages, for a dictionary of at most {} bytes)", train.len(), self.cfg.max_size)
+        })?;
         self.trainings.fetch_add(1, Relaxed);
         let b = measure(Some(&d));
         rep.trained_bytes = Some(b);

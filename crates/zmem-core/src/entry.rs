@@ -87,10 +87,7 @@ impl ObjInfo {
         ((self.tag as u32) << TAG_SHIFT) | ((self.len as u32 & LEN_MASK) << LEN_SHIFT)
     }
     fn unpack(meta: u32) -> ObjInfo {
-        ObjInfo {
-            tag: ((meta >> TAG_SHIFT) & 0xF) as u8,
-            len: ((meta >> LEN_SHIFT) & LEN_MASK) as u16,
-        }
+        ObjInfo { tag: ((meta >> TAG_SHIFT) & 0xF) as u8, len: ((meta >> LEN_SHIFT) & LEN_MASK) as u16 }
     }
 }
 

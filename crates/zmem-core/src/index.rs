@@ -86,10 +86,7 @@ impl BlockIndex {
     /// Last access time of `key` (0 if never recorded).
     #[cfg(test)]
     pub fn ac_time(&self, key: u64) -> u32 {
-        self.blocks
-            .get(&(key >> BLOCK_SHIFT))
-            .and_then(|b| b.ac.as_ref())
-            .map_or(0, |ac| ac[(key & MASK) as usize])
+        self.blocks.get(&(key >> BLOCK_SHIFT)).and_then(|b| b.ac.as_ref()).map_or(0, |ac| ac[(key & MASK) as usize])
     }
 
     /// Record an access to an existing key (no-op without access times).
@@ -126,9 +123,7 @@ impl BlockIndex {
     /// Every entry with its key and last access time.
     pub fn iter(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
         self.blocks.iter().flat_map(|(&id, b)| {
-            b.e.iter().enumerate().filter(|(_, e)| !e.is_empty()).map(move |(i, &e)| {
-                (id << BLOCK_SHIFT | i as u64, e, b.ac.as_ref().map_or(0, |ac| ac[i]))
-            })
+            b.e.iter().enumerate().filter(|(_, e)| !e.is_empty()).map(move |(i, &e)| (id << BLOCK_SHIFT | i as u64, e, b.ac.as_ref().map_or(0, |ac| ac[i])))
         })
     }
 

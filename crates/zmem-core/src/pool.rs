@@ -80,8 +80,8 @@ use crate::dict::{DictConfig, DictRef, DictSource, Dicts, TrainReport, DICT_SLOT
 use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW, TAG_RAW_INCOMP};
 use crate::error::{Result, ZmemError};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
-use crate::stats::{Counters, Stats};
 use crate::recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
+use crate::stats::{Counters, Stats};
 use crate::tier::{Tier, WritebackMode};
 
 /// Where a stored page lives (see [`Pool::residency`]).
@@ -556,9 +556,7 @@ impl Pool {
 
     /// Change zswap's `max_pool` (None: no limit).
     pub fn set_max_pool(&self, bytes: Option<u64>) {
-        self.e
-            .max_pool_pages
-            .store(bytes.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64).max(1)), Relaxed);
+        self.e.max_pool_pages.store(bytes.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64).max(1)), Relaxed);
         self.e.pool_full.store(false, Relaxed);
         self.e.kick_shrinker();
     }
@@ -683,25 +681,16 @@ impl Drop for Pool {
 impl Engine {
     fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Engine> {
         if !(1..=100).contains(&cfg.accept_threshold_percent) {
-            return Err(ZmemError::Config(format!(
-                "accept_threshold_percent {} must be between 1 and 100",
-                cfg.accept_threshold_percent
-            )));
+            return Err(ZmemError::Config(format!("accept_threshold_percent {} must be between 1 and 100", cfg.accept_threshold_percent)));
         }
         if cfg.max_pool == Some(0) {
             return Err(ZmemError::Config("max_pool must be more than 0 bytes".into()));
         }
         if cfg.huge_threshold < 64 || cfg.huge_threshold > PAGE_SIZE {
-            return Err(ZmemError::Config(format!(
-                "huge_threshold {} must be between 64 and 4096 bytes",
-                cfg.huge_threshold
-            )));
+            return Err(ZmemError::Config(format!("huge_threshold {} must be between 64 and 4096 bytes", cfg.huge_threshold)));
         }
         if !(1..=64).contains(&cfg.max_span_pages) {
-            return Err(ZmemError::Config(format!(
-                "max_span_pages {} must be between 1 and 64",
-                cfg.max_span_pages
-            )));
+            return Err(ZmemError::Config(format!("max_span_pages {} must be between 1 and 64", cfg.max_span_pages)));
         }
         if cfg.recomp_algorithms.len() > MAX_RECOMP_ALGORITHMS {
             return Err(ZmemError::Config(format!(
@@ -712,26 +701,18 @@ impl Engine {
         }
         let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
         let shards: Box<[Mutex<Shard>]> = (0..nshards).map(|_| Mutex::new(Shard::new())).collect();
-        let dedup: Option<Box<[Mutex<DedupShard>]>> = cfg
-            .dedup
-            .then(|| (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect());
+        let dedup: Option<Box<[Mutex<DedupShard>]>> = cfg.dedup.then(|| (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect());
         // One budget for everything the pool holds: the allocator charges
         // its pages and tables to it, the index, dedup table and LRUs their
         // growth, the tier the backing store's tables. The shard arrays are
         // a fixed cost, charged now.
         let budget = Arc::new(Budget::new(cfg.mem_limit));
         // The limit is the budget's.
-        let alloc = ZsPool::with_budget(
-            AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None },
-            Arc::clone(&budget),
-        );
+        let alloc = ZsPool::with_budget(AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None }, Arc::clone(&budget));
         budget.force_charge(Self::fixed_bytes(shards.len(), dedup.is_some()));
         if let Some(limit) = cfg.mem_limit {
             if budget.used() > limit {
-                return Err(ZmemError::Config(format!(
-                    "mem_limit {limit} is below the {} bytes a pool holds before it stores anything",
-                    budget.used()
-                )));
+                return Err(ZmemError::Config(format!("mem_limit {limit} is below the {} bytes a pool holds before it stores anything", budget.used())));
             }
         }
         let counters = Counters::default();
@@ -756,9 +737,7 @@ impl Engine {
             dedup_mode: crate::dedup::DedupMode::new(),
             fixed_bytes: budget.used(),
             compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
-            max_pool_pages: AtomicU64::new(
-                cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64)),
-            ),
+            max_pool_pages: AtomicU64::new(cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64))),
             pool_full: AtomicBool::new(false),
             tier,
             epoch: Instant::now(),
@@ -1014,12 +993,7 @@ impl Engine {
     /// Compress `page` with `c` into `out`, with the current dictionary if
     /// `c` uses one. The reference returned keeps that dictionary alive:
     /// hold it until the object is published.
-    pub(crate) fn compress_page(
-        &self,
-        c: Compressor,
-        page: &[u8],
-        out: &mut [u8],
-    ) -> std::result::Result<(ObjInfo, Option<DictRef>), CompressError> {
+    pub(crate) fn compress_page(&self, c: Compressor, page: &[u8], out: &mut [u8]) -> std::result::Result<(ObjInfo, Option<DictRef>), CompressError> {
         match self.dicts.as_ref().and_then(|d| d.current(c)) {
             Some(dict) => {
                 let n = dict.1.compress(c, page, out)?;
@@ -1040,9 +1014,7 @@ impl Engine {
 
     pub(crate) fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
         match e {
-            zmem_alloc::AllocError::LimitReached { .. } => {
-                self.counters.pool_limit_hit.fetch_add(1, Relaxed)
-            }
+            zmem_alloc::AllocError::LimitReached { .. } => self.counters.pool_limit_hit.fetch_add(1, Relaxed),
             _ => self.counters.reject_alloc_fail.fetch_add(1, Relaxed),
         };
         ZmemError::from(e)
@@ -1278,16 +1250,13 @@ impl Engine {
                 }
                 Slot::Obj(h, info) => return self.read_object(key, h, info, buf),
                 Slot::Dedup(hash, _) => {
-                    let d = self.dedup.as_ref().ok_or(ZmemError::Inconsistent {
-                        key,
-                        what: "a shared-page entry in a pool without dedup".into(),
-                    })?;
+                    let d = self.dedup.as_ref().ok_or(ZmemError::Inconsistent { key, what: "a shared-page entry in a pool without dedup".into() })?;
                     let mut ds = Self::dedup_shard(d, hash).lock();
                     let tiered = self.tier.is_some();
-                    let rec = ds.map.get_mut(&hash).ok_or_else(|| ZmemError::Inconsistent {
-                        key,
-                        what: format!("shared object {hash:#x} is missing from the dedup table"),
-                    })?;
+                    let rec = ds
+                        .map
+                        .get_mut(&hash)
+                        .ok_or_else(|| ZmemError::Inconsistent { key, what: format!("shared object {hash:#x} is missing from the dedup table") })?;
                     if tiered {
                         rec.referenced = true;
                         rec.ac = now;
@@ -1492,10 +1461,7 @@ impl Engine {
     pub(crate) fn decode(&self, key: u64, info: ObjInfo, obj: &[u8], out: &mut [u8]) -> Result<()> {
         if info.tag == TAG_RAW || info.tag == TAG_RAW_INCOMP {
             if obj.len() != PAGE_SIZE {
-                return Err(ZmemError::Inconsistent {
-                    key,
-                    what: format!("a raw page's object is {} bytes, not 4096", obj.len()),
-                });
+                return Err(ZmemError::Inconsistent { key, what: format!("a raw page's object is {} bytes, not 4096", obj.len()) });
             }
             out.copy_from_slice(obj);
             return Ok(());

@@ -76,9 +76,7 @@ pub struct Recompress {
 
 impl Recompress {
     fn picks(&self, info: ObjInfo, ac: u32, now: u32) -> bool {
-        self.idle_secs.is_none_or(|s| now.saturating_sub(ac) >= s)
-            && (!self.huge || info.is_huge())
-            && self.min_size.is_none_or(|m| info.len as u32 >= m)
+        self.idle_secs.is_none_or(|s| now.saturating_sub(ac) >= s) && (!self.huge || info.is_huge()) && self.min_size.is_none_or(|m| info.len as u32 >= m)
     }
 }
 
@@ -116,24 +114,15 @@ impl Engine {
 
     /// [`recompress`](Self::recompress), calling `after_shard` after each
     /// shard; it returns false to stop the pass.
-    pub(crate) fn recompress_with(
-        &self,
-        req: &Recompress,
-        mut after_shard: impl FnMut() -> bool,
-    ) -> Result<RecompressReport> {
+    pub(crate) fn recompress_with(&self, req: &Recompress, mut after_shard: impl FnMut() -> bool) -> Result<RecompressReport> {
         let algs = &self.cfg.recomp_algorithms;
         let top = algs.len() as u8;
         if top == 0 {
-            return Err(ZmemError::Config(
-                "this pool has no recompression algorithm: configure one (zmem serve --recomp-algo zstd:9)".into(),
-            ));
+            return Err(ZmemError::Config("this pool has no recompression algorithm: configure one (zmem serve --recomp-algo zstd:9)".into()));
         }
         if let Some(p) = req.prio {
             if p == 0 || p > top {
-                return Err(ZmemError::Config(format!(
-                    "recompression priority {p} does not exist: this pool has priorities 1..={top} ({})",
-                    names(algs)
-                )));
+                return Err(ZmemError::Config(format!("recompression priority {p} does not exist: this pool has priorities 1..={top} ({})", names(algs))));
             }
         }
         let now = self.now();
@@ -151,9 +140,7 @@ impl Engine {
                 s.index
                     .iter()
                     .filter(|&(_, e, ac)| match e.slot() {
-                        Slot::Obj(_, info) => {
-                            !e.no_recomp() && e.prio() < req.prio.unwrap_or(top) && req.picks(info, ac, now)
-                        }
+                        Slot::Obj(_, info) => !e.no_recomp() && e.prio() < req.prio.unwrap_or(top) && req.picks(info, ac, now),
                         _ => false,
                     })
                     .map(|(k, e, _)| (k, e))

@@ -66,11 +66,7 @@ pub struct RateLimited {
 
 impl Default for RateLimited {
     fn default() -> Self {
-        RateLimited {
-            last: parking_lot::Mutex::new(None),
-            suppressed: AtomicU64::new(0),
-            suppressed_total: AtomicU64::new(0),
-        }
+        RateLimited { last: parking_lot::Mutex::new(None), suppressed: AtomicU64::new(0), suppressed_total: AtomicU64::new(0) }
     }
 }
 
@@ -265,10 +261,7 @@ impl Stats {
     /// zram's `/sys/block/zramX/io_stat` line: failed_reads failed_writes
     /// invalid_io notify_free.
     pub fn io_stat(&self) -> String {
-        format!(
-            "{:>8} {:>8} {:>8} {:>8}",
-            self.failed_reads, self.failed_writes, self.invalid_io, self.notify_free
-        )
+        format!("{:>8} {:>8} {:>8} {:>8}", self.failed_reads, self.failed_writes, self.invalid_io, self.notify_free)
     }
 
     /// zram's `/sys/block/zramX/bd_stat` line: bd_count bd_reads bd_writes (pages).

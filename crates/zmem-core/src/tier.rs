@@ -314,10 +314,7 @@ impl Tier {
             return;
         }
         let index = &s.index;
-        s.lru.retain(
-            |it| index.get(it.key).is_some_and(|e| e.gen() == it.gen && matches!(e.slot(), Slot::Obj(..))),
-            b,
-        );
+        s.lru.retain(|it| index.get(it.key).is_some_and(|e| e.gen() == it.gen && matches!(e.slot(), Slot::Obj(..))), b);
     }
 
     /// Charge `bound` ahead of a write that may grow the backing store's
@@ -577,12 +574,7 @@ impl Engine {
         // this batch (newer sequence numbers) are the youngest, not wrapped.
         let now = t.seq.load(Relaxed).wrapping_add(1 << 30);
         let age = |it: &LruItem| now.wrapping_sub(it.seq);
-        let sources: Vec<Source<'_>> = self
-            .shards
-            .iter()
-            .map(Source::Index)
-            .chain(self.dedup.iter().flat_map(|d| d.iter()).map(Source::Shared))
-            .collect();
+        let sources: Vec<Source<'_>> = self.shards.iter().map(Source::Index).chain(self.dedup.iter().flat_map(|d| d.iter()).map(Source::Shared)).collect();
         let mut heads = std::collections::BinaryHeap::new();
         for (i, src) in sources.iter().enumerate() {
             let front = match src {
@@ -672,10 +664,7 @@ impl Engine {
     /// a write error nothing changes: every victim stays in RAM and on its
     /// LRU (where a load during the write put it: the hot end).
     fn commit(&self, t: &Tier, sources: &[Source<'_>], victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
-        let recs: Vec<(u64, &[u8])> = victims
-            .iter()
-            .map(|v| (v.key, &buf[v.off..v.off + v.info.len as usize]))
-            .collect();
+        let recs: Vec<(u64, &[u8])> = victims.iter().map(|v| (v.key, &buf[v.off..v.off + v.info.len as usize])).collect();
         let mut by_src: Vec<usize> = victims.iter().map(|v| v.src).collect();
         by_src.sort_unstable();
         by_src.dedup();
@@ -823,10 +812,7 @@ impl Engine {
     pub(crate) fn read_record(&self, t: &Tier, rkey: u64, id: u64, info: ObjInfo, obj: &mut Vec<u8>, buf: &mut [u8]) -> Result<()> {
         t.store.read(RecordId::from_raw(id), rkey, obj).map_err(ZmemError::Backing)?;
         if obj.len() != info.len as usize {
-            return Err(ZmemError::Inconsistent {
-                key: rkey,
-                what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len),
-            });
+            return Err(ZmemError::Inconsistent { key: rkey, what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len) });
         }
         self.decode(rkey, info, obj, buf)
     }
@@ -835,10 +821,7 @@ impl Engine {
     /// then bring the object back to RAM if the pool has room and the entry
     /// still names this record.
     pub(crate) fn load_backed(&self, key: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
-        let t = self.tier.as_ref().ok_or_else(|| ZmemError::Inconsistent {
-            key,
-            what: "a written-back entry in a pool without a backing store".into(),
-        })?;
+        let t = self.tier.as_ref().ok_or_else(|| ZmemError::Inconsistent { key, what: "a written-back entry in a pool without a backing store".into() })?;
         OBJ.with_borrow_mut(|obj| {
             self.read_record(t, key, id, info, obj, buf)?;
             if t.exclusive() || self.held_pages() >= self.accept_pages() {
@@ -967,14 +950,7 @@ struct Settled {
 /// remove it if the store dropped the object.
 /// Collects the handles to free and the records nobody took (the key was
 /// overwritten, invalidated or loaded while we wrote).
-fn settle_keys<'v>(
-    t: &Tier,
-    b: &Budget,
-    s: &mut Shard,
-    done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>,
-    settled: &mut Settled,
-    out: usize,
-) {
+fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>, settled: &mut Settled, out: usize) {
     for (v, &id) in done {
         let now = s.index.get(v.key);
         // With exclusive loads, a load during the write changes nothing:

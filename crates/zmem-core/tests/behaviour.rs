@@ -175,10 +175,7 @@ fn memory_accounting_counts_metadata_and_shrinks() {
     let st = p.stats();
     assert!(st.index_bytes >= 4000 * 16, "index {}", st.index_bytes);
     assert!(st.alloc_metadata_bytes > 0);
-    assert_eq!(
-        st.mem_used_total,
-        st.pool_pages * 4096 + st.alloc_metadata_bytes + st.index_bytes + st.meta_data_size
-    );
+    assert_eq!(st.mem_used_total, st.pool_pages * 4096 + st.alloc_metadata_bytes + st.index_bytes + st.meta_data_size);
     assert!(st.mem_used_total > st.compr_data_size);
     // Drop every other page, compact: pages go back.
     for k in (0..4000u64).step_by(2) {

@@ -207,11 +207,7 @@ fn a_given_dictionary_is_used_and_a_bad_one_refused() {
     let e = p.train_dictionary().unwrap();
     assert_eq!(e.installed, None, "a given dictionary is not replaced");
 
-    for (what, bad) in [
-        ("text", b"not a dictionary at all".to_vec()),
-        ("cut", bytes[..24].to_vec()),
-        ("empty", Vec::new()),
-    ] {
+    for (what, bad) in [("text", b"not a dictionary at all".to_vec()), ("cut", bytes[..24].to_vec()), ("empty", Vec::new())] {
         match Pool::new(cfg(DictSource::Bytes(bad))) {
             Err(ZmemError::Config(msg)) => assert!(msg.contains("dictionary"), "{what}: {msg}"),
             Err(e) => panic!("{what}: {e}"),

@@ -300,9 +300,7 @@ fn check(key: u64, page: &[u8], issued: u64) -> Result<(), String> {
     let tag = u64::from_le_bytes(page[..8].try_into().unwrap());
     let v = u64::from_le_bytes(page[8..16].try_into().unwrap());
     if tag == u64::MAX {
-        return (v < 8 && page == shared_body(v).as_slice())
-            .then_some(())
-            .ok_or(format!("key {key}: torn shared page {v}"));
+        return (v < 8 && page == shared_body(v).as_slice()).then_some(()).ok_or(format!("key {key}: torn shared page {v}"));
     }
     if tag != key {
         return Err(format!("key {key}: foreign page of key {tag}"));

@@ -101,8 +101,7 @@ fn run(dedup: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
             prop_assert_eq!(st.dup_pages, 0);
             prop_assert_eq!(st.objs_used, (model.len() - same) as u64);
         } else {
-            let mut distinct: Vec<&Vec<u8>> =
-                model.values().filter(|p| !p.chunks(8).all(|w| w == &p[..8])).collect();
+            let mut distinct: Vec<&Vec<u8>> = model.values().filter(|p| !p.chunks(8).all(|w| w == &p[..8])).collect();
             distinct.sort();
             distinct.dedup();
             prop_assert_eq!(st.objs_used, distinct.len() as u64);

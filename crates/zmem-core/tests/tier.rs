@@ -370,12 +370,7 @@ fn backing_file_stays_bounded_under_churn() {
     let st = p.stats();
     assert!(st.written_back_pages > 20_000, "{st:?}");
     let bound = 2 * st.backing_live_bytes + 4 * MIB;
-    assert!(
-        st.backing_file_bytes <= bound,
-        "file {} > 2 x live {} + 4 MiB",
-        st.backing_file_bytes,
-        st.backing_live_bytes
-    );
+    assert!(st.backing_file_bytes <= bound, "file {} > 2 x live {} + 4 MiB", st.backing_file_bytes, st.backing_live_bytes);
 }
 
 /// Four threads store, load and invalidate through a pool far smaller than
@@ -396,7 +391,9 @@ fn concurrent_writeback_keeps_every_page() {
                     let k = (t << 40) | (r() % 600);
                     match r() % 8 {
                         0..=3 => {
-                            if let Err(e) = p.store(k, &compressible(i ^ (t << 32))) { panic!("{e}: {:?}", p.stats()) }
+                            if let Err(e) = p.store(k, &compressible(i ^ (t << 32))) {
+                                panic!("{e}: {:?}", p.stats())
+                            }
                             live.insert(k, i ^ (t << 32));
                         }
                         4..=6 => match live.get(&k) {
@@ -445,10 +442,7 @@ fn max_pool_bounds_pages_and_tables() {
             let st = p.stats();
             assert!(st.max_pool_used_bytes <= MAX + SLACK, "after {i} stores: {st:?}");
             let tables = st.index_bytes + st.lru_bytes;
-            assert!(
-                st.pool_total_size + tables.min(MAX - MAX / 4) <= MAX + SLACK,
-                "after {i} stores the pages did not make room for the tables: {st:?}"
-            );
+            assert!(st.pool_total_size + tables.min(MAX - MAX / 4) <= MAX + SLACK, "after {i} stores the pages did not make room for the tables: {st:?}");
         }
     }
     assert!(p.settle(std::time::Duration::from_secs(30)), "the shrinker settles");

@@ -199,11 +199,8 @@ impl Cached {
 
     /// Lock every stripe of `keys`, in stripe order.
     fn hold<'a>(&self, stripes: &'a Stripes, keys: Range<u64>) -> Held<'a> {
-        let mut idx: Vec<usize> = if keys.end - keys.start >= LOCK_STRIPES as u64 {
-            (0..LOCK_STRIPES).collect()
-        } else {
-            keys.map(|k| stripes.index(k)).collect()
-        };
+        let mut idx: Vec<usize> =
+            if keys.end - keys.start >= LOCK_STRIPES as u64 { (0..LOCK_STRIPES).collect() } else { keys.map(|k| stripes.index(k)).collect() };
         idx.sort_unstable();
         idx.dedup();
         let guards = idx.iter().map(|&i| stripes.lock_index(i)).collect();
@@ -280,11 +277,7 @@ impl Cached {
         let mut missed: Vec<u64> = Vec::new();
         for p in crate::pieces(offset, buf.len() as u64) {
             let dst = &mut buf[p.buf_off..p.buf_off + p.len];
-            let got = if p.full() {
-                pool.load(p.key, dst)
-            } else {
-                pool.load(p.key, &mut page).map(|()| dst.copy_from_slice(&page[p.start..p.start + p.len]))
-            };
+            let got = if p.full() { pool.load(p.key, dst) } else { pool.load(p.key, &mut page).map(|()| dst.copy_from_slice(&page[p.start..p.start + p.len])) };
             match got {
                 Ok(()) => {
                     self.n.hits.fetch_add(1, Relaxed);

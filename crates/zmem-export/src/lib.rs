@@ -51,12 +51,7 @@ pub enum ExportError {
     #[error("{0}")]
     Pool(#[from] ZmemError),
     #[error("the origin failed a {op} of {len} bytes at {offset}: {source}")]
-    Origin {
-        op: &'static str,
-        offset: u64,
-        len: u64,
-        source: std::io::Error,
-    },
+    Origin { op: &'static str, offset: u64, len: u64, source: std::io::Error },
 }
 
 impl ExportError {
@@ -99,12 +94,7 @@ pub(crate) fn pieces(offset: u64, len: u64) -> impl Iterator<Item = Piece> {
         let key = pos / PAGE;
         let start = (pos % PAGE) as usize;
         let n = ((PAGE - start as u64).min(end - pos)) as usize;
-        let p = Piece {
-            key,
-            start,
-            len: n,
-            buf_off: (pos - offset) as usize,
-        };
+        let p = Piece { key, start, len: n, buf_off: (pos - offset) as usize };
         pos += n as u64;
         Some(p)
     })
@@ -142,12 +132,7 @@ pub struct Export {
 
 impl Export {
     pub fn new(pool: Arc<Pool>, size: u64) -> Export {
-        Export {
-            pool,
-            size,
-            locks: Stripes::new(),
-            origin: None,
-        }
+        Export { pool, size, locks: Stripes::new(), origin: None }
     }
 
     /// A caching export of `origin`'s whole pages: `pool` holds compressed
@@ -156,12 +141,7 @@ impl Export {
     /// every write reaches the origin before it is answered.
     pub fn with_origin(pool: Arc<Pool>, origin: Box<dyn Origin>) -> Export {
         let size = origin.size() / PAGE * PAGE;
-        Export {
-            pool,
-            size,
-            locks: Stripes::new(),
-            origin: Some(cached::Cached::new(origin)),
-        }
+        Export { pool, size, locks: Stripes::new(), origin: Some(cached::Cached::new(origin)) }
     }
 
     /// The origin's counters and the cache's hits, if this export caches one.
@@ -217,11 +197,7 @@ impl Export {
     fn check(&self, offset: u64, len: u64) -> Result<(), ExportError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.size => Ok(()),
-            _ => Err(ExportError::OutOfRange {
-                offset,
-                len,
-                size: self.size,
-            }),
+            _ => Err(ExportError::OutOfRange { offset, len, size: self.size }),
         }
     }
 
@@ -290,11 +266,7 @@ impl Export {
     fn whole_pages(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
         let end = offset + len;
         let first = offset.div_ceil(PAGE);
-        let last = if end == self.size {
-            end.div_ceil(PAGE)
-        } else {
-            end / PAGE
-        };
+        let last = if end == self.size { end.div_ceil(PAGE) } else { end / PAGE };
         first..last.max(first)
     }
 
@@ -387,12 +359,7 @@ impl Export {
     /// base:allocation extents for `[offset, offset + len)`: (length, flags)
     /// runs; absent pages are `HOLE | ZERO`, stored pages `0`. Describes at
     /// most [`BLOCK_STATUS_SCAN`] bytes and, with `req_one`, one extent.
-    pub fn block_status(
-        &self,
-        offset: u64,
-        len: u64,
-        req_one: bool,
-    ) -> Result<Vec<(u32, u32)>, ExportError> {
+    pub fn block_status(&self, offset: u64, len: u64, req_one: bool) -> Result<Vec<(u32, u32)>, ExportError> {
         self.check(offset, len)?;
         let len = len.min(BLOCK_STATUS_SCAN);
         if self.origin.is_some() {
@@ -401,11 +368,7 @@ impl Export {
         }
         let mut out: Vec<(u32, u32)> = Vec::new();
         for p in pieces(offset, len) {
-            let flags = if self.pool.contains(p.key) {
-                0
-            } else {
-                STATE_HOLE | STATE_ZERO
-            };
+            let flags = if self.pool.contains(p.key) { 0 } else { STATE_HOLE | STATE_ZERO };
             match out.last_mut() {
                 Some((l, f)) if *f == flags => *l += p.len as u32,
                 _ => {
@@ -426,11 +389,7 @@ mod tests {
     use zmem_core::PoolConfig;
 
     fn export(size: u64, limit: Option<u64>) -> Export {
-        let pool = Pool::new(PoolConfig {
-            mem_limit: limit,
-            ..Default::default()
-        })
-        .unwrap();
+        let pool = Pool::new(PoolConfig { mem_limit: limit, ..Default::default() }).unwrap();
         Export::new(Arc::new(pool), size)
     }
 
@@ -440,9 +399,7 @@ mod tests {
     }
 
     fn pattern(n: usize, seed: u8) -> Vec<u8> {
-        (0..n)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
-            .collect()
+        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
     }
 
     #[test]
@@ -451,24 +408,9 @@ mod tests {
         assert_eq!(
             v,
             vec![
-                Piece {
-                    key: 0,
-                    start: 4000,
-                    len: 96,
-                    buf_off: 0
-                },
-                Piece {
-                    key: 1,
-                    start: 0,
-                    len: 4096,
-                    buf_off: 96
-                },
-                Piece {
-                    key: 2,
-                    start: 0,
-                    len: 808,
-                    buf_off: 4192
-                },
+                Piece { key: 0, start: 4000, len: 96, buf_off: 0 },
+                Piece { key: 1, start: 0, len: 4096, buf_off: 96 },
+                Piece { key: 2, start: 0, len: 808, buf_off: 4192 },
             ]
         );
         assert_eq!(pieces(0, 0).count(), 0);
@@ -522,10 +464,7 @@ mod tests {
     #[test]
     fn range_errors() {
         let e = export(8192, None);
-        assert!(matches!(
-            e.read(8192, &mut [0u8; 1]),
-            Err(ExportError::OutOfRange { .. })
-        ));
+        assert!(matches!(e.read(8192, &mut [0u8; 1]), Err(ExportError::OutOfRange { .. })));
         assert!(e.write(u64::MAX, &[0u8; 2]).is_err());
         assert!(e.trim(1, u64::MAX).is_err());
         assert_eq!(e.read(8191, &mut [0u8; 1]).map_err(|e| e.errno()), Ok(()));
@@ -561,18 +500,9 @@ mod tests {
         let e = export(10 * 4096, None);
         e.write(4096, &[1u8; 8192]).unwrap();
         let hz = STATE_HOLE | STATE_ZERO;
-        assert_eq!(
-            e.block_status(0, 10 * 4096, false).unwrap(),
-            vec![(4096, hz), (8192, 0), (7 * 4096, hz)]
-        );
-        assert_eq!(
-            e.block_status(100, 5000, false).unwrap(),
-            vec![(3996, hz), (1004, 0)]
-        );
-        assert_eq!(
-            e.block_status(0, 10 * 4096, true).unwrap(),
-            vec![(4096, hz)]
-        );
+        assert_eq!(e.block_status(0, 10 * 4096, false).unwrap(), vec![(4096, hz), (8192, 0), (7 * 4096, hz)]);
+        assert_eq!(e.block_status(100, 5000, false).unwrap(), vec![(3996, hz), (1004, 0)]);
+        assert_eq!(e.block_status(0, 10 * 4096, true).unwrap(), vec![(4096, hz)]);
         assert!(e.block_status(0, 10 * 4096 + 1, false).is_err());
     }
 
@@ -628,10 +558,7 @@ mod tests {
             for t in 0..8 {
                 let s = page * 4096 + t * 512;
                 let want = (t as u8) ^ 199;
-                assert!(
-                    b[s..s + 512].iter().all(|&v| v == want),
-                    "page {page} sector {t}"
-                );
+                assert!(b[s..s + 512].iter().all(|&v| v == want), "page {page} sector {t}");
             }
         }
     }

@@ -66,18 +66,12 @@ impl FileOrigin {
         };
         let ft = file.metadata().map_err(|e| named(e, "stat"))?.file_type();
         if !ft.is_file() && !ft.is_block_device() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("origin {}: not a regular file or a block device", path.display()),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("origin {}: not a regular file or a block device", path.display())));
         }
         // A block device's size is where a seek to its end lands.
         let size = file.seek(SeekFrom::End(0)).map_err(|e| named(e, "finding its size"))?;
         if size < ORIGIN_ALIGN as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("origin {}: {size} bytes is less than one page", path.display()),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("origin {}: {size} bytes is less than one page", path.display())));
         }
         let desc = format!("{}{}", path.display(), if direct { " (O_DIRECT)" } else { " (buffered: its file system refuses O_DIRECT)" });
         Ok(FileOrigin { file, size, direct, desc })

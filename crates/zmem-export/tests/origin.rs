@@ -133,12 +133,7 @@ impl Origin for Shared {
 
 /// A clean-cache pool as `zmem serve --origin` builds it, capped at `cap`.
 fn cache(origin: &Arc<MemOrigin>, cap: u64) -> Export {
-    let cfg = PoolConfig {
-        max_pool: Some(cap),
-        huge_threshold: 2048,
-        store_incompressible: false,
-        ..Default::default()
-    };
+    let cfg = PoolConfig { max_pool: Some(cap), huge_threshold: 2048, store_incompressible: false, ..Default::default() };
     let pool = Pool::with_cold_store(cfg, Box::new(DropCold)).unwrap();
     Export::with_origin(Arc::new(pool), Box::new(Shared(Arc::clone(origin))))
 }

@@ -46,9 +46,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, WriteFlags,
+    BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, WriteFlags,
 };
 use zmem_export::{Export, ExportError};
 
@@ -103,14 +102,9 @@ struct ImageFs {
     bufs: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
-
 impl ImageFs {
     fn attr(&self, ino: INodeNo) -> FileAttr {
-        let (kind, perm, size, nlink) = if ino == ROOT {
-            (FileType::Directory, 0o700, 0, 2)
-        } else {
-            (FileType::RegularFile, 0o600, self.export.size(), 1)
-        };
+        let (kind, perm, size, nlink) = if ino == ROOT { (FileType::Directory, 0o700, 0, 2) } else { (FileType::RegularFile, 0o600, self.export.size(), 1) };
         FileAttr {
             ino,
             size,
@@ -198,17 +192,7 @@ impl Filesystem for ImageFs {
         }
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<LockOwner>, reply: ReplyData) {
         if ino != FILE {
             reply.error(Errno::EISDIR);
             return;
@@ -263,16 +247,7 @@ impl Filesystem for ImageFs {
         }
     }
 
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         if ino != FILE {
             reply.error(Errno::EISDIR);
             return;

@@ -63,11 +63,7 @@ struct Loop(String);
 
 impl Loop {
     fn attach(file: &Path) -> Loop {
-        let out = Command::new("losetup")
-            .args(["--direct-io=on", "--show", "-f"])
-            .arg(file)
-            .output()
-            .expect("run losetup");
+        let out = Command::new("losetup").args(["--direct-io=on", "--show", "-f"]).arg(file).output().expect("run losetup");
         assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
         Loop(String::from_utf8(out.stdout).unwrap().trim().to_string())
     }
@@ -132,8 +128,7 @@ fn the_image_is_a_file_of_the_export() {
 
     // A hole punched frees the pool's pages and reads as zeroes.
     let before = fx.pool.len();
-    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE, 8 << 20, 1 << 20)
-        .unwrap();
+    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE, 8 << 20, 1 << 20).unwrap();
     assert_eq!(fx.pool.len(), before - 256);
     let mut got = vec![1u8; 1 << 20];
     f.read_exact_at(&mut got, 8 << 20).unwrap();

@@ -9,11 +9,7 @@ fn load(paths: &[&str], max: usize) -> Vec<u8> {
         let Ok(rd) = std::fs::read_dir(p) else {
             continue;
         };
-        let mut files: Vec<_> = rd
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.is_file())
-            .collect();
+        let mut files: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()).collect();
         files.sort();
         for f in files {
             if out.len() >= max {
@@ -29,16 +25,7 @@ fn load(paths: &[&str], max: usize) -> Vec<u8> {
 }
 
 fn text_fallback(len: usize) -> Vec<u8> {
-    let words = [
-        "the ",
-        "memory ",
-        "page ",
-        "zram ",
-        "kernel ",
-        "and ",
-        "of ",
-        "int x = 0;\n",
-    ];
+    let words = ["the ", "memory ", "page ", "zram ", "kernel ", "and ", "of ", "int x = 0;\n"];
     let mut v = Vec::new();
     let mut s: u64 = 1;
     while v.len() < len {
@@ -109,11 +96,7 @@ fn bench(name: &str, data: &[u8]) {
     });
     let rtd = time(|| {
         for c in &rcomp {
-            std::hint::black_box(
-                rust_lzo::LZOContext::decompress_to_slice(c, &mut out)
-                    .0
-                    .len(),
-            );
+            std::hint::black_box(rust_lzo::LZOContext::decompress_to_slice(c, &mut out).0.len());
         }
     });
 
@@ -131,14 +114,7 @@ fn bench(name: &str, data: &[u8]) {
 
 fn main() {
     let bin = load(&["/usr/lib/x86_64-linux-gnu", "/usr/bin"], 16 << 20);
-    let mut text = load(
-        &[
-            "/usr/share/common-licenses",
-            "/usr/include",
-            "/usr/include/linux",
-        ],
-        8 << 20,
-    );
+    let mut text = load(&["/usr/share/common-licenses", "/usr/include", "/usr/include/linux"], 8 << 20);
     if text.len() < (1 << 20) {
         text = text_fallback(8 << 20);
     }

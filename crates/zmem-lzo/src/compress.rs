@@ -75,13 +75,7 @@ fn put_ext(dst: &mut [u8], op: &mut usize, mut rem: usize) {
 
 /// Emits the literal run `src[from..to]` (possibly empty).
 #[inline(always)]
-fn emit_literals(
-    dst: &mut [u8],
-    op: &mut usize,
-    src: &[u8],
-    from: usize,
-    to: usize,
-) -> Result<(), LzoError> {
+fn emit_literals(dst: &mut [u8], op: &mut usize, src: &[u8], from: usize, to: usize) -> Result<(), LzoError> {
     let n = to - from;
     if n == 0 {
         return Ok(());
@@ -146,11 +140,7 @@ fn emit_match(dst: &mut [u8], op: &mut usize, dist: usize, len: usize) -> Result
         let d = dist - M3_MAX_DIST;
         (d, 16 | ((d >> 11) & 8), M4_MAX_LEN)
     };
-    let need = if len <= max_short {
-        3
-    } else {
-        3 + ext_bytes(len - max_short)
-    };
+    let need = if len <= max_short { 3 } else { 3 + ext_bytes(len - max_short) };
     if dst.len() - o < need {
         return Err(LzoError::OutputOverrun);
     }

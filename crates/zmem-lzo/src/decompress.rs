@@ -25,16 +25,10 @@ fn next_byte(src: &[u8], ip: &mut usize) -> Result<usize, LzoError> {
 #[cold]
 fn ext_len(src: &[u8], ip: &mut usize, base: usize) -> Result<usize, LzoError> {
     let rest = src.get(*ip..).ok_or(LzoError::InputOverrun)?;
-    let zeros = rest
-        .iter()
-        .position(|&b| b != 0)
-        .ok_or(LzoError::InputOverrun)?;
+    let zeros = rest.iter().position(|&b| b != 0).ok_or(LzoError::InputOverrun)?;
     let last = rest[zeros] as usize;
     *ip += zeros + 1;
-    zeros
-        .checked_mul(255)
-        .and_then(|z| z.checked_add(base + last))
-        .ok_or(LzoError::Corrupt)
+    zeros.checked_mul(255).and_then(|z| z.checked_add(base + last)).ok_or(LzoError::Corrupt)
 }
 
 #[inline(always)]
@@ -49,13 +43,7 @@ fn read_le16(src: &[u8], ip: &mut usize) -> Result<usize, LzoError> {
 
 /// Copies `n` literal bytes from `src[*ip..]` to `dst[*op..]`.
 #[inline(always)]
-fn copy_literals(
-    src: &[u8],
-    ip: &mut usize,
-    dst: &mut [u8],
-    op: &mut usize,
-    n: usize,
-) -> Result<(), LzoError> {
+fn copy_literals(src: &[u8], ip: &mut usize, dst: &mut [u8], op: &mut usize, n: usize) -> Result<(), LzoError> {
     let (i, o) = (*ip, *op);
     if dst.len() - o < n {
         return Err(LzoError::OutputOverrun);
@@ -85,13 +73,7 @@ fn copy_literals(
 
 /// Copies the 0..=3 trailing literals of a match.
 #[inline(always)]
-fn copy_few(
-    src: &[u8],
-    ip: &mut usize,
-    dst: &mut [u8],
-    op: &mut usize,
-    n: usize,
-) -> Result<(), LzoError> {
+fn copy_few(src: &[u8], ip: &mut usize, dst: &mut [u8], op: &mut usize, n: usize) -> Result<(), LzoError> {
     let (i, o) = (*ip, *op);
     if src.len() - i >= 4 && dst.len() - o >= 4 {
         // n <= 3, so both ranges are in bounds; the 4th byte is scratch.
@@ -190,41 +172,25 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, LzoError> {
             state = t & 3;
         } else if t >= 32 {
             // M3: distance 1..=16384.
-            len = if t & 31 == 0 {
-                ext_len(src, &mut ip, 33)?
-            } else {
-                2 + (t & 31)
-            };
+            len = if t & 31 == 0 { ext_len(src, &mut ip, 33)? } else { 2 + (t & 31) };
             let w = read_le16(src, &mut ip)?;
             dist = 1 + (w >> 2);
             copy_match(dst, &mut op, dist, len)?;
             state = w & 3;
         } else if t >= 16 {
             // M4: distance 16385..=49151, or the end-of-stream marker.
-            len = if t & 7 == 0 {
-                ext_len(src, &mut ip, 9)?
-            } else {
-                2 + (t & 7)
-            };
+            len = if t & 7 == 0 { ext_len(src, &mut ip, 9)? } else { 2 + (t & 7) };
             let w = read_le16(src, &mut ip)?;
             let d = ((t & 8) << 11) + (w >> 2);
             if d == 0 {
-                return if ip == src.len() {
-                    Ok(op)
-                } else {
-                    Err(LzoError::InputNotConsumed)
-                };
+                return if ip == src.len() { Ok(op) } else { Err(LzoError::InputNotConsumed) };
             }
             dist = d + 0x4000;
             copy_match(dst, &mut op, dist, len)?;
             state = w & 3;
         } else if state == 0 {
             // Literal run of 4.. bytes; no trailing-literal bits follow it.
-            let n = if t == 0 {
-                ext_len(src, &mut ip, 18)?
-            } else {
-                3 + t
-            };
+            let n = if t == 0 { ext_len(src, &mut ip, 18)? } else { 3 + t };
             copy_literals(src, &mut ip, dst, &mut op, n)?;
             state = 4;
             continue;

@@ -29,50 +29,25 @@ fn check_all_directions(data: &[u8]) {
     // ours -> minilzo
     let ours = our_compress(data);
     let back = ref_decompress(&ours, data.len()).expect("rust-lzo rejected our stream");
-    assert!(
-        back == data,
-        "rust-lzo decoded our stream wrongly (len {})",
-        data.len()
-    );
+    assert!(back == data, "rust-lzo decoded our stream wrongly (len {})", data.len());
     // ours -> lzokay
-    let back =
-        lzokay_native::decompress_all(&ours, Some(data.len())).expect("lzokay rejected our stream");
-    assert!(
-        back == data,
-        "lzokay decoded our stream wrongly (len {})",
-        data.len()
-    );
+    let back = lzokay_native::decompress_all(&ours, Some(data.len())).expect("lzokay rejected our stream");
+    assert!(back == data, "lzokay decoded our stream wrongly (len {})", data.len());
     // minilzo -> ours
     let theirs = ref_compress(data);
     let back = our_decompress(&theirs, data.len()).expect("we rejected a rust-lzo stream");
-    assert!(
-        back == data,
-        "we decoded a rust-lzo stream wrongly (len {})",
-        data.len()
-    );
+    assert!(back == data, "we decoded a rust-lzo stream wrongly (len {})", data.len());
     // lzokay -> ours
     let theirs = lzokay_native::compress(data).expect("lzokay compress");
     if data.is_empty() && theirs.is_empty() {
         // lzokay emits nothing at all (not even the end marker) for empty
         // input; minilzo and we both reject that as truncated.
-        assert_eq!(
-            our_decompress(&theirs, 0),
-            Err(zmem_lzo::LzoError::InputOverrun)
-        );
+        assert_eq!(our_decompress(&theirs, 0), Err(zmem_lzo::LzoError::InputOverrun));
         return;
     }
-    let back = our_decompress(&theirs, data.len()).unwrap_or_else(|e| {
-        panic!(
-            "we rejected an lzokay stream: {e:?} len {} {:?}",
-            data.len(),
-            &theirs[..theirs.len().min(40)]
-        )
-    });
-    assert!(
-        back == data,
-        "we decoded an lzokay stream wrongly (len {})",
-        data.len()
-    );
+    let back = our_decompress(&theirs, data.len())
+        .unwrap_or_else(|e| panic!("we rejected an lzokay stream: {e:?} len {} {:?}", data.len(), &theirs[..theirs.len().min(40)]));
+    assert!(back == data, "we decoded an lzokay stream wrongly (len {})", data.len());
 }
 
 #[test]
@@ -86,9 +61,7 @@ fn cross_edge_sizes_all_kinds() {
 
 #[test]
 fn cross_long_distances() {
-    for gap in [
-        2047usize, 2048, 2049, 3072, 3073, 16_384, 16_385, 30_000, 49_151, 49_152,
-    ] {
+    for gap in [2047usize, 2048, 2049, 3072, 3073, 16_384, 16_385, 30_000, 49_151, 49_152] {
         let mut v = random(gap, gap as u64);
         let head = v[..3000.min(gap)].to_vec();
         v.extend_from_slice(&head);
@@ -112,25 +85,15 @@ fn cross_real_pages() {
 #[test]
 fn ratio_comparable_to_minilzo() {
     let data = real_data(2 << 20);
-    let data = if data.is_empty() {
-        repetitive(1 << 20, 5)
-    } else {
-        data
-    };
+    let data = if data.is_empty() { repetitive(1 << 20, 5) } else { data };
     let (mut ours, mut theirs) = (0usize, 0usize);
     for page in data.chunks(4096) {
         ours += our_compress(page).len();
         theirs += ref_compress(page).len();
     }
-    eprintln!(
-        "4 KiB pages: ours {ours} vs minilzo {theirs} bytes (input {})",
-        data.len()
-    );
+    eprintln!("4 KiB pages: ours {ours} vs minilzo {theirs} bytes (input {})", data.len());
     // Not a speed/ratio benchmark, just a guard against a broken match finder.
-    assert!(
-        ours <= theirs + theirs / 10,
-        "ratio much worse than minilzo"
-    );
+    assert!(ours <= theirs + theirs / 10, "ratio much worse than minilzo");
 }
 
 proptest! {

@@ -20,19 +20,11 @@ fn every_truncation_is_input_overrun() {
             let mut cut = 0;
             while cut < c.len() {
                 let mut out = vec![0u8; len];
-                assert_eq!(
-                    decompress(&c[..cut], &mut out),
-                    Err(LzoError::InputOverrun),
-                    "{kind} {len}: cut at {cut} of {}",
-                    c.len()
-                );
+                assert_eq!(decompress(&c[..cut], &mut out), Err(LzoError::InputOverrun), "{kind} {len}: cut at {cut} of {}", c.len());
                 cut += step;
             }
             let mut out = vec![0u8; len];
-            assert_eq!(
-                decompress(&c[..c.len() - 1], &mut out),
-                Err(LzoError::InputOverrun)
-            );
+            assert_eq!(decompress(&c[..c.len() - 1], &mut out), Err(LzoError::InputOverrun));
         }
     }
 }
@@ -44,11 +36,7 @@ fn small_dst_is_output_overrun() {
             let c = our_compress(&data);
             for sz in [0, len / 3, len / 2, len - 1] {
                 let mut out = vec![0u8; sz];
-                assert_eq!(
-                    decompress(&c, &mut out),
-                    Err(LzoError::OutputOverrun),
-                    "{kind} {len}: dst {sz}"
-                );
+                assert_eq!(decompress(&c, &mut out), Err(LzoError::OutputOverrun), "{kind} {len}: dst {sz}");
             }
         }
     }
@@ -68,20 +56,14 @@ fn lookbehind_overrun_detected() {
     // one literal 'a' (first byte 17+1), then M2 len 3 at distance 2, then end.
     let stream = [18, b'a', 0x44, 0x00, 0x11, 0, 0];
     let mut out = [0u8; 16];
-    assert_eq!(
-        decompress(&stream, &mut out),
-        Err(LzoError::LookbehindOverrun)
-    );
+    assert_eq!(decompress(&stream, &mut out), Err(LzoError::LookbehindOverrun));
     // Same with distance 1: valid, "aaaa".
     let stream = [18, b'a', 0x40, 0x00, 0x11, 0, 0];
     assert_eq!(decompress(&stream, &mut out), Ok(4));
     assert_eq!(&out[..4], b"aaaa");
     // A match as the very first instruction has nothing to look back at.
     let stream = [0x11, 0x04, 0x00, 0x11, 0, 0];
-    assert_eq!(
-        decompress(&stream, &mut out),
-        Err(LzoError::LookbehindOverrun)
-    );
+    assert_eq!(decompress(&stream, &mut out), Err(LzoError::LookbehindOverrun));
 }
 
 #[test]

@@ -46,17 +46,7 @@ fn long_distance_matches_m4() {
     // A random block, compressible filler, then the block again at a distance
     // that needs M3 (<= 16 KiB) or M4 (> 16 KiB), or is beyond the 48 KiB
     // window (must fall back to literals).
-    for gap in [
-        16_383usize,
-        16_384,
-        16_385,
-        20_000,
-        40_000,
-        49_150,
-        49_151,
-        49_152,
-        60_000,
-    ] {
+    for gap in [16_383usize, 16_384, 16_385, 20_000, 40_000, 49_150, 49_151, 49_152, 60_000] {
         let head = random(4000, gap as u64);
         let mut base = head.clone();
         base.extend_from_slice(&text(gap - 4000, 3));
@@ -67,10 +57,7 @@ fn long_distance_matches_m4() {
         let with = our_compress(&v).len();
         let without = our_compress(&base).len();
         if gap <= 49_000 {
-            assert!(
-                with < without + 1000,
-                "gap {gap}: no long match used ({with} vs {without})"
-            );
+            assert!(with < without + 1000, "gap {gap}: no long match used ({with} vs {without})");
         }
     }
 }
@@ -100,23 +87,14 @@ fn compress_exact_dst_and_too_small_dst() {
         for (kind, data) in all_kinds(len, 100 + i as u64) {
             let c = our_compress(&data);
             let mut dst = vec![0u8; c.len()];
-            assert_eq!(
-                compress(&data, &mut dst),
-                Ok(c.len()),
-                "{kind} {len}: exact fit"
-            );
+            assert_eq!(compress(&data, &mut dst), Ok(c.len()), "{kind} {len}: exact fit");
             assert_eq!(dst, c);
             // Every smaller destination must fail cleanly.
             let step = (c.len() / 97).max(1);
             let mut sz = 0;
             while sz < c.len() {
                 let mut small = vec![0u8; sz];
-                assert_eq!(
-                    compress(&data, &mut small),
-                    Err(LzoError::OutputOverrun),
-                    "{kind} {len}: dst {sz} of {}",
-                    c.len()
-                );
+                assert_eq!(compress(&data, &mut small), Err(LzoError::OutputOverrun), "{kind} {len}: dst {sz} of {}", c.len());
                 sz += step;
             }
             let mut small = vec![0u8; c.len() - 1];
@@ -136,11 +114,7 @@ fn decompress_into_larger_dst() {
 }
 
 fn data_strategy() -> impl Strategy<Value = Vec<u8>> {
-    let size = prop_oneof![
-        prop::sample::select(SIZES.to_vec()),
-        0usize..300,
-        0usize..10_000,
-    ];
+    let size = prop_oneof![prop::sample::select(SIZES.to_vec()), 0usize..300, 0usize..10_000,];
     (size, any::<u64>(), 0u8..5).prop_map(|(len, seed, kind)| match kind {
         0 => vec![0u8; len],
         1 => random(len, seed),

@@ -53,17 +53,9 @@ pub enum ClientError {
     #[error("bad NBD URI `{uri}`: {why} (expected nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH)")]
     BadUri { uri: String, why: &'static str },
     #[error("{uri}: {state:?}: {source}")]
-    Io {
-        uri: String,
-        state: ClientState,
-        source: io::Error,
-    },
+    Io { uri: String, state: ClientState, source: io::Error },
     #[error("{uri}: {state:?}: {why}")]
-    Protocol {
-        uri: String,
-        state: ClientState,
-        why: String,
-    },
+    Protocol { uri: String, state: ClientState, why: String },
 }
 
 impl From<ClientError> for io::Error {
@@ -87,11 +79,7 @@ fn parse_uri(uri: &str) -> Result<(Target, String), ClientError> {
     if let Some(rest) = uri.strip_prefix("nbd+unix://") {
         let (path, query) = rest.split_once('?').ok_or_else(|| bad("no ?socket=PATH"))?;
         let export = path.strip_prefix('/').unwrap_or(path);
-        let socket = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("socket="))
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| bad("no ?socket=PATH"))?;
+        let socket = query.split('&').find_map(|kv| kv.strip_prefix("socket=")).filter(|s| !s.is_empty()).ok_or_else(|| bad("no ?socket=PATH"))?;
         return Ok((Target::Unix(PathBuf::from(socket)), export.to_string()));
     }
     if let Some(rest) = uri.strip_prefix("nbd://") {

@@ -27,8 +27,8 @@ pub mod negotiate;
 pub mod proto;
 pub mod server;
 
-pub use zmem_export::{Export, ExportError};
 pub use client::{ClientError, ClientState, NbdOrigin};
 pub use negotiate::{negotiate, ExportInfo, HsState, Negotiation, Step};
 pub use proto::{Command, ProtoError, Request, Session};
 pub use server::{poll_readable, Listener, Server, ServerConfig, ServerStats, Stream};
+pub use zmem_export::{Export, ExportError};

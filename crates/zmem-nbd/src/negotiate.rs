@@ -21,12 +21,7 @@ pub struct ExportInfo {
 impl ExportInfo {
     /// Transmission flags for a session (DF only with structured replies).
     pub fn transmission_flags(&self, structured: bool) -> u16 {
-        let mut f = FLAG_HAS_FLAGS
-            | FLAG_SEND_FLUSH
-            | FLAG_SEND_FUA
-            | FLAG_SEND_TRIM
-            | FLAG_SEND_WRITE_ZEROES
-            | FLAG_CAN_MULTI_CONN;
+        let mut f = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_CAN_MULTI_CONN;
         if structured {
             f |= FLAG_SEND_DF;
         }
@@ -69,14 +64,7 @@ pub struct Negotiation<'a> {
 
 impl<'a> Negotiation<'a> {
     pub fn new(export: &'a ExportInfo) -> Self {
-        Negotiation {
-            export,
-            state: HsState::AwaitClientFlags,
-            client_flags: 0,
-            structured: false,
-            base_allocation: false,
-            shutting_down: false,
-        }
+        Negotiation { export, state: HsState::AwaitClientFlags, client_flags: 0, structured: false, base_allocation: false, shutting_down: false }
     }
 
     pub fn state(&self) -> HsState {
@@ -91,9 +79,7 @@ impl<'a> Negotiation<'a> {
     /// The client's flags. Unknown bits end the connection (spec: MUST).
     pub fn client_flags(&mut self, flags: u32) -> Result<(), ProtoError> {
         if self.state != HsState::AwaitClientFlags {
-            return Err(ProtoError::Io(std::io::Error::other(
-                "client flags received twice",
-            )));
+            return Err(ProtoError::Io(std::io::Error::other("client flags received twice")));
         }
         if flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
             self.state = HsState::Done;
@@ -107,8 +93,7 @@ impl<'a> Negotiation<'a> {
     fn session(&self) -> Session {
         Session {
             structured: self.structured,
-            base_allocation: (self.structured && self.base_allocation)
-                .then_some(META_BASE_ALLOCATION_ID),
+            base_allocation: (self.structured && self.base_allocation).then_some(META_BASE_ALLOCATION_ID),
             flags: self.export.transmission_flags(self.structured),
             size: self.export.size,
         }
@@ -117,9 +102,7 @@ impl<'a> Negotiation<'a> {
     /// Handle one option; replies are appended to `out`.
     pub fn option(&mut self, opt: u32, data: &[u8], out: &mut Vec<u8>) -> Result<Step, ProtoError> {
         if self.state != HsState::Options {
-            return Err(ProtoError::Io(std::io::Error::other(
-                "option outside option haggling",
-            )));
+            return Err(ProtoError::Io(std::io::Error::other("option outside option haggling")));
         }
         let err = |out: &mut Vec<u8>, code: u32, msg: &str| {
             put_option_reply(out, opt, code, truncate_utf8(msg, 1024).as_bytes());
@@ -128,17 +111,14 @@ impl<'a> Negotiation<'a> {
         if self.shutting_down && opt != OPT_ABORT {
             if opt == OPT_EXPORT_NAME {
                 self.state = HsState::Done;
-                return Err(ProtoError::Io(std::io::Error::other(
-                    "server is shutting down",
-                )));
+                return Err(ProtoError::Io(std::io::Error::other("server is shutting down")));
             }
             return err(out, REP_ERR_SHUTDOWN, "server is shutting down");
         }
         match opt {
             OPT_EXPORT_NAME => {
                 // No way to answer an error here: an unknown name ends the session.
-                let name = parse_string(data)
-                    .unwrap_or_else(|_| String::from_utf8_lossy(data).into_owned());
+                let name = parse_string(data).unwrap_or_else(|_| String::from_utf8_lossy(data).into_owned());
                 if name != self.export.name {
                     self.state = HsState::Done;
                     return Err(ProtoError::UnknownExport(name));
@@ -169,11 +149,7 @@ impl<'a> Negotiation<'a> {
             }
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
-                    return err(
-                        out,
-                        REP_ERR_INVALID,
-                        "NBD_OPT_STRUCTURED_REPLY takes no data",
-                    );
+                    return err(out, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");
                 }
                 self.structured = true;
                 put_option_reply(out, opt, REP_ACK, &[]);
@@ -185,11 +161,7 @@ impl<'a> Negotiation<'a> {
                     Err(e) => return err(out, REP_ERR_INVALID, &format!("malformed INFO/GO: {e}")),
                 };
                 if req.name != self.export.name {
-                    return err(
-                        out,
-                        REP_ERR_UNKNOWN,
-                        &format!("no export named {:?}", req.name),
-                    );
+                    return err(out, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.name));
                 }
                 let s = self.session();
                 let mut d = INFO_EXPORT.to_be_bytes().to_vec();
@@ -206,10 +178,7 @@ impl<'a> Negotiation<'a> {
                     d.extend_from_slice(self.export.name.as_bytes());
                     put_option_reply(out, opt, REP_INFO, &d);
                 }
-                if let (true, Some(desc)) = (
-                    req.requests.contains(&INFO_DESCRIPTION),
-                    &self.export.description,
-                ) {
+                if let (true, Some(desc)) = (req.requests.contains(&INFO_DESCRIPTION), &self.export.description) {
                     let mut d = INFO_DESCRIPTION.to_be_bytes().to_vec();
                     d.extend_from_slice(truncate_utf8(desc, MAX_STRING).as_bytes());
                     put_option_reply(out, opt, REP_INFO, &d);
@@ -224,34 +193,17 @@ impl<'a> Negotiation<'a> {
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 if !self.structured {
-                    return err(
-                        out,
-                        REP_ERR_INVALID,
-                        "negotiate NBD_OPT_STRUCTURED_REPLY first",
-                    );
+                    return err(out, REP_ERR_INVALID, "negotiate NBD_OPT_STRUCTURED_REPLY first");
                 }
                 let q = match parse_meta_query(data) {
                     Ok(q) => q,
-                    Err(e) => {
-                        return err(
-                            out,
-                            REP_ERR_INVALID,
-                            &format!("malformed meta context query: {e}"),
-                        )
-                    }
+                    Err(e) => return err(out, REP_ERR_INVALID, &format!("malformed meta context query: {e}")),
                 };
                 if q.export != self.export.name {
-                    return err(
-                        out,
-                        REP_ERR_UNKNOWN,
-                        &format!("no export named {:?}", q.export),
-                    );
+                    return err(out, REP_ERR_UNKNOWN, &format!("no export named {:?}", q.export));
                 }
                 let matched = if opt == OPT_LIST_META_CONTEXT {
-                    q.queries.is_empty()
-                        || q.queries
-                            .iter()
-                            .any(|s| s == "base:" || s == META_BASE_ALLOCATION)
+                    q.queries.is_empty() || q.queries.iter().any(|s| s == "base:" || s == META_BASE_ALLOCATION)
                 } else {
                     q.queries.iter().any(|s| s == META_BASE_ALLOCATION)
                 };
@@ -259,11 +211,7 @@ impl<'a> Negotiation<'a> {
                     self.base_allocation = matched;
                 }
                 if matched {
-                    let id = if opt == OPT_SET_META_CONTEXT {
-                        META_BASE_ALLOCATION_ID
-                    } else {
-                        0
-                    };
+                    let id = if opt == OPT_SET_META_CONTEXT { META_BASE_ALLOCATION_ID } else { 0 };
                     let mut d = id.to_be_bytes().to_vec();
                     d.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
                     put_option_reply(out, opt, REP_META_CONTEXT, &d);
@@ -272,22 +220,14 @@ impl<'a> Negotiation<'a> {
                 Ok(Step::Continue)
             }
             OPT_STARTTLS => err(out, REP_ERR_UNSUP, "TLS is not supported by this server"),
-            _ => err(
-                out,
-                REP_ERR_UNSUP,
-                &format!("option {opt} is not supported"),
-            ),
+            _ => err(out, REP_ERR_UNSUP, &format!("option {opt} is not supported")),
         }
     }
 }
 
 /// Run the handshake on `s`. Returns the session for transmission, or `None`
 /// if the client aborted.
-pub fn negotiate<S: Read + Write>(
-    s: &mut S,
-    export: &ExportInfo,
-    shutdown: &AtomicBool,
-) -> Result<Option<Session>, ProtoError> {
+pub fn negotiate<S: Read + Write>(s: &mut S, export: &ExportInfo, shutdown: &AtomicBool) -> Result<Option<Session>, ProtoError> {
     let mut n = Negotiation::new(export);
     s.write_all(&greeting())?;
     s.flush()?;
@@ -305,19 +245,10 @@ pub fn negotiate<S: Read + Write>(
         out.clear();
         if h.len > MAX_OPTION_DATA {
             if h.len > MAX_OPTION_SKIP || h.option == OPT_EXPORT_NAME {
-                return Err(ProtoError::OptionTooLong {
-                    option: h.option,
-                    len: h.len,
-                    max: MAX_OPTION_DATA,
-                });
+                return Err(ProtoError::OptionTooLong { option: h.option, len: h.len, max: MAX_OPTION_DATA });
             }
             skip(s, h.len as u64)?;
-            put_option_reply(
-                &mut out,
-                h.option,
-                REP_ERR_TOO_BIG,
-                b"option data too large",
-            );
+            put_option_reply(&mut out, h.option, REP_ERR_TOO_BIG, b"option data too large");
             s.write_all(&out)?;
             s.flush()?;
             continue;
@@ -336,18 +267,8 @@ pub fn negotiate<S: Read + Write>(
 }
 
 /// `read_exact`, turning a clean EOF into [`ProtoError::Eof`].
-pub(crate) fn read_exact_or<R: Read>(
-    r: &mut R,
-    buf: &mut [u8],
-    what: &'static str,
-) -> Result<(), ProtoError> {
-    r.read_exact(buf).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            ProtoError::Eof(what)
-        } else {
-            ProtoError::Io(e)
-        }
-    })
+pub(crate) fn read_exact_or<R: Read>(r: &mut R, buf: &mut [u8], what: &'static str) -> Result<(), ProtoError> {
+    r.read_exact(buf).map_err(|e| if e.kind() == std::io::ErrorKind::UnexpectedEof { ProtoError::Eof(what) } else { ProtoError::Io(e) })
 }
 
 /// Read and discard `n` bytes.
@@ -364,11 +285,7 @@ mod tests {
     use super::*;
 
     fn export() -> ExportInfo {
-        ExportInfo {
-            name: "disk".into(),
-            size: 1 << 20,
-            description: Some("zmem".into()),
-        }
+        ExportInfo { name: "disk".into(), size: 1 << 20, description: Some("zmem".into()) }
     }
 
     /// Parse option replies from `b`: (option, type, data).
@@ -377,11 +294,7 @@ mod tests {
         while !b.is_empty() {
             assert_eq!(be_u64(&b[0..8]), OPT_REPLY_MAGIC);
             let len = be_u32(&b[16..20]) as usize;
-            v.push((
-                be_u32(&b[8..12]),
-                be_u32(&b[12..16]),
-                b[20..20 + len].to_vec(),
-            ));
+            v.push((be_u32(&b[8..12]), be_u32(&b[12..16]), b[20..20 + len].to_vec()));
             b = &b[20 + len..];
         }
         v
@@ -412,14 +325,10 @@ mod tests {
     fn client_flags_checked() {
         let e = export();
         let mut n = Negotiation::new(&e);
-        assert!(matches!(
-            n.client_flags(1 << 5),
-            Err(ProtoError::BadClientFlags(_))
-        ));
+        assert!(matches!(n.client_flags(1 << 5), Err(ProtoError::BadClientFlags(_))));
         assert_eq!(n.state(), HsState::Done);
         let mut n = Negotiation::new(&e);
-        n.client_flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
-            .unwrap();
+        n.client_flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).unwrap();
         assert_eq!(n.state(), HsState::Options);
         assert!(n.client_flags(1).is_err());
     }
@@ -451,12 +360,7 @@ mod tests {
 
         // Meta context before structured replies: invalid.
         out.clear();
-        n.option(
-            OPT_SET_META_CONTEXT,
-            &meta_data("disk", &[META_BASE_ALLOCATION]),
-            &mut out,
-        )
-        .unwrap();
+        n.option(OPT_SET_META_CONTEXT, &meta_data("disk", &[META_BASE_ALLOCATION]), &mut out).unwrap();
         assert_eq!(replies(&out)[0].1, REP_ERR_INVALID);
 
         out.clear();
@@ -464,29 +368,18 @@ mod tests {
         assert_eq!(replies(&out)[0].1, REP_ACK);
 
         out.clear();
-        n.option(OPT_LIST_META_CONTEXT, &meta_data("disk", &[]), &mut out)
-            .unwrap();
+        n.option(OPT_LIST_META_CONTEXT, &meta_data("disk", &[]), &mut out).unwrap();
         let r = replies(&out);
         assert_eq!(r[0].1, REP_META_CONTEXT);
         assert_eq!(&r[0].2[4..], META_BASE_ALLOCATION.as_bytes());
         assert_eq!(r[1].1, REP_ACK);
 
         out.clear();
-        n.option(
-            OPT_SET_META_CONTEXT,
-            &meta_data("other", &[META_BASE_ALLOCATION]),
-            &mut out,
-        )
-        .unwrap();
+        n.option(OPT_SET_META_CONTEXT, &meta_data("other", &[META_BASE_ALLOCATION]), &mut out).unwrap();
         assert_eq!(replies(&out)[0].1, REP_ERR_UNKNOWN);
 
         out.clear();
-        n.option(
-            OPT_SET_META_CONTEXT,
-            &meta_data("disk", &[META_BASE_ALLOCATION, "x-foo:bar"]),
-            &mut out,
-        )
-        .unwrap();
+        n.option(OPT_SET_META_CONTEXT, &meta_data("disk", &[META_BASE_ALLOCATION, "x-foo:bar"]), &mut out).unwrap();
         let r = replies(&out);
         assert_eq!(r.len(), 2);
         assert_eq!(be_u32(&r[0].2[0..4]), META_BASE_ALLOCATION_ID);
@@ -497,32 +390,16 @@ mod tests {
 
         // INFO on an unknown export, then malformed, then a good one.
         out.clear();
-        n.option(OPT_INFO, &info_data("nope", &[]), &mut out)
-            .unwrap();
+        n.option(OPT_INFO, &info_data("nope", &[]), &mut out).unwrap();
         assert_eq!(replies(&out)[0].1, REP_ERR_UNKNOWN);
         out.clear();
         n.option(OPT_INFO, &[0, 0, 0, 9, b'x'], &mut out).unwrap();
         assert_eq!(replies(&out)[0].1, REP_ERR_INVALID);
         out.clear();
-        assert_eq!(
-            n.option(
-                OPT_INFO,
-                &info_data("disk", &[INFO_NAME, INFO_DESCRIPTION]),
-                &mut out
-            )
-            .unwrap(),
-            Step::Continue
-        );
+        assert_eq!(n.option(OPT_INFO, &info_data("disk", &[INFO_NAME, INFO_DESCRIPTION]), &mut out).unwrap(), Step::Continue);
         let r = replies(&out);
-        let types: Vec<u16> = r
-            .iter()
-            .filter(|x| x.1 == REP_INFO)
-            .map(|x| be_u16(&x.2))
-            .collect();
-        assert_eq!(
-            types,
-            vec![INFO_EXPORT, INFO_BLOCK_SIZE, INFO_NAME, INFO_DESCRIPTION]
-        );
+        let types: Vec<u16> = r.iter().filter(|x| x.1 == REP_INFO).map(|x| be_u16(&x.2)).collect();
+        assert_eq!(types, vec![INFO_EXPORT, INFO_BLOCK_SIZE, INFO_NAME, INFO_DESCRIPTION]);
         assert_eq!(be_u64(&r[0].2[2..10]), 1 << 20);
         let flags = be_u16(&r[0].2[10..12]);
         assert_ne!(flags & FLAG_CAN_MULTI_CONN, 0);
@@ -536,10 +413,7 @@ mod tests {
         for o in [OPT_STARTTLS, OPT_EXTENDED_HEADERS, 4, 12345] {
             out.clear();
             n.option(o, &[1, 2, 3], &mut out).unwrap();
-            assert_eq!(
-                replies(&out),
-                vec![(o, REP_ERR_UNSUP, replies(&out)[0].2.clone())]
-            );
+            assert_eq!(replies(&out), vec![(o, REP_ERR_UNSUP, replies(&out)[0].2.clone())]);
         }
 
         out.clear();
@@ -560,27 +434,17 @@ mod tests {
         let mut n = Negotiation::new(&e);
         n.client_flags(FLAG_C_FIXED_NEWSTYLE).unwrap();
         let mut out = Vec::new();
-        assert!(matches!(
-            n.option(OPT_EXPORT_NAME, b"nope", &mut out),
-            Err(ProtoError::UnknownExport(_))
-        ));
+        assert!(matches!(n.option(OPT_EXPORT_NAME, b"nope", &mut out), Err(ProtoError::UnknownExport(_))));
 
         let mut n = Negotiation::new(&e);
         n.client_flags(FLAG_C_FIXED_NEWSTYLE).unwrap();
         let mut out = Vec::new();
         let s = n.option(OPT_EXPORT_NAME, b"disk", &mut out).unwrap();
-        assert!(matches!(
-            s,
-            Step::Transmission(Session {
-                structured: false,
-                ..
-            })
-        ));
+        assert!(matches!(s, Step::Transmission(Session { structured: false, .. })));
         assert_eq!(out.len(), 8 + 2 + 124);
 
         let mut n = Negotiation::new(&e);
-        n.client_flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
-            .unwrap();
+        n.client_flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).unwrap();
         let mut out = Vec::new();
         n.option(OPT_EXPORT_NAME, b"disk", &mut out).unwrap();
         assert_eq!(out.len(), 10);
@@ -630,10 +494,7 @@ mod tests {
 
     fn run(input: Vec<u8>) -> (Result<Option<Session>, ProtoError>, Vec<u8>) {
         let e = export();
-        let mut d = Duplex {
-            input: std::io::Cursor::new(input),
-            output: Vec::new(),
-        };
+        let mut d = Duplex { input: std::io::Cursor::new(input), output: Vec::new() };
         let r = negotiate(&mut d, &e, &AtomicBool::new(false));
         (r, d.output)
     }

@@ -197,10 +197,7 @@ pub fn parse_option_header(b: &[u8; OPTION_HEADER_LEN]) -> Result<OptionHeader, 
     if magic != IHAVEOPT {
         return Err(ProtoError::BadOptionMagic(magic));
     }
-    Ok(OptionHeader {
-        option: be_u32(&b[8..12]),
-        len: be_u32(&b[12..16]),
-    })
+    Ok(OptionHeader { option: be_u32(&b[8..12]), len: be_u32(&b[12..16]) })
 }
 
 /// A transmission request header, as sent (not yet validated).
@@ -242,13 +239,7 @@ pub fn parse_request(b: &[u8; REQUEST_LEN]) -> Result<Request, ProtoError> {
     if magic != REQUEST_MAGIC {
         return Err(ProtoError::BadRequestMagic(magic));
     }
-    Ok(Request {
-        flags: be_u16(&b[4..6]),
-        typ: be_u16(&b[6..8]),
-        handle: be_u64(&b[8..16]),
-        offset: be_u64(&b[16..24]),
-        len: be_u32(&b[24..28]),
-    })
+    Ok(Request { flags: be_u16(&b[4..6]), typ: be_u16(&b[6..8]), handle: be_u64(&b[8..16]), offset: be_u64(&b[16..24]), len: be_u32(&b[24..28]) })
 }
 
 /// What a transmission session negotiated; decides which commands and
@@ -268,30 +259,12 @@ pub struct Session {
 /// A validated command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
-    Read {
-        offset: u64,
-        len: u32,
-    },
-    Write {
-        offset: u64,
-        len: u32,
-        fua: bool,
-    },
+    Read { offset: u64, len: u32 },
+    Write { offset: u64, len: u32, fua: bool },
     Flush,
-    Trim {
-        offset: u64,
-        len: u32,
-    },
-    WriteZeroes {
-        offset: u64,
-        len: u32,
-        no_hole: bool,
-    },
-    BlockStatus {
-        offset: u64,
-        len: u32,
-        req_one: bool,
-    },
+    Trim { offset: u64, len: u32 },
+    WriteZeroes { offset: u64, len: u32, no_hole: bool },
+    BlockStatus { offset: u64, len: u32, req_one: bool },
     Disconnect,
 }
 
@@ -303,10 +276,7 @@ pub struct Reject {
 }
 
 fn reject(errno: u32, msg: impl Into<String>) -> Reject {
-    Reject {
-        errno,
-        msg: msg.into(),
-    }
+    Reject { errno, msg: msg.into() }
 }
 
 impl Request {
@@ -329,32 +299,14 @@ impl Request {
             CMD_TRIM => "TRIM",
             CMD_WRITE_ZEROES => "WRITE_ZEROES",
             CMD_BLOCK_STATUS => "BLOCK_STATUS",
-            t => {
-                return Err(reject(
-                    EINVAL,
-                    format!("unknown or unsupported command {t}"),
-                ))
-            }
+            t => return Err(reject(EINVAL, format!("unknown or unsupported command {t}"))),
         };
         if self.flags & !allowed != 0 {
-            return Err(reject(
-                EINVAL,
-                format!("flags {:#x} are not valid for {cmd_name}", self.flags),
-            ));
+            return Err(reject(EINVAL, format!("flags {:#x} are not valid for {cmd_name}", self.flags)));
         }
         let (offset, len) = (self.offset, self.len);
-        let in_range = offset
-            .checked_add(len as u64)
-            .is_some_and(|end| end <= s.size);
-        let range_err = |errno| {
-            reject(
-                errno,
-                format!(
-                    "{cmd_name} of {len} bytes at {offset} is outside the export ({} bytes)",
-                    s.size
-                ),
-            )
-        };
+        let in_range = offset.checked_add(len as u64).is_some_and(|end| end <= s.size);
+        let range_err = |errno| reject(errno, format!("{cmd_name} of {len} bytes at {offset} is outside the export ({} bytes)", s.size));
         match self.typ {
             CMD_DISC => Ok(Command::Disconnect),
             CMD_FLUSH => {
@@ -364,36 +316,18 @@ impl Request {
                 Ok(Command::Flush)
             }
             _ if len == 0 => Err(reject(EINVAL, format!("{cmd_name} of length 0"))),
-            CMD_READ | CMD_WRITE if len > MAX_PAYLOAD => Err(reject(
-                EINVAL,
-                format!("{cmd_name} of {len} bytes exceeds the maximum block size {MAX_PAYLOAD}"),
-            )),
+            CMD_READ | CMD_WRITE if len > MAX_PAYLOAD => Err(reject(EINVAL, format!("{cmd_name} of {len} bytes exceeds the maximum block size {MAX_PAYLOAD}"))),
             CMD_WRITE | CMD_WRITE_ZEROES if !in_range => Err(range_err(ENOSPC)),
             _ if !in_range => Err(range_err(EINVAL)),
             CMD_READ => Ok(Command::Read { offset, len }),
-            CMD_WRITE => Ok(Command::Write {
-                offset,
-                len,
-                fua: self.flags & CMD_FLAG_FUA != 0,
-            }),
+            CMD_WRITE => Ok(Command::Write { offset, len, fua: self.flags & CMD_FLAG_FUA != 0 }),
             CMD_TRIM => Ok(Command::Trim { offset, len }),
-            CMD_WRITE_ZEROES => Ok(Command::WriteZeroes {
-                offset,
-                len,
-                no_hole: self.flags & CMD_FLAG_NO_HOLE != 0,
-            }),
+            CMD_WRITE_ZEROES => Ok(Command::WriteZeroes { offset, len, no_hole: self.flags & CMD_FLAG_NO_HOLE != 0 }),
             CMD_BLOCK_STATUS => {
                 if s.base_allocation.is_none() {
-                    return Err(reject(
-                        EINVAL,
-                        "BLOCK_STATUS without a selected metadata context",
-                    ));
+                    return Err(reject(EINVAL, "BLOCK_STATUS without a selected metadata context"));
                 }
-                Ok(Command::BlockStatus {
-                    offset,
-                    len,
-                    req_one: self.flags & CMD_FLAG_REQ_ONE != 0,
-                })
+                Ok(Command::BlockStatus { offset, len, req_one: self.flags & CMD_FLAG_REQ_ONE != 0 })
             }
             _ => Err(reject(EINVAL, format!("unsupported command {}", self.typ))),
         }
@@ -415,10 +349,7 @@ impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], OptParseError> {
         let have = self.b.len() - self.pos;
         if n > have {
-            return Err(OptParseError::Truncated {
-                need: self.pos.saturating_add(n),
-                have: self.b.len(),
-            });
+            return Err(OptParseError::Truncated { need: self.pos.saturating_add(n), have: self.b.len() });
         }
         let s = &self.b[self.pos..self.pos + n];
         self.pos += n;
@@ -536,13 +467,7 @@ pub fn put_chunk_header(out: &mut Vec<u8>, flags: u16, typ: u16, handle: u64, le
 /// Append a final NBD_REPLY_TYPE_ERROR chunk with a human-readable message.
 pub fn put_error_chunk(out: &mut Vec<u8>, handle: u64, errno: u32, msg: &str) {
     let msg = truncate_utf8(msg, 1024);
-    put_chunk_header(
-        out,
-        REPLY_FLAG_DONE,
-        REPLY_TYPE_ERROR,
-        handle,
-        6 + msg.len() as u32,
-    );
+    put_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, handle, 6 + msg.len() as u32);
     out.extend_from_slice(&errno.to_be_bytes());
     out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
     out.extend_from_slice(msg.as_bytes());
@@ -577,22 +502,11 @@ mod tests {
     use super::*;
 
     fn session(size: u64) -> Session {
-        Session {
-            structured: true,
-            base_allocation: Some(META_BASE_ALLOCATION_ID),
-            flags: FLAG_HAS_FLAGS | FLAG_SEND_FUA | FLAG_SEND_DF,
-            size,
-        }
+        Session { structured: true, base_allocation: Some(META_BASE_ALLOCATION_ID), flags: FLAG_HAS_FLAGS | FLAG_SEND_FUA | FLAG_SEND_DF, size }
     }
 
     fn req(typ: u16, flags: u16, offset: u64, len: u32) -> Request {
-        Request {
-            flags,
-            typ,
-            handle: 7,
-            offset,
-            len,
-        }
+        Request { flags, typ, handle: 7, offset, len }
     }
 
     #[test]
@@ -604,10 +518,7 @@ mod tests {
         assert_eq!(req(CMD_READ, 0, 0, 512).payload_len(), 0);
         let mut bad = b;
         bad[0] ^= 1;
-        assert!(matches!(
-            parse_request(&bad),
-            Err(ProtoError::BadRequestMagic(_))
-        ));
+        assert!(matches!(parse_request(&bad), Err(ProtoError::BadRequestMagic(_))));
     }
 
     #[test]
@@ -616,110 +527,35 @@ mod tests {
         b[0..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
         b[8..12].copy_from_slice(&OPT_GO.to_be_bytes());
         b[12..16].copy_from_slice(&6u32.to_be_bytes());
-        assert_eq!(
-            parse_option_header(&b).unwrap(),
-            OptionHeader {
-                option: OPT_GO,
-                len: 6
-            }
-        );
+        assert_eq!(parse_option_header(&b).unwrap(), OptionHeader { option: OPT_GO, len: 6 });
         b[0] = 0;
-        assert!(matches!(
-            parse_option_header(&b),
-            Err(ProtoError::BadOptionMagic(_))
-        ));
+        assert!(matches!(parse_option_header(&b), Err(ProtoError::BadOptionMagic(_))));
     }
 
     #[test]
     fn validate_commands() {
         let s = session(1 << 20);
-        assert_eq!(
-            req(CMD_READ, 0, 0, 4096).validate(&s),
-            Ok(Command::Read {
-                offset: 0,
-                len: 4096
-            })
-        );
-        assert_eq!(
-            req(CMD_READ, CMD_FLAG_DF, 1, 1).validate(&s),
-            Ok(Command::Read { offset: 1, len: 1 })
-        );
-        assert_eq!(
-            req(CMD_WRITE, CMD_FLAG_FUA, 100, 10).validate(&s),
-            Ok(Command::Write {
-                offset: 100,
-                len: 10,
-                fua: true
-            })
-        );
+        assert_eq!(req(CMD_READ, 0, 0, 4096).validate(&s), Ok(Command::Read { offset: 0, len: 4096 }));
+        assert_eq!(req(CMD_READ, CMD_FLAG_DF, 1, 1).validate(&s), Ok(Command::Read { offset: 1, len: 1 }));
+        assert_eq!(req(CMD_WRITE, CMD_FLAG_FUA, 100, 10).validate(&s), Ok(Command::Write { offset: 100, len: 10, fua: true }));
         assert_eq!(req(CMD_FLUSH, 0, 0, 0).validate(&s), Ok(Command::Flush));
-        assert_eq!(
-            req(CMD_FLUSH, 0, 1, 0).validate(&s).unwrap_err().errno,
-            EINVAL
-        );
+        assert_eq!(req(CMD_FLUSH, 0, 1, 0).validate(&s).unwrap_err().errno, EINVAL);
         assert_eq!(req(CMD_DISC, 0, 0, 0).validate(&s), Ok(Command::Disconnect));
-        assert_eq!(
-            req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 8192).validate(&s),
-            Ok(Command::WriteZeroes {
-                offset: 0,
-                len: 8192,
-                no_hole: true
-            })
-        );
-        assert_eq!(
-            req(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 1 << 20).validate(&s),
-            Ok(Command::BlockStatus {
-                offset: 0,
-                len: 1 << 20,
-                req_one: true
-            })
-        );
+        assert_eq!(req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 8192).validate(&s), Ok(Command::WriteZeroes { offset: 0, len: 8192, no_hole: true }));
+        assert_eq!(req(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 1 << 20).validate(&s), Ok(Command::BlockStatus { offset: 0, len: 1 << 20, req_one: true }));
         // Unknown command, unsupported (not advertised) commands and flags.
         assert_eq!(req(99, 0, 0, 1).validate(&s).unwrap_err().errno, EINVAL);
-        assert_eq!(
-            req(CMD_CACHE, 0, 0, 1).validate(&s).unwrap_err().errno,
-            EINVAL
-        );
-        assert_eq!(
-            req(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1)
-                .validate(&s)
-                .unwrap_err()
-                .errno,
-            EINVAL
-        );
-        assert_eq!(
-            req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 1)
-                .validate(&s)
-                .unwrap_err()
-                .errno,
-            EINVAL
-        );
-        assert_eq!(
-            req(CMD_WRITE, 1 << 15, 0, 1)
-                .validate(&s)
-                .unwrap_err()
-                .errno,
-            EINVAL
-        );
+        assert_eq!(req(CMD_CACHE, 0, 0, 1).validate(&s).unwrap_err().errno, EINVAL);
+        assert_eq!(req(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1).validate(&s).unwrap_err().errno, EINVAL);
+        assert_eq!(req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 1).validate(&s).unwrap_err().errno, EINVAL);
+        assert_eq!(req(CMD_WRITE, 1 << 15, 0, 1).validate(&s).unwrap_err().errno, EINVAL);
         // DF only when advertised.
         let mut s2 = s;
         s2.flags &= !FLAG_SEND_DF;
-        assert_eq!(
-            req(CMD_READ, CMD_FLAG_DF, 0, 1)
-                .validate(&s2)
-                .unwrap_err()
-                .errno,
-            EINVAL
-        );
+        assert_eq!(req(CMD_READ, CMD_FLAG_DF, 0, 1).validate(&s2).unwrap_err().errno, EINVAL);
         // BLOCK_STATUS needs a context.
         s2.base_allocation = None;
-        assert_eq!(
-            req(CMD_BLOCK_STATUS, 0, 0, 1)
-                .validate(&s2)
-                .unwrap_err()
-                .errno,
-            EINVAL
-        );
+        assert_eq!(req(CMD_BLOCK_STATUS, 0, 0, 1).validate(&s2).unwrap_err().errno, EINVAL);
     }
 
     #[test]
@@ -727,63 +563,18 @@ mod tests {
         let s = session(1 << 20);
         // Exactly to the end is fine, one past is not.
         assert!(req(CMD_READ, 0, (1 << 20) - 1, 1).validate(&s).is_ok());
-        assert_eq!(
-            req(CMD_READ, 0, 1 << 20, 1).validate(&s).unwrap_err().errno,
-            EINVAL
-        );
-        assert_eq!(
-            req(CMD_WRITE, 0, 1 << 20, 1)
-                .validate(&s)
-                .unwrap_err()
-                .errno,
-            ENOSPC
-        );
-        assert_eq!(
-            req(CMD_WRITE_ZEROES, 0, 1 << 20, 1)
-                .validate(&s)
-                .unwrap_err()
-                .errno,
-            ENOSPC
-        );
-        assert_eq!(
-            req(CMD_TRIM, 0, 1 << 20, 1).validate(&s).unwrap_err().errno,
-            EINVAL
-        );
-        assert_eq!(
-            req(CMD_BLOCK_STATUS, 0, 1 << 20, 1)
-                .validate(&s)
-                .unwrap_err()
-                .errno,
-            EINVAL
-        );
+        assert_eq!(req(CMD_READ, 0, 1 << 20, 1).validate(&s).unwrap_err().errno, EINVAL);
+        assert_eq!(req(CMD_WRITE, 0, 1 << 20, 1).validate(&s).unwrap_err().errno, ENOSPC);
+        assert_eq!(req(CMD_WRITE_ZEROES, 0, 1 << 20, 1).validate(&s).unwrap_err().errno, ENOSPC);
+        assert_eq!(req(CMD_TRIM, 0, 1 << 20, 1).validate(&s).unwrap_err().errno, EINVAL);
+        assert_eq!(req(CMD_BLOCK_STATUS, 0, 1 << 20, 1).validate(&s).unwrap_err().errno, EINVAL);
         // Offset + length overflowing u64 must not wrap around.
-        assert_eq!(
-            req(CMD_READ, 0, u64::MAX, 4096)
-                .validate(&s)
-                .unwrap_err()
-                .errno,
-            EINVAL
-        );
-        assert_eq!(
-            req(CMD_WRITE, 0, u64::MAX - 1, 4096)
-                .validate(&s)
-                .unwrap_err()
-                .errno,
-            ENOSPC
-        );
+        assert_eq!(req(CMD_READ, 0, u64::MAX, 4096).validate(&s).unwrap_err().errno, EINVAL);
+        assert_eq!(req(CMD_WRITE, 0, u64::MAX - 1, 4096).validate(&s).unwrap_err().errno, ENOSPC);
         // Zero length and oversized payloads.
-        assert_eq!(
-            req(CMD_READ, 0, 0, 0).validate(&s).unwrap_err().errno,
-            EINVAL
-        );
+        assert_eq!(req(CMD_READ, 0, 0, 0).validate(&s).unwrap_err().errno, EINVAL);
         let big = session(1 << 40);
-        assert_eq!(
-            req(CMD_READ, 0, 0, MAX_PAYLOAD + 1)
-                .validate(&big)
-                .unwrap_err()
-                .errno,
-            EINVAL
-        );
+        assert_eq!(req(CMD_READ, 0, 0, MAX_PAYLOAD + 1).validate(&big).unwrap_err().errno, EINVAL);
         assert!(req(CMD_READ, 0, 0, MAX_PAYLOAD).validate(&big).is_ok());
         // Trim and zeroing are not payload-bound.
         assert!(req(CMD_TRIM, 0, 0, u32::MAX).validate(&big).is_ok());
@@ -803,58 +594,28 @@ mod tests {
     #[test]
     fn info_request_parsing() {
         let b = info_bytes(b"disk", &[INFO_BLOCK_SIZE, INFO_NAME]);
-        assert_eq!(
-            parse_info_request(&b).unwrap(),
-            InfoRequest {
-                name: "disk".into(),
-                requests: vec![INFO_BLOCK_SIZE, INFO_NAME]
-            }
-        );
+        assert_eq!(parse_info_request(&b).unwrap(), InfoRequest { name: "disk".into(), requests: vec![INFO_BLOCK_SIZE, INFO_NAME] });
         assert_eq!(parse_info_request(&info_bytes(b"", &[])).unwrap().name, "");
         // Every truncation of a valid payload is an error, never a panic.
         for cut in 0..b.len() {
-            assert!(
-                matches!(
-                    parse_info_request(&b[..cut]),
-                    Err(OptParseError::Truncated { .. })
-                ),
-                "cut {cut}"
-            );
+            assert!(matches!(parse_info_request(&b[..cut]), Err(OptParseError::Truncated { .. })), "cut {cut}");
         }
         let mut trailing = b.clone();
         trailing.push(0);
-        assert_eq!(
-            parse_info_request(&trailing),
-            Err(OptParseError::Trailing(1))
-        );
+        assert_eq!(parse_info_request(&trailing), Err(OptParseError::Trailing(1)));
         // Name length pointing far past the end.
         let mut huge = b.clone();
         huge[0..4].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert!(matches!(
-            parse_info_request(&huge),
-            Err(OptParseError::StringTooLong(_))
-        ));
+        assert!(matches!(parse_info_request(&huge), Err(OptParseError::StringTooLong(_))));
         let mut past = b.clone();
         past[0..4].copy_from_slice(&100u32.to_be_bytes());
-        assert!(matches!(
-            parse_info_request(&past),
-            Err(OptParseError::Truncated { .. })
-        ));
+        assert!(matches!(parse_info_request(&past), Err(OptParseError::Truncated { .. })));
         // Count claiming more requests than present.
         let mut count = info_bytes(b"x", &[1]);
         count[5..7].copy_from_slice(&u16::MAX.to_be_bytes());
-        assert!(matches!(
-            parse_info_request(&count),
-            Err(OptParseError::Truncated { .. })
-        ));
-        assert_eq!(
-            parse_info_request(&info_bytes(b"a\0b", &[])),
-            Err(OptParseError::BadString)
-        );
-        assert_eq!(
-            parse_info_request(&info_bytes(&[0xff, 0xfe], &[])),
-            Err(OptParseError::BadString)
-        );
+        assert!(matches!(parse_info_request(&count), Err(OptParseError::Truncated { .. })));
+        assert_eq!(parse_info_request(&info_bytes(b"a\0b", &[])), Err(OptParseError::BadString));
+        assert_eq!(parse_info_request(&info_bytes(&[0xff, 0xfe], &[])), Err(OptParseError::BadString));
     }
 
     #[test]
@@ -867,19 +628,13 @@ mod tests {
         }
         let m = parse_meta_query(&b).unwrap();
         assert_eq!(m.export, "");
-        assert_eq!(
-            m.queries,
-            vec!["base:allocation".to_string(), "qemu:dirty-bitmap:x".into()]
-        );
+        assert_eq!(m.queries, vec!["base:allocation".to_string(), "qemu:dirty-bitmap:x".into()]);
         for cut in 0..b.len() {
             assert!(parse_meta_query(&b[..cut]).is_err(), "cut {cut}");
         }
         let mut many = 0u32.to_be_bytes().to_vec();
         many.extend_from_slice(&u32::MAX.to_be_bytes());
-        assert!(matches!(
-            parse_meta_query(&many),
-            Err(OptParseError::Truncated { .. })
-        ));
+        assert!(matches!(parse_meta_query(&many), Err(OptParseError::Truncated { .. })));
     }
 
     #[test]

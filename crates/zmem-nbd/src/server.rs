@@ -41,9 +41,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use zmem_export::Export;
 use crate::negotiate::{negotiate, ExportInfo};
 use crate::proto::*;
+use zmem_export::Export;
 
 /// A connected client, over a Unix socket or TCP.
 #[derive(Debug)]
@@ -186,11 +186,7 @@ impl Listener {
 /// Wait up to `timeout_ms` for `fd` to become readable (a listener: to have
 /// a connection waiting). An interrupted wait counts as "not ready".
 pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: `p` is a valid, exclusively borrowed pollfd for the duration of
     // the call and nfds is 1, so poll reads and writes only that struct.
     let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
@@ -335,13 +331,7 @@ impl RequestClock {
     /// by the first read of the request that has to wait). Bytes already
     /// buffered cost no system call; a read that must wait gets the time
     /// left as its timeout.
-    fn read_by(
-        &mut self,
-        r: &mut BufReader<Stream>,
-        buf: &mut [u8],
-        deadline: &mut Option<Instant>,
-        what: &'static str,
-    ) -> Result<(), ProtoError> {
+    fn read_by(&mut self, r: &mut BufReader<Stream>, buf: &mut [u8], deadline: &mut Option<Instant>, what: &'static str) -> Result<(), ProtoError> {
         let mut got = 0;
         while got < buf.len() {
             if r.buffer().is_empty() {
@@ -439,11 +429,7 @@ impl Drop for Registered<'_> {
 
 impl Server {
     pub fn new(export: Arc<Export>, name: impl Into<String>, cfg: ServerConfig) -> Server {
-        let info = ExportInfo {
-            name: name.into(),
-            size: export.size(),
-            description: Some("zmem compressed memory".into()),
-        };
+        let info = ExportInfo { name: name.into(), size: export.size(), description: Some("zmem compressed memory".into()) };
         Server {
             export,
             info,
@@ -503,12 +489,7 @@ impl Server {
                 }
                 let stream = match listener.accept() {
                     Ok(st) => st,
-                    Err(e)
-                        if e.kind() == io::ErrorKind::Interrupted
-                            || e.kind() == io::ErrorKind::WouldBlock =>
-                    {
-                        continue
-                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock => continue,
                     Err(e) => {
                         // e.g. EMFILE: back off instead of spinning.
                         self.warn.warn(|| format!("nbd: accept failed: {e}"));
@@ -521,22 +502,18 @@ impl Server {
                     self.warn.warn(|| format!("nbd: refusing connection: {open} connections already open"));
                     continue;
                 }
-                let h = std::thread::Builder::new()
-                    .name("zmem-nbd-conn".into())
-                    .spawn_scoped(s, move || {
-                        // A bug (ours or the engine's) must cost one
-                        // connection, not the server.
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            let _ = self.serve_connection(stream, stop);
-                        }));
-                        if r.is_err() {
-                            self.dropped.fetch_add(1, Ordering::Relaxed);
-                            self.panics.fetch_add(1, Ordering::Relaxed);
-                            tracing::error!(
-                                "nbd: internal error (panic) in a connection; it was dropped"
-                            );
-                        }
-                    });
+                let h = std::thread::Builder::new().name("zmem-nbd-conn".into()).spawn_scoped(s, move || {
+                    // A bug (ours or the engine's) must cost one
+                    // connection, not the server.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let _ = self.serve_connection(stream, stop);
+                    }));
+                    if r.is_err() {
+                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                        self.panics.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!("nbd: internal error (panic) in a connection; it was dropped");
+                    }
+                });
                 match h {
                     Ok(h) => handles.push(h),
                     Err(e) => self.warn.warn(|| format!("nbd: cannot start a connection thread: {e}")),
@@ -565,10 +542,7 @@ impl Server {
     /// lock real ones out. Returns whether there was one.
     fn evict_a_handshake(&self) -> bool {
         let conns = self.conns.lock();
-        let oldest = conns
-            .values()
-            .filter_map(|c| c.handshake_since.map(|t| (t, c)))
-            .min_by_key(|(t, _)| *t);
+        let oldest = conns.values().filter_map(|c| c.handshake_since.map(|t| (t, c))).min_by_key(|(t, _)| *t);
         match oldest {
             Some((_, c)) => {
                 let _ = c.stream.shutdown(Shutdown::Both);
@@ -590,12 +564,7 @@ impl Server {
             Err(ProtoError::Eof(what)) => {
                 tracing::debug!("nbd: connection {id}: client went away during {what}")
             }
-            Err(ProtoError::Io(e))
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                ) =>
-            {
+            Err(ProtoError::Io(e)) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
                 tracing::debug!("nbd: connection {id}: client went away: {e}")
             }
             Err(ProtoError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
@@ -655,9 +624,7 @@ impl Server {
         let (tx, rx) = crossbeam_channel::bounded::<Job>(self.cfg.queue_depth.max(1));
         // WRITE payload buffers go back to the reader for reuse: large
         // fresh allocations are mmap'd and page-faulted on every request.
-        let (recycle_tx, recycle_rx) = crossbeam_channel::bounded::<Vec<u8>>(
-            self.cfg.queue_depth + self.cfg.workers_per_conn + 1,
-        );
+        let (recycle_tx, recycle_rx) = crossbeam_channel::bounded::<Vec<u8>>(self.cfg.queue_depth + self.cfg.workers_per_conn + 1);
         let granted = self.take_workers();
         std::thread::scope(|s| {
             let mut workers = 0;
@@ -665,46 +632,39 @@ impl Server {
                 let rx = rx.clone();
                 let recycle = recycle_tx.clone();
                 let (writer, budget, dead, session) = (&writer, &budget, &dead, &session);
-                let spawned = std::thread::Builder::new()
-                    .name("zmem-nbd-worker".into())
-                    .spawn_scoped(s, move || {
-                        let mut out = Vec::new();
-                        for mut job in rx {
-                            let cost = job.cost;
-                            if !dead.load(Ordering::Relaxed) {
-                                out.clear();
-                                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    self.execute(&job.req, &job.payload, session, &mut out)
-                                }));
-                                let mut w = writer.lock();
-                                if ran.is_err() {
-                                    // Never leave a request unanswered with the
-                                    // connection up: end this connection.
-                                    self.panics.fetch_add(1, Ordering::Relaxed);
-                                    tracing::error!(
-                                        "nbd: internal error (panic) executing {:?}; dropping this connection",
-                                        job.req
-                                    );
-                                    dead.store(true, Ordering::Relaxed);
-                                    let _ = w.shutdown(Shutdown::Both);
-                                } else if let Err(e) = w.write_all(&out) {
-                                    if !dead.swap(true, Ordering::Relaxed) {
-                                        self.reply_failed(&e);
-                                    }
-                                    let _ = w.shutdown(Shutdown::Both);
+                let spawned = std::thread::Builder::new().name("zmem-nbd-worker".into()).spawn_scoped(s, move || {
+                    let mut out = Vec::new();
+                    for mut job in rx {
+                        let cost = job.cost;
+                        if !dead.load(Ordering::Relaxed) {
+                            out.clear();
+                            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&job.req, &job.payload, session, &mut out)));
+                            let mut w = writer.lock();
+                            if ran.is_err() {
+                                // Never leave a request unanswered with the
+                                // connection up: end this connection.
+                                self.panics.fetch_add(1, Ordering::Relaxed);
+                                tracing::error!("nbd: internal error (panic) executing {:?}; dropping this connection", job.req);
+                                dead.store(true, Ordering::Relaxed);
+                                let _ = w.shutdown(Shutdown::Both);
+                            } else if let Err(e) = w.write_all(&out) {
+                                if !dead.swap(true, Ordering::Relaxed) {
+                                    self.reply_failed(&e);
                                 }
-                            }
-                            budget.release(cost);
-                            self.inflight.release(cost);
-                            if out.capacity() > KEEP_BUFFER {
-                                out = Vec::new();
-                            }
-                            if job.payload.capacity() > 0 && job.payload.capacity() <= KEEP_BUFFER {
-                                job.payload.clear();
-                                let _ = recycle.try_send(std::mem::take(&mut job.payload));
+                                let _ = w.shutdown(Shutdown::Both);
                             }
                         }
-                    });
+                        budget.release(cost);
+                        self.inflight.release(cost);
+                        if out.capacity() > KEEP_BUFFER {
+                            out = Vec::new();
+                        }
+                        if job.payload.capacity() > 0 && job.payload.capacity() <= KEEP_BUFFER {
+                            job.payload.clear();
+                            let _ = recycle.try_send(std::mem::take(&mut job.payload));
+                        }
+                    }
+                });
                 match spawned {
                     Ok(_) => workers += 1,
                     Err(e) => self.warn.warn(|| format!("nbd: cannot start a worker thread: {e}")),
@@ -718,18 +678,7 @@ impl Server {
             let inline_max = if workers == 0 { u32::MAX } else { INLINE_MAX };
             drop(recycle_tx);
             let mut batch: Vec<u8> = Vec::with_capacity(BATCH_MAX + INLINE_MAX as usize + 64);
-            let res = self.read_loop(
-                &mut reader,
-                &tx,
-                &recycle_rx,
-                &budget,
-                &dead,
-                &writer,
-                &session,
-                &mut batch,
-                &mut Vec::new(),
-                inline_max,
-            );
+            let res = self.read_loop(&mut reader, &tx, &recycle_rx, &budget, &dead, &writer, &session, &mut batch, &mut Vec::new(), inline_max);
             // Whatever ended the loop, the replies already computed go out.
             self.flush_batch(&mut batch, &writer, &dead);
             drop(tx); // workers drain the queue and exit; the scope joins them
@@ -843,11 +792,7 @@ impl Server {
                     clock.read_by(r, payload_buf, &mut deadline, "a WRITE payload")?;
                 }
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let payload = if in_place {
-                        &r.buffer()[..plen]
-                    } else {
-                        &payload_buf[..]
-                    };
+                    let payload = if in_place { &r.buffer()[..plen] } else { &payload_buf[..] };
                     self.execute(&req, payload, session, batch)
                 }));
                 if in_place {
@@ -855,9 +800,7 @@ impl Server {
                 }
                 if ran.is_err() {
                     self.panics.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(
-                        "nbd: internal error (panic) executing {req:?}; dropping this connection"
-                    );
+                    tracing::error!("nbd: internal error (panic) executing {req:?}; dropping this connection");
                     batch.clear();
                     dead.store(true, Ordering::Relaxed);
                     let _ = writer.lock().shutdown(Shutdown::Both);
@@ -959,25 +902,11 @@ impl Server {
             Command::Flush => e.flush(),
             Command::Disconnect => Ok(()),
             Command::Trim { offset, len } => e.trim(offset, len as u64).map(|_| ()),
-            Command::WriteZeroes {
-                offset,
-                len,
-                no_hole,
-            } => e.write_zeroes(offset, len as u64, no_hole),
-            Command::BlockStatus {
-                offset,
-                len,
-                req_one,
-            } => match e.block_status(offset, len as u64, req_one) {
+            Command::WriteZeroes { offset, len, no_hole } => e.write_zeroes(offset, len as u64, no_hole),
+            Command::BlockStatus { offset, len, req_one } => match e.block_status(offset, len as u64, req_one) {
                 Ok(ext) => {
                     let ctx = s.base_allocation.unwrap_or(META_BASE_ALLOCATION_ID);
-                    put_chunk_header(
-                        out,
-                        REPLY_FLAG_DONE,
-                        REPLY_TYPE_BLOCK_STATUS,
-                        h,
-                        4 + 8 * ext.len() as u32,
-                    );
+                    put_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, h, 4 + 8 * ext.len() as u32);
                     out.extend_from_slice(&ctx.to_be_bytes());
                     for (l, f) in ext {
                         out.extend_from_slice(&l.to_be_bytes());

@@ -17,13 +17,7 @@ fn server(size: u64, mem_limit: Option<u64>) -> Arc<Server> {
 }
 
 fn server_with(size: u64, mem_limit: Option<u64>, cfg: ServerConfig) -> Arc<Server> {
-    let pool = Arc::new(
-        Pool::new(PoolConfig {
-            mem_limit,
-            ..Default::default()
-        })
-        .unwrap(),
-    );
+    let pool = Arc::new(Pool::new(PoolConfig { mem_limit, ..Default::default() }).unwrap());
     Arc::new(Server::new(Arc::new(Export::new(pool, size)), "", cfg))
 }
 
@@ -35,8 +29,7 @@ fn connect(srv: &Arc<Server>) -> (UnixStream, std::thread::JoinHandle<Result<(),
     let srv = srv.clone();
     let h = std::thread::spawn(move || {
         let stop = AtomicBool::new(false);
-        srv.serve_connection(Stream::Unix(s), &stop)
-            .map_err(|e: ProtoError| e.to_string())
+        srv.serve_connection(Stream::Unix(s), &stop).map_err(|e: ProtoError| e.to_string())
     });
     (c, h)
 }
@@ -60,26 +53,18 @@ fn opt(s: &mut UnixStream, option: u32, data: &[u8]) {
 fn opt_reply(s: &mut UnixStream) -> (u32, u32, Vec<u8>) {
     let mut h = [0u8; 20];
     s.read_exact(&mut h).unwrap();
-    assert_eq!(
-        u64::from_be_bytes(h[0..8].try_into().unwrap()),
-        OPT_REPLY_MAGIC
-    );
+    assert_eq!(u64::from_be_bytes(h[0..8].try_into().unwrap()), OPT_REPLY_MAGIC);
     let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
     let mut d = vec![0u8; len];
     s.read_exact(&mut d).unwrap();
-    (
-        u32::from_be_bytes(h[8..12].try_into().unwrap()),
-        u32::from_be_bytes(h[12..16].try_into().unwrap()),
-        d,
-    )
+    (u32::from_be_bytes(h[8..12].try_into().unwrap()), u32::from_be_bytes(h[12..16].try_into().unwrap()), d)
 }
 
 fn greet(s: &mut UnixStream) {
     let mut g = [0u8; 18];
     s.read_exact(&mut g).unwrap();
     assert_eq!(&g[0..16], b"NBDMAGICIHAVEOPT");
-    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-        .unwrap();
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
 }
 
 /// Handshake with NBD_OPT_GO, optionally with structured replies and base:allocation.
@@ -112,12 +97,7 @@ fn handshake(mut s: UnixStream, structured: bool) -> Client {
             t => panic!("unexpected reply {t:#x}"),
         }
     }
-    Client {
-        s,
-        structured,
-        size,
-        flags,
-    }
+    Client { s, structured, size, flags }
 }
 
 #[derive(Debug, PartialEq)]
@@ -129,13 +109,7 @@ enum Reply {
 
 impl Client {
     fn send(&mut self, typ: u16, flags: u16, handle: u64, offset: u64, len: u32, payload: &[u8]) {
-        let r = Request {
-            flags,
-            typ,
-            handle,
-            offset,
-            len,
-        };
+        let r = Request { flags, typ, handle, offset, len };
         let mut b = r.encode().to_vec();
         b.extend_from_slice(payload);
         self.s.write_all(&b).unwrap();
@@ -175,24 +149,13 @@ impl Client {
                     REPLY_TYPE_ERROR => {
                         let msg_len = u16::from_be_bytes([d[4], d[5]]) as usize;
                         assert_eq!(msg_len + 6, len);
-                        (
-                            handle,
-                            Reply::Err(u32::from_be_bytes(d[0..4].try_into().unwrap())),
-                        )
+                        (handle, Reply::Err(u32::from_be_bytes(d[0..4].try_into().unwrap())))
                     }
                     REPLY_TYPE_BLOCK_STATUS => {
-                        assert_eq!(
-                            u32::from_be_bytes(d[0..4].try_into().unwrap()),
-                            META_BASE_ALLOCATION_ID
-                        );
+                        assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), META_BASE_ALLOCATION_ID);
                         let ext = d[4..]
                             .chunks(8)
-                            .map(|c| {
-                                (
-                                    u32::from_be_bytes(c[0..4].try_into().unwrap()),
-                                    u32::from_be_bytes(c[4..8].try_into().unwrap()),
-                                )
-                            })
+                            .map(|c| (u32::from_be_bytes(c[0..4].try_into().unwrap()), u32::from_be_bytes(c[4..8].try_into().unwrap())))
                             .collect();
                         (handle, Reply::Extents(ext))
                     }
@@ -222,18 +185,12 @@ impl Client {
     fn disconnect(mut self) {
         self.send(CMD_DISC, 0, 0, 0, 0, &[]);
         let mut b = [0u8; 1];
-        assert_eq!(
-            self.s.read(&mut b).unwrap(),
-            0,
-            "server closes after NBD_CMD_DISC"
-        );
+        assert_eq!(self.s.read(&mut b).unwrap(), 0, "server closes after NBD_CMD_DISC");
     }
 }
 
 fn data(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed) ^ (i >> 10) as u8)
-        .collect()
+    (0..n).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed) ^ (i >> 10) as u8).collect()
 }
 
 fn ok(v: Vec<u8>) -> Reply {
@@ -258,20 +215,11 @@ fn structured_session_full_command_set() {
     assert_eq!(c.read(1000, 1), ok(vec![d[0]]));
 
     let hz = STATE_HOLE | STATE_ZERO;
-    assert_eq!(
-        c.call(CMD_BLOCK_STATUS, 0, 0, 5 * 4096, &[]),
-        Reply::Extents(vec![(3 * 4096, 0), (2 * 4096, hz)])
-    );
-    assert_eq!(
-        c.call(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 3 * 4096, 8192, &[]),
-        Reply::Extents(vec![(8192, hz)])
-    );
+    assert_eq!(c.call(CMD_BLOCK_STATUS, 0, 0, 5 * 4096, &[]), Reply::Extents(vec![(3 * 4096, 0), (2 * 4096, hz)]));
+    assert_eq!(c.call(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 3 * 4096, 8192, &[]), Reply::Extents(vec![(8192, hz)]));
 
     // FUA write and flush.
-    assert_eq!(
-        c.call(CMD_WRITE, CMD_FLAG_FUA, 65536, 4096, &[9u8; 4096]),
-        ok(vec![])
-    );
+    assert_eq!(c.call(CMD_WRITE, CMD_FLAG_FUA, 65536, 4096, &[9u8; 4096]), ok(vec![]));
     assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]), ok(vec![]));
 
     // Trim frees the page (pool shrinks), reads as zero.
@@ -284,32 +232,17 @@ fn structured_session_full_command_set() {
     // WRITE_ZEROES with and without NO_HOLE.
     assert_eq!(c.call(CMD_WRITE_ZEROES, 0, 0, 8192, &[]), ok(vec![]));
     assert_eq!(c.read(0, 8192), ok(vec![0; 8192]));
-    assert_eq!(
-        c.call(CMD_BLOCK_STATUS, 0, 0, 8192, &[]),
-        Reply::Extents(vec![(8192, hz)])
-    );
-    assert_eq!(
-        c.call(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 8192, &[]),
-        ok(vec![])
-    );
-    assert_eq!(
-        c.call(CMD_BLOCK_STATUS, 0, 0, 8192, &[]),
-        Reply::Extents(vec![(8192, 0)])
-    );
+    assert_eq!(c.call(CMD_BLOCK_STATUS, 0, 0, 8192, &[]), Reply::Extents(vec![(8192, hz)]));
+    assert_eq!(c.call(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 8192, &[]), ok(vec![]));
+    assert_eq!(c.call(CMD_BLOCK_STATUS, 0, 0, 8192, &[]), Reply::Extents(vec![(8192, 0)]));
 
     // Errors that keep the connection up.
     assert_eq!(c.read(1 << 20, 1), Reply::Err(EINVAL));
     assert_eq!(c.write((1 << 20) - 1, &[1, 2]), Reply::Err(ENOSPC));
     assert_eq!(c.call(99, 0, 0, 0, &[]), Reply::Err(EINVAL));
     assert_eq!(c.call(CMD_CACHE, 0, 0, 4096, &[]), Reply::Err(EINVAL));
-    assert_eq!(
-        c.call(CMD_READ, CMD_FLAG_NO_HOLE, 0, 4096, &[]),
-        Reply::Err(EINVAL)
-    );
-    assert_eq!(
-        c.call(CMD_READ, 0, 0, MAX_PAYLOAD + 1, &[]),
-        Reply::Err(EINVAL)
-    );
+    assert_eq!(c.call(CMD_READ, CMD_FLAG_NO_HOLE, 0, 4096, &[]), Reply::Err(EINVAL));
+    assert_eq!(c.call(CMD_READ, 0, 0, MAX_PAYLOAD + 1, &[]), Reply::Err(EINVAL));
     assert_eq!(c.call(CMD_TRIM, 0, u64::MAX, 4096, &[]), Reply::Err(EINVAL));
     // ... and it still works.
     assert_eq!(
@@ -334,12 +267,7 @@ fn simple_replies_and_export_name() {
     let mut r = [0u8; 10];
     s.read_exact(&mut r).unwrap();
     assert_eq!(u64::from_be_bytes(r[0..8].try_into().unwrap()), 64 << 10);
-    let mut c = Client {
-        s,
-        structured: false,
-        size: 64 << 10,
-        flags: u16::from_be_bytes([r[8], r[9]]),
-    };
+    let mut c = Client { s, structured: false, size: 64 << 10, flags: u16::from_be_bytes([r[8], r[9]]) };
     assert!(!c.structured);
     assert_eq!(c.flags & FLAG_SEND_DF, 0);
     assert_eq!(c.write(4095, &[1, 2, 3]), ok(vec![]));
@@ -362,12 +290,7 @@ fn many_requests_in_flight_replied_by_handle() {
 /// (backpressure), never deadlock or drop a request.
 #[test]
 fn backpressure_with_tiny_budget() {
-    let cfg = ServerConfig {
-        workers_per_conn: 2,
-        queue_depth: 1,
-        max_inflight_bytes: 8192,
-        ..Default::default()
-    };
+    let cfg = ServerConfig { workers_per_conn: 2, queue_depth: 1, max_inflight_bytes: 8192, ..Default::default() };
     pipelined(server_with(16 << 20, None, cfg));
 }
 
@@ -380,13 +303,7 @@ fn pipelined(srv: Arc<Server>) {
     let writer = std::thread::spawn(move || {
         for i in 0..n {
             let d = vec![i as u8 ^ 0x5a; 3000];
-            let r = Request {
-                flags: 0,
-                typ: CMD_WRITE,
-                handle: 1000 + i,
-                offset: i * 3000 + 17,
-                len: 3000,
-            };
+            let r = Request { flags: 0, typ: CMD_WRITE, handle: 1000 + i, offset: i * 3000 + 17, len: 3000 };
             let mut b = r.encode().to_vec();
             b.extend_from_slice(&d);
             w.write_all(&b).unwrap();
@@ -526,16 +443,8 @@ fn random_transmission_garbage_never_panics() {
                 flags: (next() % 64) as u16,
                 typ,
                 handle: next(),
-                offset: if next() % 3 == 0 {
-                    next()
-                } else {
-                    next() % (1 << 20)
-                },
-                len: if next() % 4 == 0 {
-                    next() as u32
-                } else {
-                    (next() % 70000) as u32
-                },
+                offset: if next() % 3 == 0 { next() } else { next() % (1 << 20) },
+                len: if next() % 4 == 0 { next() as u32 } else { (next() % 70000) as u32 },
             };
             if typ == CMD_DISC {
                 continue;
@@ -607,13 +516,7 @@ fn burst_of_small_big_and_failing_requests() {
     let burst = |c: &mut Client, reqs: &[(u64, u16, u64, u32, &[u8])]| {
         let mut buf = Vec::new();
         for &(handle, typ, offset, len, payload) in reqs {
-            let r = Request {
-                flags: 0,
-                typ,
-                handle,
-                offset,
-                len,
-            };
+            let r = Request { flags: 0, typ, handle, offset, len };
             buf.extend_from_slice(&r.encode());
             buf.extend_from_slice(payload);
         }
@@ -659,10 +562,7 @@ fn burst_of_small_big_and_failing_requests() {
     assert_eq!(got[&12], ok(b));
     assert_eq!(got[&13], Reply::Err(EINVAL));
     let hz = STATE_HOLE | STATE_ZERO;
-    assert_eq!(
-        got[&14],
-        Reply::Extents(vec![(4096, 0), (4096, hz), (4096, 0), (4096, hz)])
-    );
+    assert_eq!(got[&14], Reply::Extents(vec![(4096, 0), (4096, hz), (4096, 0), (4096, hz)]));
     assert_eq!(got[&15], ok(a[100..].to_vec()));
     c.disconnect();
     h.join().unwrap().unwrap();

@@ -32,10 +32,8 @@ const HANG: Duration = Duration::from_secs(5);
 
 fn corpus() -> Vec<Vec<u8>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-corpus");
-    let mut v: Vec<Vec<u8>> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
+    let mut v: Vec<Vec<u8>> =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).map(|e| std::fs::read(e.unwrap().path()).unwrap()).collect();
     v.sort();
     assert!(v.len() >= 5, "the corpus is missing");
     v
@@ -59,10 +57,8 @@ impl Rng {
     }
 }
 
-const INTERESTING: [u64; 14] = [
-    0, 1, 0x7f, 0xff, 0xffff, 0x1_0000, 4096, 32 << 20, (32 << 20) + 1, 0x7fff_ffff, 0xffff_ffff,
-    0x1_0000_0000, i64::MAX as u64, u64::MAX,
-];
+const INTERESTING: [u64; 14] =
+    [0, 1, 0x7f, 0xff, 0xffff, 0x1_0000, 4096, 32 << 20, (32 << 20) + 1, 0x7fff_ffff, 0xffff_ffff, 0x1_0000_0000, i64::MAX as u64, u64::MAX];
 
 /// One mutated input from the corpus.
 fn mutate(r: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
@@ -194,10 +190,7 @@ fn handshake_and_request_parser_never_panic_or_hang() {
         }
         slowest = slowest.max(t.elapsed());
     }
-    println!(
-        "fuzz in memory: {n} inputs in {:.1} s, {panics} panics, slowest input {slowest:?}",
-        start.elapsed().as_secs_f64()
-    );
+    println!("fuzz in memory: {n} inputs in {:.1} s, {panics} panics, slowest input {slowest:?}", start.elapsed().as_secs_f64());
     assert_eq!(panics, 0, "inputs that panicked are in /tmp/zmem-fuzz-crash-*.bin");
     assert!(slowest < HANG, "an input took {slowest:?}");
 }

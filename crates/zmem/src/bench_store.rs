@@ -123,10 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let report = store::run(&cfg, |p| match p {
         Progress::Passes { steps } if show => {
             bar = ProgressBar::new(steps);
-            bar.set_style(
-                ProgressStyle::with_template("{msg:>12} [{bar:40}] {percent:>3}% {elapsed}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
+            bar.set_style(ProgressStyle::with_template("{msg:>12} [{bar:40}] {percent:>3}% {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
         }
         Progress::Pass(what) => bar.set_message(what),
         Progress::Advance(steps) => bar.inc(steps),

@@ -20,11 +20,7 @@ pub enum Frontend {
     Nbd { server: Arc<Server>, fuse: Option<Arc<zmem_fuse::FuseStats>> },
     /// The FUSE image's counters, what the server got of its protection
     /// from reclaim, and the budget it shares with a cgroup, if any.
-    Fuse {
-        stats: Arc<zmem_fuse::FuseStats>,
-        safety: serde_json::Value,
-        budget: Option<Arc<zmem_bench::shared_budget::SharedBudget>>,
-    },
+    Fuse { stats: Arc<zmem_fuse::FuseStats>, safety: serde_json::Value, budget: Option<Arc<zmem_bench::shared_budget::SharedBudget>> },
 }
 
 /// Everything the control socket reports.
@@ -130,9 +126,7 @@ fn control_client(s: UnixStream, info: &Info) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     s.set_write_timeout(Some(Duration::from_secs(2)))?;
     let mut line = String::new();
-    BufReader::new(s.try_clone()?)
-        .take(256)
-        .read_line(&mut line)?;
+    BufReader::new(s.try_clone()?).take(256).read_line(&mut line)?;
     let mut w = s;
     let reply = match line.trim() {
         "stats" => info.json(),
@@ -197,29 +191,23 @@ pub fn parse_writeback(cmd: &str) -> Result<(zmem_core::WritebackMode, Option<u6
 pub fn bind_unix(path: &Path, mode: u32, group: Option<u32>) -> anyhow::Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            bail!(
-                "{} exists and is not a socket; refusing to replace it",
-                path.display()
-            );
+            bail!("{} exists and is not a socket; refusing to replace it", path.display());
         }
         if UnixStream::connect(path).is_ok() {
             bail!("{} is in use by a running server", path.display());
         }
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing stale socket {}", path.display()))?;
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
     }
     // Bind under a umask that leaves only the owner's bits (the group's
     // come after the chown), then set the final mode explicitly.
     let r = crate::sys::with_umask((!mode & 0o777) | 0o070, || UnixListener::bind(path));
     let l = r.with_context(|| format!("binding {}", path.display()))?;
     if let Some(gid) = group {
-        std::os::unix::fs::chown(path, None, Some(gid))
-            .with_context(|| format!("giving {} to group {gid}", path.display()))?;
+        std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| format!("giving {} to group {gid}", path.display()))?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(l)
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -245,14 +233,8 @@ mod tests {
         assert!(bind_unix(&f, 0o600, None).is_err());
         let s = d.path().join("s");
         let l = bind_unix(&s, 0o600, None).unwrap();
-        assert_eq!(
-            std::fs::metadata(&s).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-        assert!(
-            bind_unix(&s, 0o600, None).is_err(),
-            "live socket must not be replaced"
-        );
+        assert_eq!(std::fs::metadata(&s).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(bind_unix(&s, 0o600, None).is_err(), "live socket must not be replaced");
         drop(l);
         // Whatever the umask, the mode asked for.
         let l = crate::sys::with_umask(0, || bind_unix(&s, 0o600, None)).unwrap();

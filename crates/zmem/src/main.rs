@@ -83,16 +83,9 @@ fn log_colours(stderr_is_terminal: bool, term: Option<&str>, no_color: bool) -> 
 fn main() {
     use std::io::IsTerminal;
     let term = std::env::var("TERM").ok();
-    let ansi = log_colours(
-        std::io::stderr().is_terminal(),
-        term.as_deref(),
-        std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()),
-    );
+    let ansi = log_colours(std::io::stderr().is_terminal(), term.as_deref(), std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()));
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ZMEM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ZMEM_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")))
         .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();

@@ -166,8 +166,8 @@ impl PoolArgs {
         let pool = match &self.backing {
             Some(path) => {
                 let existing = if self.force { zmem_core::Existing::Overwrite } else { zmem_core::Existing::Refuse };
-                let (store, why) = zmem_core::BackingStore::open(path, self.backing_limit, existing)
-                    .with_context(|| format!("opening backing file {}", path.display()))?;
+                let (store, why) =
+                    zmem_core::BackingStore::open(path, self.backing_limit, existing).with_context(|| format!("opening backing file {}", path.display()))?;
                 if let Some(why) = why {
                     eprintln!("zmem: {why}");
                 }
@@ -214,13 +214,7 @@ impl PoolArgs {
     /// Start the threads these options ask of a server's pool, in `scope`,
     /// until `stop`: the exclusive-loads follower (auto, with `default` as
     /// the command's default) and idle recompression.
-    pub fn spawn_policies<'s>(
-        &self,
-        scope: &'s std::thread::Scope<'s, '_>,
-        pool: &'s Pool,
-        stop: &'s AtomicBool,
-        default: ExclusiveLoads,
-    ) {
+    pub fn spawn_policies<'s>(&self, scope: &'s std::thread::Scope<'s, '_>, pool: &'s Pool, stop: &'s AtomicBool, default: ExclusiveLoads) {
         if self.exclusive_mode(default) == ExclusiveLoads::Auto {
             scope.spawn(move || follow_swap_fullness(pool, stop));
         }

@@ -143,9 +143,7 @@ fn parse_listen(s: &str) -> anyhow::Result<String> {
     if s.parse::<u16>().is_ok() {
         return Ok(format!("127.0.0.1:{s}"));
     }
-    if s.rsplit_once(':')
-        .is_none_or(|(_, p)| p.parse::<u16>().is_err())
-    {
+    if s.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) {
         bail!("bad --listen `{s}`: expected PORT or HOST:PORT");
     }
     Ok(s.to_string())
@@ -224,17 +222,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             (Listener::Tcp(t), format!("nbd://{local}/{}", a.export_name))
         }
         None => {
-            let path = a
-                .socket
-                .clone()
-                .unwrap_or_else(|| runtime_dir().join("zmem.sock"));
+            let path = a.socket.clone().unwrap_or_else(|| runtime_dir().join("zmem.sock"));
             let mode = if a.group.is_some() { 0o660 } else { 0o600 };
             let u = bind_unix(&path, mode, a.group)?;
             cleanup.push(path.clone());
-            (
-                Listener::Unix(u),
-                format!("nbd+unix:///{}?socket={}", a.export_name, path.display()),
-            )
+            (Listener::Unix(u), format!("nbd+unix:///{}?socket={}", a.export_name, path.display()))
         }
     };
     let control_path = match &a.control {
@@ -267,10 +259,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         comp,
         if a.pool.dedup { ", dedup" } else { "" },
         server.export().origin_description().map(|d| format!(", caching {d}")).unwrap_or_default(),
-        control_path
-            .as_ref()
-            .map(|p| format!(", control {}", p.display()))
-            .unwrap_or_default()
+        control_path.as_ref().map(|p| format!(", control {}", p.display())).unwrap_or_default()
     );
     let res = std::thread::scope(|s| {
         if let Some(l) = control {
@@ -291,13 +280,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(p);
     }
     let st = server.export().pool().stats();
-    eprintln!(
-        "zmem: stopped; mm_stat {}",
-        st.mm_stat()
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    eprintln!("zmem: stopped; mm_stat {}", st.mm_stat().split_whitespace().collect::<Vec<_>>().join(" "));
     res.context("serving")
 }
 

@@ -30,12 +30,7 @@ pub fn query(path: &std::path::Path) -> anyhow::Result<Value> {
 
 /// Send one command line to the control socket at `path`; return its JSON reply.
 pub fn request(path: &std::path::Path, cmd: &str) -> anyhow::Result<Value> {
-    let mut s = UnixStream::connect(path).with_context(|| {
-        format!(
-            "connecting to {} (is `zmem serve` running?)",
-            path.display()
-        )
-    })?;
+    let mut s = UnixStream::connect(path).with_context(|| format!("connecting to {} (is `zmem serve` running?)", path.display()))?;
     // Writeback of a large pool can take a while.
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
     s.set_write_timeout(Some(Duration::from_secs(5)))?;
@@ -70,25 +65,11 @@ pub fn render(v: &Value) -> String {
     let st = &v["stats"];
     let g = |k: &str| st[k].as_u64().unwrap_or(0);
     let name = v["export"].as_str().unwrap_or("");
-    let name = if name.is_empty() {
-        "\"\"".to_string()
-    } else {
-        name.to_string()
-    };
-    let ratio = if g("mem_used_total") == 0 {
-        "-".to_string()
-    } else {
-        format!(
-            "{:.2}",
-            g("orig_data_size") as f64 / g("mem_used_total") as f64
-        )
-    };
+    let name = if name.is_empty() { "\"\"".to_string() } else { name.to_string() };
+    let ratio = if g("mem_used_total") == 0 { "-".to_string() } else { format!("{:.2}", g("orig_data_size") as f64 / g("mem_used_total") as f64) };
     let cols = [
         ("EXPORT", name),
-        (
-            "ALGORITHM",
-            v["algorithm"].as_str().unwrap_or("?").to_string(),
-        ),
+        ("ALGORITHM", v["algorithm"].as_str().unwrap_or("?").to_string()),
         ("DISKSIZE", human(v["disksize"].as_u64().unwrap_or(0))),
         ("DATA", human(g("orig_data_size"))),
         ("COMPR", human(g("compr_data_size"))),
@@ -97,10 +78,7 @@ pub fn render(v: &Value) -> String {
         ("SAME", g("same_pages").to_string()),
         ("DUP", g("dup_pages").to_string()),
         ("HUGE", g("huge_pages").to_string()),
-        (
-            "CONNS",
-            v["connections"]["active"].as_u64().unwrap_or(0).to_string(),
-        ),
+        ("CONNS", v["connections"]["active"].as_u64().unwrap_or(0).to_string()),
     ];
     let mut head = String::new();
     let mut row = String::new();
@@ -115,10 +93,7 @@ pub fn render(v: &Value) -> String {
             row += &format!("{val:>w$}{sep}");
         }
     }
-    let mut out = format!(
-        "{head}\n{row}\nmm_stat: {}\n",
-        v["mm_stat"].as_str().unwrap_or("")
-    );
+    let mut out = format!("{head}\n{row}\nmm_stat: {}\n", v["mm_stat"].as_str().unwrap_or(""));
     if let Some(io) = v["io_stat"].as_str() {
         out += &format!("io_stat: {io}\n");
     }

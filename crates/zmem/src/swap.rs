@@ -462,12 +462,7 @@ fn read_state(dir: &Path) -> Option<State> {
 
 /// Whether `dev` is an active swap device (/proc/swaps).
 fn swap_active(dev: &str) -> bool {
-    !dev.is_empty()
-        && std::fs::read_to_string("/proc/swaps")
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-            .any(|l| l.split_whitespace().next() == Some(dev))
+    !dev.is_empty() && std::fs::read_to_string("/proc/swaps").unwrap_or_default().lines().skip(1).any(|l| l.split_whitespace().next() == Some(dev))
 }
 
 /// Loop devices whose backing file is `file`.
@@ -523,9 +518,7 @@ fn is_our_server(pid: u32, dir: &Path) -> bool {
 fn off(a: OffArgs) -> anyhow::Result<()> {
     require_root("off")?;
     let dirs: Vec<PathBuf> = if a.all {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(&a.run_dir)
-            .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
-            .unwrap_or_default();
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&a.run_dir).map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect()).unwrap_or_default();
         v.sort();
         v
     } else {
@@ -567,8 +560,7 @@ fn teardown(dir: &Path) -> anyhow::Result<()> {
     }
     for lo in &loops {
         if swap_active(lo) {
-            tool(Command::new("swapoff").arg(lo))
-                .with_context(|| format!("swapoff {lo}: its pages are still in zmem; nothing more was undone"))?;
+            tool(Command::new("swapoff").arg(lo)).with_context(|| format!("swapoff {lo}: its pages are still in zmem; nothing more was undone"))?;
             eprintln!("zmem: swapoff {lo}");
         }
         tool(Command::new("losetup").arg("-d").arg(lo))?;
@@ -710,16 +702,11 @@ fn render_status(rows: &[Status]) -> String {
 }
 
 fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&a.run_dir)
-        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
-        .unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&a.run_dir).map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect()).unwrap_or_default();
     dirs.sort();
     let rows: Vec<Status> = dirs.iter().map(|d| status_of(d, None)).collect();
     if a.json {
-        let v: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| json!({"name": r.name, "state": r.state, "swap_used": r.used, "server": r.stats}))
-            .collect();
+        let v: Vec<serde_json::Value> = rows.iter().map(|r| json!({"name": r.name, "state": r.state, "swap_used": r.used, "server": r.stats})).collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else if !rows.is_empty() {
         print!("{}", render_status(&rows));
@@ -803,8 +790,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(cg) = &a.cgroup {
-        std::fs::write(cg.join("cgroup.procs"), format!("{}\n", std::process::id()))
-            .with_context(|| format!("joining cgroup {}", cg.display()))?;
+        std::fs::write(cg.join("cgroup.procs"), format!("{}\n", std::process::id())).with_context(|| format!("joining cgroup {}", cg.display()))?;
     }
     let (pool, comp) = a.pool.build(EXCLUSIVE_LOADS)?;
     let export = Arc::new(Export::new(Arc::new(pool), a.size));

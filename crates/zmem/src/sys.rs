@@ -103,13 +103,7 @@ mod tests {
     #[test]
     fn euid_matches_proc() {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let euid: u32 = status
-            .lines()
-            .find(|l| l.starts_with("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(2))
-            .unwrap()
-            .parse()
-            .unwrap();
+        let euid: u32 = status.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)).unwrap().parse().unwrap();
         assert_eq!(geteuid(), euid);
     }
 }

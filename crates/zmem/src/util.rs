@@ -76,16 +76,8 @@ mod tests {
 /// Total RAM in bytes, from /proc/meminfo.
 pub fn mem_total() -> anyhow::Result<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))
-        .context("/proc/meminfo has no MemTotal line")?;
-    let kb: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .context("malformed MemTotal line")?
-        .parse()
-        .context("malformed MemTotal line")?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:")).context("/proc/meminfo has no MemTotal line")?;
+    let kb: u64 = line.split_whitespace().nth(1).context("malformed MemTotal line")?.parse().context("malformed MemTotal line")?;
     Ok(kb * 1024)
 }
 
@@ -93,10 +85,7 @@ pub fn mem_total() -> anyhow::Result<u64> {
 /// `max_pool_percent`).
 pub fn parse_pool_limit(s: &str) -> anyhow::Result<u64> {
     if let Some(p) = s.trim().strip_suffix('%') {
-        let pct: f64 = p
-            .trim()
-            .parse()
-            .with_context(|| format!("bad percentage `{s}`: expected e.g. 20%"))?;
+        let pct: f64 = p.trim().parse().with_context(|| format!("bad percentage `{s}`: expected e.g. 20%"))?;
         if !(pct > 0.0 && pct <= 100.0) {
             bail!("bad percentage `{s}`: must be more than 0% and at most 100%");
         }

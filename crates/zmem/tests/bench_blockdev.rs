@@ -17,48 +17,21 @@ fn bench_blockdev_smoke() {
     let mut d = Vec::with_capacity(17 << 20);
     let mut i = 0u64;
     while d.len() < (17 << 20) {
-        d.extend_from_slice(
-            format!("line {i} of the fill data, {:x}\n", i * 2654435761).as_bytes(),
-        );
+        d.extend_from_slice(format!("line {i} of the fill data, {:x}\n", i * 2654435761).as_bytes());
         i += 1;
     }
     std::fs::write(&data, &d).unwrap();
     let out = run_ok(
-        Command::new(ZMEM)
-            .args([
-                "bench",
-                "blockdev",
-                "--size",
-                "16M",
-                "--runtime",
-                "1",
-                "--no-nbdkit",
-                "--no-zram",
-                "--json",
-                "--data",
-            ])
-            .arg(&data),
+        Command::new(ZMEM).args(["bench", "blockdev", "--size", "16M", "--runtime", "1", "--no-nbdkit", "--no-zram", "--json", "--data"]).arg(&data),
         Duration::from_secs(120),
     );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let t = &v["targets"][0];
     assert_eq!(t["target"], "zmem");
-    let jobs: Vec<&str> = t["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["job"].as_str().unwrap())
-        .collect();
+    let jobs: Vec<&str> = t["jobs"].as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap()).collect();
     assert_eq!(jobs, ["fill", "randread", "randwrite", "seqread"]);
     // It ran and measured something; how fast is not a test's business.
-    assert!(
-        t["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|j| j["iops"].as_f64().unwrap() > 0.0),
-        "{out}"
-    );
+    assert!(t["jobs"].as_array().unwrap().iter().all(|j| j["iops"].as_f64().unwrap() > 0.0), "{out}");
     assert!(t["mem_used_bytes"].as_u64().unwrap() > 0);
     assert_eq!(v["targets"][1]["skipped"], "--no-nbdkit");
     assert_eq!((v["targets"][2]["target"].as_str(), v["targets"][2]["skipped"].as_str()), (Some("nbdkit-raw"), Some("--no-nbdkit")));

@@ -44,7 +44,22 @@ fn one_run(frontend: &str) {
     let before = machine(workdir);
     let out = run_ok(
         Command::new(ZMEM)
-            .args(["bench", "cache", "--budget", "96M", "--data-bytes", "96M", "--warm-passes", "1", "--random-secs", "2", "--json", "--frontend", frontend, "--workdir"])
+            .args([
+                "bench",
+                "cache",
+                "--budget",
+                "96M",
+                "--data-bytes",
+                "96M",
+                "--warm-passes",
+                "1",
+                "--random-secs",
+                "2",
+                "--json",
+                "--frontend",
+                frontend,
+                "--workdir",
+            ])
             .arg(workdir),
         Duration::from_secs(600),
     );

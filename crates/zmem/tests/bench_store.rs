@@ -34,11 +34,7 @@ fn make_data(dir: &Path) -> std::path::PathBuf {
 
 fn run_json(args: &[&str]) -> serde_json::Value {
     let out = zmem().args(["bench", "store"]).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "zmem {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "zmem {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("--json prints one JSON object")
 }
 

@@ -158,11 +158,8 @@ fn an_interrupted_bench_undoes_everything_and_reports_what_ran() {
     let Some(Bench { _one, dir, script, before }) = Bench::new() else { return };
     let scratch = dir.path().join("scratch");
     let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
-    let mut child = bench_cmd(&scratch, &script, 300)
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child =
+        bench_cmd(&scratch, &script, 300).stdout(std::fs::File::create(&out_path).unwrap()).stderr(std::fs::File::create(&err_path).unwrap()).spawn().unwrap();
     // Interrupt in the middle of the zram run (the third limited one),
     // when a zram device, a swap area, a cgroup and a loop disk are all up.
     let end = Instant::now() + Duration::from_secs(300);

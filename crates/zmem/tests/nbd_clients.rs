@@ -73,29 +73,10 @@ fn qemu_io_aligned_unaligned_and_concurrent() {
     );
     // Zeroes (with and without allowing holes) and discard.
     let pages_before = s.stat_u64("orig_data_size") / 4096;
-    qemu_io(
-        &uri,
-        &[
-            "write -z -u 0 64K",
-            "write -z 64K 64K",
-            "discard 512K 512K",
-            "write -z 1000 100",
-        ],
-    );
-    qemu_io(
-        &uri,
-        &[
-            "read -P 0 0 128K",
-            "read -P 0x66 128K 4K",
-            "read -P 0 512K 512K",
-            "read -P 0x44 1048576 2",
-        ],
-    );
+    qemu_io(&uri, &["write -z -u 0 64K", "write -z 64K 64K", "discard 512K 512K", "write -z 1000 100"]);
+    qemu_io(&uri, &["read -P 0 0 128K", "read -P 0x66 128K 4K", "read -P 0 512K 512K", "read -P 0x44 1048576 2"]);
     let pages_after = s.stat_u64("orig_data_size") / 4096;
-    assert!(
-        pages_after < pages_before,
-        "discard/zero must free pages: {pages_before} -> {pages_after}"
-    );
+    assert!(pages_after < pages_before, "discard/zero must free pages: {pages_before} -> {pages_after}");
 }
 
 #[test]
@@ -103,8 +84,7 @@ fn nbdinfo_negotiation_map_and_names() {
     require_tools!("nbdinfo", "qemu-io");
     let s = ZmemServer::start("32M", &["--export-name", "disk"]);
     let uri = format!("nbd+unix:///disk?socket={}", s.socket.display());
-    let j: serde_json::Value =
-        serde_json::from_str(&run_ok(Command::new("nbdinfo").args(["--json", &uri]), T)).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&run_ok(Command::new("nbdinfo").args(["--json", &uri]), T)).unwrap();
     let e = &j["exports"][0];
     assert_eq!(j["structured"], true);
     assert_eq!(e["export-name"], "disk");
@@ -116,11 +96,7 @@ fn nbdinfo_negotiation_map_and_names() {
     assert_eq!(e["block_size_minimum"], 1);
     assert_eq!(e["block_size_preferred"], 4096);
     assert_eq!(e["block_size_maximum"], 32 << 20);
-    assert!(e["contexts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|c| c == "base:allocation"));
+    assert!(e["contexts"].as_array().unwrap().iter().any(|c| c == "base:allocation"));
 
     // NBD_OPT_LIST.
     let list = run_ok(Command::new("nbdinfo").args(["--list", &uri]), T);
@@ -134,27 +110,15 @@ fn nbdinfo_negotiation_map_and_names() {
     // base:allocation map: written pages are data, the rest hole+zero.
     qemu_io(&uri, &["write -P 1 1M 256K", "write -P 2 8M 4K"]);
     let map = run_ok(Command::new("nbdinfo").args(["--map", "--totals", &uri]), T);
-    let data_line = map
-        .lines()
-        .find(|l| l.contains("data"))
-        .unwrap_or_else(|| panic!("{map}"));
-    let data_bytes: u64 = data_line
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let data_line = map.lines().find(|l| l.contains("data")).unwrap_or_else(|| panic!("{map}"));
+    let data_bytes: u64 = data_line.split_whitespace().next().unwrap().parse().unwrap();
     assert_eq!(data_bytes, 256 * 1024 + 4096, "{map}");
     let map = run_ok(Command::new("nbdinfo").args(["--map", &uri]), T);
     let rows: Vec<(u64, u64, String)> = map
         .lines()
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (
-                f[0].parse().unwrap(),
-                f[1].parse().unwrap(),
-                f[3..].join(" "),
-            )
+            (f[0].parse().unwrap(), f[1].parse().unwrap(), f[3..].join(" "))
         })
         .collect();
     assert_eq!(rows[0], (0, 1 << 20, "hole,zero".to_string()), "{map}");
@@ -175,13 +139,7 @@ fn nbdcopy_multi_connection_roundtrip() {
     b[..4 << 20].copy_from_slice(&a[..4 << 20]);
     d[40 << 20..44 << 20].fill(0);
     std::fs::write(&src, &d).unwrap();
-    run_ok(
-        Command::new("nbdcopy")
-            .args(["--connections=4", "--requests=16"])
-            .arg(&src)
-            .arg(s.uri()),
-        T,
-    );
+    run_ok(Command::new("nbdcopy").args(["--connections=4", "--requests=16"]).arg(&src).arg(s.uri()), T);
     run_ok(Command::new("nbdcopy").arg(s.uri()).arg(&back), T);
     assert_eq!(sha256(&src), sha256(&back), "data read back differs");
     if have("qemu-img") {
@@ -194,14 +152,8 @@ fn nbdcopy_multi_connection_roundtrip() {
     // The copy is 9 % of the pages and its objects are small (~400 bytes):
     // records for every page would cost more than sharing saves, so the
     // pool samples (adaptive dedup), and the sample still finds its twins.
-    assert!(
-        g("dup_pages") >= 8 && g("dup_data_size") > 0,
-        "dedup should find some of the copied 4 MiB: {st}"
-    );
-    assert!(
-        st["stats"]["dedup_full"].as_bool() == Some(true) || g("meta_data_size") < g("stored_pages") * 8,
-        "sampling keeps few records: {st}"
-    );
+    assert!(g("dup_pages") >= 8 && g("dup_data_size") > 0, "dedup should find some of the copied 4 MiB: {st}");
+    assert!(st["stats"]["dedup_full"].as_bool() == Some(true) || g("meta_data_size") < g("stored_pages") * 8, "sampling keeps few records: {st}");
     assert!(g("mem_used_total") < g("orig_data_size"));
     assert!(st["connections"]["total"].as_u64().unwrap() >= 5);
 }
@@ -230,28 +182,14 @@ fn stat_table_bad_input_and_clean_shutdown() {
         c.read_to_string(&mut r).unwrap();
         assert!(r.contains("error"), "{r}");
     }
-    let table = run_ok(
-        Command::new(ZMEM)
-            .arg("stat")
-            .arg("--control")
-            .arg(&s.control),
-        T,
-    );
+    let table = run_ok(Command::new(ZMEM).arg("stat").arg("--control").arg(&s.control), T);
     let lines: Vec<&str> = table.lines().collect();
-    for col in [
-        "EXPORT", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "SAME", "DUP", "HUGE",
-    ] {
+    for col in ["EXPORT", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "SAME", "DUP", "HUGE"] {
         assert!(lines[0].contains(col), "{table}");
     }
     assert!(lines[1].contains("16M"), "{table}");
-    assert!(
-        lines[2].starts_with("mm_stat:") && lines[2].split_whitespace().count() == 10,
-        "{table}"
-    );
-    assert!(
-        lines[3].starts_with("io_stat:") && lines[3].split_whitespace().count() == 5,
-        "{table}"
-    );
+    assert!(lines[2].starts_with("mm_stat:") && lines[2].split_whitespace().count() == 10, "{table}");
+    assert!(lines[3].starts_with("io_stat:") && lines[3].split_whitespace().count() == 5, "{table}");
     let st = s.stats();
     assert_eq!(st["panics"], 0, "{st}");
     assert_eq!(st["stats"]["mem_limit"], 64 << 20);
@@ -260,15 +198,8 @@ fn stat_table_bad_input_and_clean_shutdown() {
     let (sock, ctl) = (s.socket.clone(), s.control.clone());
     let status = s.stop().unwrap();
     assert!(status.success(), "exit {status}: {}", s.log_text());
-    assert!(
-        !sock.exists() && !ctl.exists(),
-        "sockets must be removed on shutdown"
-    );
-    assert!(
-        s.log_text().contains("dropping this connection"),
-        "{}",
-        s.log_text()
-    );
+    assert!(!sock.exists() && !ctl.exists(), "sockets must be removed on shutdown");
+    assert!(s.log_text().contains("dropping this connection"), "{}", s.log_text());
     // No panics anywhere.
     assert!(!s.log_text().contains("panicked"), "{}", s.log_text());
     // Log lines in a file carry no colour codes.
@@ -278,22 +209,11 @@ fn stat_table_bad_input_and_clean_shutdown() {
 #[test]
 fn tcp_listen_on_loopback() {
     require_tools!("nbdinfo");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let dir = tempfile::tempdir().unwrap();
     let ctl = dir.path().join("ctl");
     let mut child = Command::new(ZMEM)
-        .args([
-            "serve",
-            "--size",
-            "8M",
-            "--listen",
-            &port.to_string(),
-            "--control",
-        ])
+        .args(["serve", "--size", "8M", "--listen", &port.to_string(), "--control"])
         .arg(&ctl)
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -314,10 +234,7 @@ fn tcp_listen_on_loopback() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let guard = Kill(child);
-    let out = run_ok(
-        Command::new("nbdinfo").arg(format!("nbd://127.0.0.1:{port}/")),
-        T,
-    );
+    let out = run_ok(Command::new("nbdinfo").arg(format!("nbd://127.0.0.1:{port}/")), T);
     assert!(out.contains("export-size: 8388608"), "{out}");
     drop(guard);
 }

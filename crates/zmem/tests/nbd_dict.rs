@@ -80,10 +80,7 @@ fn serve_takes_a_dictionary_file_and_refuses_a_bad_one() {
     std::fs::write(&text, "plain text, not a dictionary").unwrap();
     let missing = dir.path().join("missing.dict");
     for (path, says) in [(&missing, "missing.dict"), (&text, "not a zstd dictionary")] {
-        let out = run_timeout(
-            Command::new(ZMEM).args(["serve", "--size", "8M", "--socket"]).arg(dir.path().join("x.sock")).arg("--dict").arg(path),
-            T,
-        );
+        let out = run_timeout(Command::new(ZMEM).args(["serve", "--size", "8M", "--socket"]).arg(dir.path().join("x.sock")).arg("--dict").arg(path), T);
         assert!(!out.status.success(), "{} accepted", path.display());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{err}");

@@ -21,44 +21,26 @@ fn ext4_on_nbdfuse_loop_copy_trim_fsck_remount() {
     if !is_root() {
         skip!("needs root (loop devices, mount)");
     }
-    require_tools!(
-        "nbdfuse",
-        "losetup",
-        "mkfs.ext4",
-        "e2fsck",
-        "fstrim",
-        "mount",
-        "umount",
-        "sha256sum"
-    );
+    require_tools!("nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fstrim", "mount", "umount", "sha256sum");
     if !Path::new("/dev/fuse").exists() {
         skip!("/dev/fuse is missing (no FUSE in this kernel)");
     }
     let server = ZmemServer::start("256M", &["--compressor", "lz4"]);
-    let work = tempfile::Builder::new()
-        .prefix("zmem-fs-")
-        .tempdir()
-        .unwrap();
+    let work = tempfile::Builder::new().prefix("zmem-fs-").tempdir().unwrap();
     let src = work.path().join("src");
     make_tree(&src);
     let want = checksums(&src);
 
     let fuse = Fuse::mount(&work.path().join("fuse"), &server.socket);
     let lo = Loop::attach(&fuse.file());
-    run_ok(
-        Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", &lo.dev]),
-        T,
-    );
+    run_ok(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", &lo.dev]), T);
     let mnt = work.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let m = || run_ok(Command::new("mount").arg(&lo.dev).arg(&mnt), T);
     m();
     let umount = Undo::new(&["umount", mnt.to_str().unwrap()]);
 
-    run_ok(
-        Command::new("cp").arg("-a").arg(&src).arg(mnt.join("tree")),
-        T,
-    );
+    run_ok(Command::new("cp").arg("-a").arg(&src).arg(mnt.join("tree")), T);
     run_ok(&mut Command::new("sync"), T);
     assert_eq!(checksums(&mnt.join("tree")), want, "copied tree differs");
     let full = server.stats()["stats"].clone();
@@ -80,14 +62,8 @@ fn ext4_on_nbdfuse_loop_copy_trim_fsck_remount() {
         g(&after, "mem_used_total"),
         trimmed.trim()
     );
-    assert!(
-        g(&after, "orig_data_size") < g(&full, "orig_data_size") * 3 / 4,
-        "trim must drop pages"
-    );
-    assert!(
-        g(&after, "mem_used_total") < g(&full, "mem_used_total"),
-        "trim must free memory"
-    );
+    assert!(g(&after, "orig_data_size") < g(&full, "orig_data_size") * 3 / 4, "trim must drop pages");
+    assert!(g(&after, "mem_used_total") < g(&full, "mem_used_total"), "trim must free memory");
     let want = checksums(&src);
     assert_eq!(checksums(&mnt.join("tree")), want);
 
@@ -96,17 +72,9 @@ fn ext4_on_nbdfuse_loop_copy_trim_fsck_remount() {
     run_ok(Command::new("e2fsck").args(["-f", "-n", &lo.dev]), T);
     m();
     let umount = Undo::new(&["umount", mnt.to_str().unwrap()]);
-    assert_eq!(
-        checksums(&mnt.join("tree")),
-        want,
-        "tree differs after remount"
-    );
+    assert_eq!(checksums(&mnt.join("tree")), want, "tree differs after remount");
     umount.now();
     drop(lo);
     drop(fuse);
-    assert!(
-        !server.log_text().contains("dropping this connection"),
-        "{}",
-        server.log_text()
-    );
+    assert!(!server.log_text().contains("dropping this connection"), "{}", server.log_text());
 }

@@ -50,10 +50,7 @@ fn an_nbd_origin_is_cached_and_written_through() {
     assert_eq!(sha256(&src), sha256(&back), "read back through the cache");
     let after = origin_stats(&cache);
     assert!(n(&after, "cache_hits") > n(&before, "cache_hits"), "{after}");
-    assert!(
-        n(&after, "origin_read_bytes") - n(&before, "origin_read_bytes") < 8 << 20,
-        "kept pages came from the pool: {after}"
-    );
+    assert!(n(&after, "origin_read_bytes") - n(&before, "origin_read_bytes") < 8 << 20, "kept pages came from the pool: {after}");
     let text = run_ok(Command::new(ZMEM).arg("stat").arg("--control").arg(&cache.control), T);
     assert!(text.contains("cache: ") && text.contains("hit rate") && text.contains("origin: nbd+unix://"), "{text}");
 }
@@ -69,7 +66,8 @@ fn a_bad_origin_is_refused_with_its_name() {
         (format!("nbd+unix:///?socket={}/none.sock", dir.path().display()), "Connecting"),
         ("nbd+unix:///disk".to_string(), "socket=PATH"),
     ] {
-        let out = run_timeout(Command::new(ZMEM).args(["serve", "--socket"]).arg(dir.path().join("s.sock")).args(["--control", "none", "--origin", &origin]), T);
+        let out =
+            run_timeout(Command::new(ZMEM).args(["serve", "--socket"]).arg(dir.path().join("s.sock")).args(["--control", "none", "--origin", &origin]), T);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{origin} accepted");
         assert!(err.contains(want), "{origin}: {err}");

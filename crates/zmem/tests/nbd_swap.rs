@@ -29,10 +29,7 @@ fn swap_in_memory_cgroup() {
         skip!("memory cgroup v1 is not mounted at {CGROUP_V1}");
     }
     let server = ZmemServer::start("512M", &["--compressor", "lz4"]);
-    let work = tempfile::Builder::new()
-        .prefix("zmem-swap-")
-        .tempdir()
-        .unwrap();
+    let work = tempfile::Builder::new().prefix("zmem-swap-").tempdir().unwrap();
     let fuse = Fuse::mount(&work.path().join("fuse"), &server.socket);
     let lo = Loop::attach(&fuse.file());
     run_ok(Command::new("mkswap").arg(&lo.dev), T);
@@ -49,16 +46,9 @@ fn swap_in_memory_cgroup() {
     // swapped out is still in the pool.
     let swapped_pages = server.stat_u64("orig_data_size") / 4096 - stored_before;
     let max_usage = cg.get("memory.max_usage_in_bytes");
-    eprintln!(
-        "cgroup max usage {} MiB (limit 64 MiB); pages stored through swap: {swapped_pages}; pool: {}",
-        max_usage >> 20,
-        server.stats()["mm_stat"]
-    );
+    eprintln!("cgroup max usage {} MiB (limit 64 MiB); pages stored through swap: {swapped_pages}; pool: {}", max_usage >> 20, server.stats()["mm_stat"]);
     assert!(max_usage <= 64 << 20);
-    assert!(
-        swapped_pages >= 8192,
-        "at least 32 MiB should have gone to swap, got {swapped_pages} pages"
-    );
+    assert!(swapped_pages >= 8192, "at least 32 MiB should have gone to swap, got {swapped_pages} pages");
     drop(cg);
     swap.now();
     drop(lo);

@@ -18,15 +18,7 @@ fn serve_fails(args: &[&str]) -> String {
     let d = tempfile::tempdir().unwrap();
     let sock = d.path().join("nbd.sock");
     let ctl = d.path().join("ctl.sock");
-    let out = run_timeout(
-        Command::new(ZMEM)
-            .args(["serve", "--socket"])
-            .arg(&sock)
-            .arg("--control")
-            .arg(&ctl)
-            .args(args),
-        T,
-    );
+    let out = run_timeout(Command::new(ZMEM).args(["serve", "--socket"]).arg(&sock).arg("--control").arg(&ctl).args(args), T);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "zmem serve {args:?} was accepted: {err}");
     assert!(out.status.code().is_some(), "killed by a signal (an abort?): {:?} {err}", out.status);
@@ -83,12 +75,7 @@ fn the_data_socket_is_private_whatever_the_umask() {
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let sock = d.path().join("nbd.sock");
     let ctl = d.path().join("ctl.sock");
-    let script = format!(
-        "umask 000; exec {} serve --size 16M --socket {} --control {}",
-        ZMEM,
-        sock.display(),
-        ctl.display()
-    );
+    let script = format!("umask 000; exec {} serve --size 16M --socket {} --control {}", ZMEM, sock.display(), ctl.display());
     let mut child = Command::new("sh").args(["-c", &script]).spawn().unwrap();
     let _stop = Undo::new(&["kill", "-TERM", &child.id().to_string()]);
     let up = (0..500).any(|_| {

@@ -32,12 +32,7 @@ impl RunDir {
     }
     fn ok(&self, args: &[&str]) -> String {
         let out = self.zmem(args);
-        assert!(
-            out.status.success(),
-            "zmem {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "zmem {args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
     fn device(&self, name: &str) -> PathBuf {
@@ -95,10 +90,7 @@ fn swap_active(dev: &str) -> bool {
 }
 
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| !r.trim_start().starts_with('Z')))
-        .unwrap_or(false)
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').map(|(_, r)| !r.trim_start().starts_with('Z'))).unwrap_or(false)
 }
 
 fn usable() -> bool {
@@ -441,10 +433,7 @@ fn threads_in_d(pid: u32) -> usize {
     let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
     rd.flatten()
         .filter(|t| {
-            std::fs::read_to_string(t.path().join("stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('D')))
-                .unwrap_or(false)
+            std::fs::read_to_string(t.path().join("stat")).ok().and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('D'))).unwrap_or(false)
         })
         .count()
 }
@@ -481,12 +470,7 @@ fn reclaim_under_pressure_for_a_minute() {
     let hung_before = hung_tasks();
     let script = run.path().join("churn.py");
     std::fs::write(&script, CHURN).unwrap();
-    let mut child = cg
-        .python(&script, &format!("512 {secs}"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = cg.python(&script, &format!("512 {secs}")).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let limit = Duration::from_secs(secs + 600);
     let start = std::time::Instant::now();
     let mut stuck = Duration::ZERO;

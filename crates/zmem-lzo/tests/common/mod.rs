@@ -107,11 +107,7 @@ pub fn real_data(max_bytes: usize) -> Vec<u8> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return out;
     };
-    let mut files: Vec<_> = rd
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .collect();
+    let mut files: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()).collect();
     files.sort();
     for f in files {
         if out.len() >= max_bytes {
@@ -127,18 +123,12 @@ pub fn real_data(max_bytes: usize) -> Vec<u8> {
 
 /// Sizes that hit the encoder's edge cases.
 pub const SIZES: &[usize] = &[
-    0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19, 20, 31, 33, 100, 237, 238, 239, 240,
-    255, 256, 257, 300, 1000, 1023, 4095, 4096, 4097, 16384, 16385, 49151, 49152, 49153, 65535,
-    65536, 65537, 100_003, 200_000,
+    0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19, 20, 31, 33, 100, 237, 238, 239, 240, 255, 256, 257, 300, 1000, 1023, 4095, 4096, 4097, 16384,
+    16385, 49151, 49152, 49153, 65535, 65536, 65537, 100_003, 200_000,
 ];
 
 pub fn all_kinds(len: usize, seed: u64) -> Vec<(&'static str, Vec<u8>)> {
-    vec![
-        ("zeros", vec![0u8; len]),
-        ("random", random(len, seed)),
-        ("text", text(len, seed)),
-        ("repetitive", repetitive(len, seed)),
-    ]
+    vec![("zeros", vec![0u8; len]), ("random", random(len, seed)), ("text", text(len, seed)), ("repetitive", repetitive(len, seed))]
 }
 
 pub fn our_compress(src: &[u8]) -> Vec<u8> {

@@ -18,9 +18,7 @@ pub fn have(tool: &str) -> bool {
     if tool.contains('/') {
         return Path::new(tool).exists();
     }
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file())).unwrap_or(false)
 }
 
 /// Print why a test is skipped and return from it.
@@ -54,12 +52,7 @@ pub fn is_root() -> bool {
 /// (SIGKILL) when the limit passes. Output is captured.
 pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Output {
     let desc = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {desc}: {e}"));
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("spawning {desc}: {e}"));
     // Drain pipes on threads so a chatty child cannot block on a full pipe.
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();
@@ -78,11 +71,7 @@ pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Output {
         let _ = child.wait();
         panic!("timed out after {limit:?}: {desc}");
     });
-    Output {
-        status,
-        stdout: to.join().unwrap(),
-        stderr: te.join().unwrap(),
-    }
+    Output { status, stdout: to.join().unwrap(), stderr: te.join().unwrap() }
 }
 
 /// Run and require success; returns stdout.
@@ -135,10 +124,7 @@ impl ZmemServer {
 
     /// Start `zmem serve ARGS` on a fresh Unix socket (give --size or --origin).
     pub fn start_with(args: &[&str]) -> ZmemServer {
-        let dir = tempfile::Builder::new()
-            .prefix("zmem-test-")
-            .tempdir()
-            .unwrap();
+        let dir = tempfile::Builder::new().prefix("zmem-test-").tempdir().unwrap();
         let socket = dir.path().join("nbd.sock");
         let control = dir.path().join("ctl.sock");
         let log = dir.path().join("serve.log");
@@ -155,13 +141,7 @@ impl ZmemServer {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         let child = cmd.spawn().expect("spawning zmem serve");
-        let mut s = ZmemServer {
-            child: Some(child),
-            dir,
-            socket,
-            control,
-            log,
-        };
+        let mut s = ZmemServer { child: Some(child), dir, socket, control, log };
         s.wait_ready();
         s
     }
@@ -169,9 +149,7 @@ impl ZmemServer {
     fn wait_ready(&mut self) {
         let end = Instant::now() + Duration::from_secs(10);
         while Instant::now() < end {
-            if UnixStream::connect(&self.socket).is_ok()
-                && UnixStream::connect(&self.control).is_ok()
-            {
+            if UnixStream::connect(&self.socket).is_ok() && UnixStream::connect(&self.control).is_ok() {
                 return;
             }
             if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
@@ -192,21 +170,12 @@ impl ZmemServer {
 
     /// `zmem stat --json` parsed.
     pub fn stats(&self) -> serde_json::Value {
-        let out = run_ok(
-            Command::new(ZMEM)
-                .arg("stat")
-                .arg("--control")
-                .arg(&self.control)
-                .arg("--json"),
-            Duration::from_secs(10),
-        );
+        let out = run_ok(Command::new(ZMEM).arg("stat").arg("--control").arg(&self.control).arg("--json"), Duration::from_secs(10));
         serde_json::from_str(&out).expect("stat --json output is JSON")
     }
 
     pub fn stat_u64(&self, key: &str) -> u64 {
-        self.stats()["stats"][key]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no stats.{key}"))
+        self.stats()["stats"][key].as_u64().unwrap_or_else(|| panic!("no stats.{key}"))
     }
 
     /// SIGTERM and wait; returns the exit status.
@@ -219,10 +188,7 @@ impl ZmemServer {
             None => {
                 let _ = c.kill();
                 let _ = c.wait();
-                panic!(
-                    "zmem serve did not stop within 10 s of SIGTERM: {}",
-                    self.log_text()
-                );
+                panic!("zmem serve did not stop within 10 s of SIGTERM: {}", self.log_text());
             }
         }
     }
@@ -250,20 +216,13 @@ pub struct Undo {
 
 impl Undo {
     pub fn new(argv: &[&str]) -> Undo {
-        Undo {
-            desc: argv.join(" "),
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            armed: true,
-        }
+        Undo { desc: argv.join(" "), argv: argv.iter().map(|s| s.to_string()).collect(), armed: true }
     }
 
     /// Run the cleanup now (and not again on drop); panics if it fails.
     pub fn now(mut self) {
         self.armed = false;
-        run_ok(
-            Command::new(&self.argv[0]).args(&self.argv[1..]),
-            Duration::from_secs(60),
-        );
+        run_ok(Command::new(&self.argv[0]).args(&self.argv[1..]), Duration::from_secs(60));
     }
 }
 
@@ -272,18 +231,12 @@ impl Drop for Undo {
         if !self.armed {
             return;
         }
-        let r = Command::new(&self.argv[0])
-            .args(&self.argv[1..])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map(|mut c| {
-                if wait_timeout(&mut c, Duration::from_secs(30)).is_none() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            });
+        let r = Command::new(&self.argv[0]).args(&self.argv[1..]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().map(|mut c| {
+            if wait_timeout(&mut c, Duration::from_secs(30)).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        });
         if r.is_err() {
             eprintln!("cleanup `{}` could not run", self.desc);
         }
@@ -334,10 +287,7 @@ impl Fuse {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawning nbdfuse");
-        let mut f = Fuse {
-            child: Some(child),
-            dir: dir.to_path_buf(),
-        };
+        let mut f = Fuse { child: Some(child), dir: dir.to_path_buf() };
         let end = Instant::now() + Duration::from_secs(20);
         while !(pidfile.exists() && dir.join("nbd").exists()) {
             if let Some(Ok(Some(st))) = f.child.as_mut().map(|c| c.try_wait()) {
@@ -357,10 +307,7 @@ impl Fuse {
 impl Drop for Fuse {
     fn drop(&mut self) {
         // Root can unmount FUSE directly; nbdfuse then exits by itself.
-        let _ = Command::new("umount")
-            .arg(&self.dir)
-            .stderr(Stdio::null())
-            .status();
+        let _ = Command::new("umount").arg(&self.dir).stderr(Stdio::null()).status();
         if let Some(mut c) = self.child.take() {
             if wait_timeout(&mut c, Duration::from_secs(10)).is_none() {
                 let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
@@ -379,12 +326,7 @@ pub struct Loop {
 
 impl Loop {
     pub fn attach(file: &Path) -> Loop {
-        let dev = run_ok(
-            Command::new("losetup").args(["--show", "-f"]).arg(file),
-            Duration::from_secs(60),
-        )
-        .trim()
-        .to_string();
+        let dev = run_ok(Command::new("losetup").args(["--show", "-f"]).arg(file), Duration::from_secs(60)).trim().to_string();
         assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
         let undo = Undo::new(&["losetup", "-d", &dev]);
         Loop { dev, _undo: undo }
@@ -415,19 +357,11 @@ impl Cgroup {
     /// becomes python, so only the workload is limited.
     pub fn python(&self, script: &Path, args: &str) -> Command {
         let mut c = Command::new("sh");
-        c.arg("-c").arg(format!(
-            "echo $$ > '{}/cgroup.procs' && exec python3 '{}' {args}",
-            self.0.display(),
-            script.display()
-        ));
+        c.arg("-c").arg(format!("echo $$ > '{}/cgroup.procs' && exec python3 '{}' {args}", self.0.display(), script.display()));
         c
     }
     pub fn get(&self, file: &str) -> u64 {
-        std::fs::read_to_string(self.0.join(file))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
+        std::fs::read_to_string(self.0.join(file)).unwrap().trim().parse().unwrap()
     }
 }
 
@@ -470,11 +404,7 @@ pub fn make_tree(root: &Path) {
                 1 => test_data(n, 7), // duplicates across directories
                 _ => test_data(n, d * 1000 + i),
             };
-            let p = if i % 3 == 0 {
-                dir.join("sub").join(format!("f{i}"))
-            } else {
-                dir.join(format!("f{i}"))
-            };
+            let p = if i % 3 == 0 { dir.join("sub").join(format!("f{i}")) } else { dir.join(format!("f{i}")) };
             std::fs::write(p, data).unwrap();
         }
     }
@@ -482,11 +412,5 @@ pub fn make_tree(root: &Path) {
 
 /// `sha256sum` of every file under `root`, as sorted "hash  relative/path" lines.
 pub fn checksums(root: &Path) -> String {
-    sh(
-        &format!(
-            "cd '{}' && find . -type f -print0 | sort -z | xargs -0 sha256sum",
-            root.display()
-        ),
-        Duration::from_secs(120),
-    )
+    sh(&format!("cd '{}' && find . -type f -print0 | sort -z | xargs -0 sha256sum", root.display()), Duration::from_secs(120))
 }
