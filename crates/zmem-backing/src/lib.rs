@@ -155,6 +155,12 @@ pub struct BackingStats {
     /// Record reads that went to the file (misses of the read windows;
     /// compaction's reads are not counted).
     pub read_ops: u64,
+    /// Of those, reads of several records that one request was about to
+    /// ask for ([`BackingStore::prefetch`]).
+    pub prefetch_ops: u64,
+    /// Of those, misses read with the smallest read-ahead (reads looked
+    /// scattered).
+    pub scattered_reads: u64,
     /// Records appended by `write_batch` (zram `bd_writes`).
     pub records_written: u64,
     /// Records read successfully (zram `bd_reads`).

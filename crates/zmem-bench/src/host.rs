@@ -130,9 +130,73 @@ pub fn kswapd_cpu_secs() -> f64 {
         .sum()
 }
 
+/// One line of `/proc/swaps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwapArea {
+    pub name: String,
+    /// Slots the kernel has allocated on it, in bytes (`Used`, KiB there).
+    pub used_bytes: u64,
+}
+
+/// Swap areas in use (`/proc/swaps`), in the kernel's order.
+pub fn swap_areas() -> Vec<SwapArea> {
+    parse_swaps(&std::fs::read_to_string("/proc/swaps").unwrap_or_default())
+}
+
+fn parse_swaps(text: &str) -> Vec<SwapArea> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            // Filename Type Size Used Priority
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some(SwapArea { name: f.first()?.to_string(), used_bytes: f.get(3)?.parse::<u64>().ok()? * 1024 })
+        })
+        .collect()
+}
+
+/// Add to `out` the slots of swap area `swap_type` (its index in the
+/// kernel's table: its line in `/proc/swaps` when none was removed before
+/// it) that the page tables of processes `pids` point to: their anonymous
+/// pages that are swapped out there (`/proc/PID/pagemap`, root). Slots held
+/// only by the swap cache or by tmpfs are not seen. Processes that exit
+/// meanwhile are skipped.
+pub fn swapped_slots(pids: &[u32], swap_type: u64, out: &mut std::collections::HashSet<u64>) {
+    use std::os::unix::fs::FileExt;
+    const PM_SWAP: u64 = 1 << 62;
+    const PAGE: u64 = 4096;
+    let mut buf = vec![0u8; 8 << 16];
+    for pid in pids {
+        let (Ok(maps), Ok(pm)) = (std::fs::read_to_string(format!("/proc/{pid}/maps")), std::fs::File::open(format!("/proc/{pid}/pagemap"))) else { continue };
+        for l in maps.lines() {
+            let mut f = l.split_whitespace();
+            let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+            // Only private writable mappings hold anonymous pages.
+            if !perms.starts_with("rw") || perms.ends_with('s') {
+                continue;
+            }
+            let Some((a, b)) = range.split_once('-') else { continue };
+            let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+            let mut page = a / PAGE;
+            while page < b / PAGE {
+                let n = ((b / PAGE - page) as usize).min(buf.len() / 8);
+                let Ok(got) = pm.read_at(&mut buf[..n * 8], page * 8) else { break };
+                for e in buf[..got].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())) {
+                    if e & PM_SWAP != 0 && e & 0x1f == swap_type {
+                        out.insert((e >> 5) & ((1 << 50) - 1));
+                    }
+                }
+                if got < n * 8 {
+                    break;
+                }
+                page += n as u64;
+            }
+        }
+    }
+}
+
 /// Swap areas in use (`/proc/swaps`), by name.
 pub fn active_swaps() -> Vec<String> {
-    std::fs::read_to_string("/proc/swaps").unwrap_or_default().lines().skip(1).filter_map(|l| l.split_whitespace().next().map(String::from)).collect()
+    swap_areas().into_iter().map(|a| a.name).collect()
 }
 
 // ---- child processes ---------------------------------------------------
@@ -570,6 +634,19 @@ mod tests {
         std::hint::black_box(x);
         let t1 = cpu_secs(std::process::id()).unwrap();
         assert!(t1 - t0 >= 0.1, "300 ms of spinning counted as {} s", t1 - t0);
+    }
+
+    #[test]
+    fn proc_swaps_lines_parse() {
+        let text = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
+                    /dev/loop3                              partition\t4194300\t\t123456\t\t100\n\
+                    /var/tmp/x/swapfile                     file\t\t1048572\t\t0\t\t-2\n\
+                    garbage\n";
+        assert_eq!(
+            parse_swaps(text),
+            vec![SwapArea { name: "/dev/loop3".into(), used_bytes: 123456 * 1024 }, SwapArea { name: "/var/tmp/x/swapfile".into(), used_bytes: 0 }]
+        );
+        assert!(parse_swaps("Filename Type Size Used Priority\n").is_empty());
     }
 
     #[test]

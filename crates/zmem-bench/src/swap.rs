@@ -238,11 +238,129 @@ pub struct RunResult {
     /// loaded from the file, what the pool held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_stats: Option<serde_json::Value>,
+    /// Pages zmem held for slots the kernel had already freed, sampled
+    /// through the run (zmem only: kernel zram and zswap hear of every
+    /// freed slot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead: Option<DeadShare>,
+}
+
+/// The dead share of a pool: pages it holds (in RAM and in its backing
+/// file) against the slots the kernel has allocated on its swap device
+/// (`/proc/swaps` `Used`). A block device hears of a freed slot only
+/// through a discard, so every page past the kernel's count is a page
+/// whose slot was freed: `held - used` is a lower bound on the dead pages
+/// (a slot allocated but not yet written counts as live).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DeadShare {
+    pub samples: u64,
+    /// Mean over the samples of dead / held.
+    pub mean_share: f64,
+    /// Dead / held when the pool held the most pages.
+    pub share_at_peak: f64,
+    pub held_pages_peak: u64,
+    pub dead_pages_max: u64,
+    /// Mean over the samples of the kernel's used slots that the
+    /// workload's page tables point to (`/proc/PID/pagemap`): how much of
+    /// what is live a page-table scan would see.
+    pub mapped_share_mean: f64,
+    /// Mean over the samples of held pages that no page table points to:
+    /// dead, or held by the swap cache or tmpfs.
+    pub unmapped_share_mean: f64,
+    /// The longest page-table scan, in milliseconds.
+    pub scan_ms_max: f64,
+}
+
+impl DeadShare {
+    /// Add a sample: `held` pages in the pool, `used` slots on its device,
+    /// `mapped` of them seen in page tables.
+    pub fn add(&mut self, held: u64, used: u64, mapped: u64) {
+        if held == 0 {
+            return;
+        }
+        let dead = held.saturating_sub(used);
+        let share = dead as f64 / held as f64;
+        let k = (self.samples + 1) as f64;
+        self.mean_share += (share - self.mean_share) / k;
+        let seen = if used > 0 { mapped.min(used) as f64 / used as f64 } else { 1.0 };
+        self.mapped_share_mean += (seen - self.mapped_share_mean) / k;
+        let unmapped = held.saturating_sub(mapped) as f64 / held as f64;
+        self.unmapped_share_mean += (unmapped - self.unmapped_share_mean) / k;
+        self.samples += 1;
+        self.dead_pages_max = self.dead_pages_max.max(dead);
+        if held >= self.held_pages_peak {
+            self.held_pages_peak = held;
+            self.share_at_peak = share;
+        }
+    }
+}
+
+/// Samples a zmem server's [`DeadShare`] once a second, through its
+/// control socket and `/proc/swaps`.
+struct DeadSampler {
+    control: PathBuf,
+    loop_dev: String,
+    /// The workload's cgroup: whose page tables are scanned.
+    cgroup: PathBuf,
+    next: Instant,
+    share: DeadShare,
+}
+
+impl DeadSampler {
+    const EVERY: Duration = Duration::from_secs(1);
+
+    fn tick(&mut self) {
+        if Instant::now() < self.next {
+            return;
+        }
+        self.next = Instant::now() + Self::EVERY;
+        let Some(st) = control_stats(&self.control) else { return };
+        let n = |k: &str| st["stats"][k].as_u64();
+        let (Some(ram), Some(file)) = (n("stored_pages"), n("bd_count")) else { return };
+        let areas = host::swap_areas();
+        let Some(ty) = areas.iter().position(|a| a.name == self.loop_dev) else { return };
+        let t0 = Instant::now();
+        let pids: Vec<u32> =
+            std::fs::read_to_string(self.cgroup.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
+        let mut slots = std::collections::HashSet::new();
+        host::swapped_slots(&pids, ty as u64, &mut slots);
+        self.share.scan_ms_max = self.share.scan_ms_max.max(t0.elapsed().as_secs_f64() * 1e3);
+        self.share.add(ram + file, areas[ty].used_bytes / PAGE, slots.len() as u64);
+    }
+}
+
+/// One `stats` request on a zmem control socket (the reply is one JSON
+/// line); `None` if the server does not answer within 2 s.
+fn control_stats(sock: &std::path::Path) -> Option<serde_json::Value> {
+    use std::io::{BufRead, BufReader};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"stats\n").ok()?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).ok()?;
+    serde_json::from_str(line.trim()).ok()
 }
 
 impl RunResult {
     pub fn disk_bytes(&self) -> u64 {
         self.disk_io.read_bytes + self.disk_io.write_bytes
+    }
+
+    /// Disk read operations per page swapped in (every system alike).
+    pub fn read_ops_per_swapin(&self) -> Option<f64> {
+        ratio(self.disk_io.read_ops as f64, self.pswpin as f64)
+    }
+
+    /// zmem: disk read operations per page read from its backing file.
+    pub fn read_ops_per_file_page(&self) -> Option<f64> {
+        let pages = self.server_stats.as_ref()?["bd_reads"].as_u64()?;
+        ratio(self.disk_io.read_ops as f64, pages as f64)
+    }
+
+    /// zmem: the server's CPU per page swapped in or out, in microseconds.
+    pub fn server_us_per_page(&self) -> Option<f64> {
+        (self.system == System::Zmem).then(|| ratio(self.server_cpu_secs * 1e6, (self.pswpin + self.pswpout) as f64)).flatten()
     }
 }
 
@@ -266,6 +384,8 @@ pub enum Progress<'a> {
 }
 
 const CGROUP: &str = "zmem-bench-swap";
+/// The name of zmem's swap device in the bench's run directory.
+const ZMEM_NAME: &str = "bench";
 const PAGE: u64 = 4096;
 /// What a pool may take past its share between two ticks of the budget
 /// keeper before the report calls it over the budget.
@@ -483,7 +603,7 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
             let algo = if cfg.compressor.starts_with("lzo") { "lzo" } else { cfg.compressor.as_str() };
             host::run_tool(
                 Command::new(&cfg.zmem)
-                    .args(["swap", "on", "--name", "bench", "--size"])
+                    .args(["swap", "on", "--name", ZMEM_NAME, "--size"])
                     .arg(cfg.swap_size.to_string())
                     .args(["--compressor", algo, "--max-pool"])
                     .arg(cap.to_string())
@@ -547,7 +667,18 @@ fn measure(
     // The workload's cgroup starts at the budget; for a compressed system
     // the keeper below then takes the pool's share from it.
     let cg = MemCgroup::create(CGROUP, (budget > 0).then_some(budget), cfg.swappiness)?;
-    let server_pid = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status()).and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
+    let zstatus = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status());
+    let server_pid = zstatus.as_ref().and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
+    let mut dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().and_then(|v| v["state"]["loop_dev"].as_str())) {
+        (Some(z), Some(dev)) => Some(DeadSampler {
+            control: z.run_dir.join(ZMEM_NAME).join("control.sock"),
+            loop_dev: dev.to_string(),
+            cgroup: cg.path().to_path_buf(),
+            next: Instant::now(),
+            share: DeadShare::default(),
+        }),
+        _ => None,
+    };
     let server_cpu0 = server_pid.and_then(host::cpu_secs).unwrap_or(0.0);
     let keeper = match (&setup, sys) {
         (None, _) | (_, System::Disk) => None,
@@ -586,6 +717,9 @@ fn measure(
             break Some(st);
         }
         anon_peak = anon_peak.max(cg.stat("total_rss") + cg.stat("total_swap"));
+        if let Some(d) = dead.as_mut() {
+            d.tick();
+        }
         if sys == System::Zswap && kind.is_some() {
             pool_peak = pool_peak.max(zswap.counter("pool_total_size"));
         }
@@ -665,6 +799,7 @@ fn measure(
         written_back_pages: written_back,
         shared_budget,
         server_stats,
+        dead: dead.map(|d| d.share),
     };
     drop(cg);
     drop(setup);
@@ -730,7 +865,7 @@ pub fn render(report: &Report) -> String {
     }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
-        "mem MB", "wb pages", "t/disk", "t/zswap", "io/disk", "io/zswap",
+        "mem MB", "wb pages", "ops/in", "ops/fpg", "dead%", "us/pg", "t/disk", "t/zswap", "io/disk", "io/zswap",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -753,6 +888,10 @@ pub fn render(report: &Report) -> String {
             mb(r.pool_peak_bytes),
             mb(r.shared_budget.map_or(r.cgroup_peak_bytes + r.pool_peak_bytes, |b| b.peak_total)),
             r.written_back_pages.to_string(),
+            f2(r.read_ops_per_swapin()),
+            f2(r.read_ops_per_file_page()),
+            r.dead.map_or("-".to_string(), |d| format!("{:.0}", d.mean_share * 100.0)),
+            r.server_us_per_page().map_or("-".to_string(), |u| format!("{u:.1}")),
             f2(q.wall_vs_disk),
             f2(q.wall_vs_zswap),
             f2(q.disk_bytes_vs_disk),
@@ -836,6 +975,7 @@ pub(crate) fn test_run(system: System, disk: Option<DiskKind>, budget: u64, wall
         written_back_pages: 0,
         shared_budget: None,
         server_stats: None,
+        dead: None,
     }
 }
 
@@ -881,6 +1021,32 @@ mod tests {
         assert!(q.wall_vs_disk.is_none() && q.disk_bytes_vs_disk.is_none());
         let table = render(&rep);
         assert!(table.contains("zmem FAILED") && table.contains("failed: zmem real 0 MiB -j4: OOM"), "{table}");
+    }
+
+    #[test]
+    fn dead_share_is_pages_past_the_kernels_count() {
+        let mut d = DeadShare::default();
+        d.add(0, 5, 5); // an empty pool is no sample
+        d.add(100, 100, 100);
+        d.add(200, 150, 75);
+        d.add(150, 200, 150); // slots allocated, not yet written: none dead
+        assert_eq!(d.samples, 3);
+        assert!((d.mean_share - 0.25 / 3.0).abs() < 1e-9, "{d:?}");
+        assert_eq!((d.held_pages_peak, d.dead_pages_max), (200, 50));
+        assert!((d.share_at_peak - 0.25).abs() < 1e-9);
+        assert!((d.mapped_share_mean - (1.0 + 0.5 + 0.75) / 3.0).abs() < 1e-9, "{d:?}");
+        assert!((d.unmapped_share_mean - (0.0 + 0.625 + 0.0) / 3.0).abs() < 1e-9, "{d:?}");
+        let mut z = run(System::Zmem, Some(DiskKind::Throttled), 300, 10.0, 1);
+        z.dead = Some(d);
+        z.pswpin = 1000;
+        z.pswpout = 3000;
+        z.server_cpu_secs = 0.02;
+        z.server_stats = Some(serde_json::json!({ "bd_reads": 4 }));
+        assert_eq!(z.read_ops_per_swapin(), Some(0.001));
+        assert_eq!(z.read_ops_per_file_page(), Some(0.25));
+        assert_eq!(z.server_us_per_page(), Some(5.0));
+        let table = render(&report(vec![z]));
+        assert!(table.contains(" 8 ") && table.contains(" 5.0 "), "{table}");
     }
 
     #[test]

@@ -36,6 +36,11 @@ pub trait ColdStore: Send + Sync {
     fn free(&self, id: RecordId) -> Result<(), BackingError> {
         Err(BackingError::InvalidRecord { id: id.to_raw() })
     }
+    /// The objects `ids` are about to be read: read them ahead, together
+    /// where they lie together. A hint; returns the reads it made.
+    fn prefetch(&self, _ids: &[RecordId]) -> usize {
+        0
+    }
     /// An upper bound on what this store's tables grow by for a batch of
     /// `objects` (charged to the pool's budget before the batch).
     fn growth_bound(&self, _objects: usize) -> u64 {
@@ -64,6 +69,9 @@ impl ColdStore for BackingStore {
     }
     fn free(&self, id: RecordId) -> Result<(), BackingError> {
         BackingStore::free(self, id)
+    }
+    fn prefetch(&self, ids: &[RecordId]) -> usize {
+        BackingStore::prefetch(self, ids)
     }
     fn growth_bound(&self, objects: usize) -> u64 {
         BackingStore::growth_bound(self, objects)

@@ -581,6 +581,15 @@ impl Pool {
         self.e.residency(key)
     }
 
+    /// Say that the pages under `keys` are about to be loaded (one
+    /// request's pages): the cold store reads the records of those written
+    /// back together, in as few operations as their places allow, so the
+    /// loads that follow find them read. A hint: it changes no page and
+    /// reports no error. Returns the read operations it made.
+    pub fn prefetch(&self, keys: Range<u64>) -> usize {
+        self.e.prefetch(keys)
+    }
+
     /// The recompression priority of the object in RAM under `key`: 0 if
     /// the pool's compressor wrote it, 1..=3 if a recompression algorithm
     /// rewrote it; None for a same-filled, shared or written-back page, or

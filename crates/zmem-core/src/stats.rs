@@ -179,6 +179,10 @@ pub struct Stats {
     pub backing_bytes_read: u64,
     /// Reads of the backing file for loads (what the read windows missed).
     pub backing_read_ops: u64,
+    /// Of those, reads of the written-back pages of one request together.
+    pub backing_prefetch_ops: u64,
+    /// Of those, reads with the smallest read-ahead (scattered loads).
+    pub backing_scattered_reads: u64,
     /// Length of the backing file, and bytes of live records in it.
     pub backing_file_bytes: u64,
     pub backing_live_bytes: u64,

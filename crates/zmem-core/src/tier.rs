@@ -405,6 +405,8 @@ impl Tier {
         st.backing_bytes_written = b.bytes_written;
         st.backing_bytes_read = b.bytes_read;
         st.backing_read_ops = b.read_ops;
+        st.backing_prefetch_ops = b.prefetch_ops;
+        st.backing_scattered_reads = b.scattered_reads;
         st.backing_file_bytes = b.file_bytes;
         st.backing_live_bytes = b.live_bytes;
         st.backing_metadata_bytes = b.metadata_bytes;
@@ -815,6 +817,22 @@ impl Engine {
             return Err(ZmemError::Inconsistent { key: rkey, what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len) });
         }
         self.decode(rkey, info, obj, buf)
+    }
+
+    /// [`Pool::prefetch`](crate::Pool::prefetch): the records of the pages
+    /// of `keys` written back alone (not shared), read ahead by the store.
+    pub(crate) fn prefetch(&self, keys: std::ops::Range<u64>) -> usize {
+        let Some(t) = self.tier.as_ref() else { return 0 };
+        if keys.end.saturating_sub(keys.start) < 2 {
+            return 0;
+        }
+        let ids: Vec<RecordId> = keys
+            .filter_map(|k| match self.shard(k).lock().index.get(k)?.slot() {
+                Slot::Backed(id, _) => Some(RecordId::from_raw(id)),
+                _ => None,
+            })
+            .collect();
+        t.store.prefetch(&ids)
     }
 
     /// Serve a load of `key` from its record `id`, read with no lock held;

@@ -169,6 +169,36 @@ fn exclusive_loads_write_loaded_pages_back_first_and_leave_them_on_file() {
 }
 
 #[test]
+fn a_request_reads_its_written_back_pages_in_one_operation() {
+    // The pages of one request, written back (64 half-compressible pages:
+    // more than one read window): a prefetch reads the request's records
+    // together, and their loads then read nothing more, and give every
+    // byte back. (That a batch lies in key order whatever the tier's
+    // order is zmem-backing's test.)
+    let p = tiered(64 * MIB, mem_file());
+    let keys: Vec<u64> = (0..64u64).map(|i| (i * 37) % 64 + 1000).collect();
+    for &k in &keys {
+        p.store(k, &half(k)).unwrap();
+    }
+    p.writeback(WritebackMode::All, None).unwrap();
+    assert!(keys.iter().all(|&k| p.residency(k) == Some(Residency::Backed)));
+    let ops0 = p.stats().backing_read_ops;
+    assert_eq!(p.prefetch(1010..1018), 1);
+    let mut buf = vec![0u8; PAGE];
+    for k in 1010..1018 {
+        p.load(k, &mut buf).unwrap();
+        assert_eq!(buf, half(k), "key {k}");
+    }
+    let st = p.stats();
+    assert_eq!(st.backing_read_ops - ops0, 1, "8 pages of one request took more than one read");
+    assert_eq!(st.backing_prefetch_ops, 1);
+    // Pages in RAM, or none, are no reason to read.
+    p.store(5, &half(5)).unwrap();
+    assert_eq!(p.prefetch(0..10), 0);
+    assert_eq!(p.prefetch(1020..1021), 0, "a single page is read by its load");
+}
+
+#[test]
 fn explicit_writeback_modes_and_budget() {
     let file = mem_file();
     let store = BackingStore::new(Box::new(Arc::clone(&file)), None);

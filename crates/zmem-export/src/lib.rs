@@ -219,6 +219,8 @@ impl Export {
         if let Some(c) = &self.origin {
             return c.read(&self.pool, &self.locks, offset, buf);
         }
+        // Written-back pages of one request are read from the file together.
+        self.pool.prefetch(offset / PAGE..(offset + buf.len() as u64).div_ceil(PAGE));
         for p in pieces(offset, buf.len() as u64) {
             let dst = &mut buf[p.buf_off..p.buf_off + p.len];
             if p.full() {
