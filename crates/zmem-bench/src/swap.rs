@@ -267,6 +267,8 @@ pub struct DeadShare {
     /// Mean over the samples of held pages that no page table points to:
     /// dead, or held by the swap cache or tmpfs.
     pub unmapped_share_mean: f64,
+    /// The most used slots seen in page tables at once.
+    pub mapped_pages_max: u64,
     /// The longest page-table scan, in milliseconds.
     pub scan_ms_max: f64,
 }
@@ -288,6 +290,7 @@ impl DeadShare {
         self.unmapped_share_mean += (unmapped - self.unmapped_share_mean) / k;
         self.samples += 1;
         self.dead_pages_max = self.dead_pages_max.max(dead);
+        self.mapped_pages_max = self.mapped_pages_max.max(mapped);
         if held >= self.held_pages_peak {
             self.held_pages_peak = held;
             self.share_at_peak = share;
@@ -1032,7 +1035,7 @@ mod tests {
         d.add(150, 200, 150); // slots allocated, not yet written: none dead
         assert_eq!(d.samples, 3);
         assert!((d.mean_share - 0.25 / 3.0).abs() < 1e-9, "{d:?}");
-        assert_eq!((d.held_pages_peak, d.dead_pages_max), (200, 50));
+        assert_eq!((d.held_pages_peak, d.dead_pages_max, d.mapped_pages_max), (200, 50, 150));
         assert!((d.share_at_peak - 0.25).abs() < 1e-9);
         assert!((d.mapped_share_mean - (1.0 + 0.5 + 0.75) / 3.0).abs() < 1e-9, "{d:?}");
         assert!((d.unmapped_share_mean - (0.0 + 0.625 + 0.0) / 3.0).abs() < 1e-9, "{d:?}");

@@ -144,6 +144,12 @@ fn every_system_swaps_and_the_machine_is_restored() {
     }
     assert!(n(run("zswap"), "zswpout") > 2560, "{}", run("zswap"));
     assert!(run("zmem")["server_cpu_secs"].as_f64().unwrap() > 0.0, "the zmem server did no work: {}", run("zmem"));
+    // The dead share was sampled, and the page-table scan found the
+    // workload's swapped-out pages on zmem's device (its heap, swapped
+    // there: a wrong swap type or a broken pagemap parse finds none).
+    let dead = &run("zmem")["dead"];
+    assert!(n(dead, "samples") >= 1 && n(dead, "held_pages_peak") > 2560, "{dead}");
+    assert!(n(dead, "mapped_pages_max") > 2560, "the page tables showed no page swapped to zmem: {dead}");
     // Ratios are there for every system against disk swap.
     let ratios = v["ratios"].as_array().unwrap();
     assert!(ratios[1..].iter().all(|q| q["wall_vs_disk"].as_f64().is_some()), "{ratios:?}");
