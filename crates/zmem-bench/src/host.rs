@@ -273,9 +273,10 @@ pub fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// What `zmem serve` answers on its control socket at `ctl` (`zmem stat --json`).
+/// What `zmem serve` answers on its control socket at `ctl` (`zmem stat
+/// --json`); an error if it does not answer within 10 s.
 pub fn zmem_stats(zmem: &Path, ctl: &Path) -> anyhow::Result<serde_json::Value> {
-    let out = run_tool(Command::new(zmem).args(["stat", "--json", "--control"]).arg(ctl))?;
+    let out = run_limited(Command::new(zmem).args(["stat", "--json", "--control"]).arg(ctl), Duration::from_secs(10))?;
     serde_json::from_str(&out).context("parsing `zmem stat --json`")
 }
 

@@ -301,6 +301,7 @@ impl DeadShare {
 /// Samples a zmem server's [`DeadShare`] once a second, through its
 /// control socket and `/proc/swaps`.
 struct DeadSampler {
+    zmem: PathBuf,
     control: PathBuf,
     loop_dev: String,
     /// The workload's cgroup: whose page tables are scanned.
@@ -317,7 +318,7 @@ impl DeadSampler {
             return;
         }
         self.next = Instant::now() + Self::EVERY;
-        let Some(st) = control_stats(&self.control) else { return };
+        let Ok(st) = host::zmem_stats(&self.zmem, &self.control) else { return };
         let n = |k: &str| st["stats"][k].as_u64();
         let (Some(ram), Some(file)) = (n("stored_pages"), n("bd_count")) else { return };
         let areas = host::swap_areas();
@@ -330,19 +331,6 @@ impl DeadSampler {
         self.share.scan_ms_max = self.share.scan_ms_max.max(t0.elapsed().as_secs_f64() * 1e3);
         self.share.add(ram + file, areas[ty].used_bytes / PAGE, slots.len() as u64);
     }
-}
-
-/// One `stats` request on a zmem control socket (the reply is one JSON
-/// line); `None` if the server does not answer within 2 s.
-fn control_stats(sock: &std::path::Path) -> Option<serde_json::Value> {
-    use std::io::{BufRead, BufReader};
-    let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"stats\n").ok()?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).ok()?;
-    serde_json::from_str(line.trim()).ok()
 }
 
 impl RunResult {
@@ -674,6 +662,7 @@ fn measure(
     let server_pid = zstatus.as_ref().and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
     let mut dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().and_then(|v| v["state"]["loop_dev"].as_str())) {
         (Some(z), Some(dev)) => Some(DeadSampler {
+            zmem: cfg.zmem.clone(),
             control: z.run_dir.join(ZMEM_NAME).join("control.sock"),
             loop_dev: dev.to_string(),
             cgroup: cg.path().to_path_buf(),
