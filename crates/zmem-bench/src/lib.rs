@@ -20,7 +20,8 @@
 //!   a real data set on a throttled disk, with and without `zmem serve
 //!   --origin` in the path, zmem's memory counted in the reader's budget.
 //! * [`swap`] — `zmem bench swap`, the seed experiment: a workload under a
-//!   memory limit swapping to disk, zswap, zram and zmem; [`plot`] draws it.
+//!   memory limit swapping to disk, zswap, zram and zmem; [`plot`] draws it;
+//!   [`kv`] is its second built-in workload (a key-value store's heap).
 //! * [`shared_budget`] — one memory budget for a memory cgroup and a
 //!   compressed pool outside it: the cgroup's limit follows the pool (used
 //!   by `zmem swap on --charge-to` and by `zmem bench swap`).
@@ -34,6 +35,7 @@ pub mod cache;
 pub mod ci;
 pub mod host;
 pub mod kernel_zram;
+pub mod kv;
 pub mod pages;
 pub mod plot;
 pub mod shared_budget;

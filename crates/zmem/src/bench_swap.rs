@@ -60,7 +60,20 @@ pub struct Args {
     /// Kill a run that takes longer than this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub timeout: u64,
-    /// Source tree for the default workload (a cargo workspace).
+    /// The built-in workload: `build` (a clean `cargo build --release` of
+    /// a source tree: many short processes streaming through memory) or
+    /// `kv` (a key-value store's heap, read and updated at random by
+    /// `-j` clients: one long-lived, randomly accessed working set; see
+    /// `zmem bench kv`).
+    #[arg(long, value_enum, default_value_t = Workload::Build)]
+    pub workload: Workload,
+    /// `--workload kv`: the heap's size.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub kv_size: u64,
+    /// `--workload kv`: operations per record over the run.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub kv_passes: u32,
+    /// Source tree for the build workload (a cargo workspace).
     #[arg(long)]
     pub source: Option<PathBuf>,
     /// Write the plot here (PNG); default SCRATCH/swap.png.
@@ -69,10 +82,46 @@ pub struct Args {
     /// JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// The workload, instead of a clean `cargo build --release --offline
-    /// -j{jobs}` of zmem: any command, e.g. `-- make -j{jobs}`.
+    /// The workload, instead of a built-in one: any command, e.g. `--
+    /// make -j{jobs}`.
     #[arg(last = true)]
     pub cmd: Vec<String>,
+}
+
+/// The built-in workloads of `zmem bench swap`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    Build,
+    Kv,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct KvArgs {
+    /// The heap's size (1 KiB records).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub size: u64,
+    /// Clients, each with its own share of the records.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: u32,
+    /// Operations per record over the run.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub passes: u32,
+}
+
+/// `zmem bench kv`: the swap bench's second workload on its own.
+pub fn run_kv(a: KvArgs) -> anyhow::Result<()> {
+    let o = zmem_bench::kv::run(zmem_bench::kv::Config { bytes: a.size, threads: a.threads, passes: a.passes })?;
+    println!(
+        "kv: {} records of {} B, {} reads and {} updates, all checked; fill {:.2} s, operations {:.2} s; digest {:016x}",
+        o.records,
+        zmem_bench::kv::RECORD,
+        o.reads,
+        o.updates,
+        o.fill_secs_x1000 as f64 / 1e3,
+        o.ops_secs_x1000 as f64 / 1e3,
+        o.digest
+    );
+    Ok(())
 }
 
 fn parse_amount(s: &str) -> anyhow::Result<Amount> {
@@ -96,7 +145,26 @@ fn config(a: &Args) -> anyhow::Result<Config> {
     if a.zram_ratio < 1.0 || !a.zram_ratio.is_finite() {
         bail!("--zram-ratio must be at least 1");
     }
-    let (workload, workload_dir, workload_env, prepare) = if a.cmd.is_empty() {
+    if !a.cmd.is_empty() && a.workload != Workload::Build {
+        bail!("give either --workload or a command after --, not both");
+    }
+    if a.workload == Workload::Kv && a.source.is_some() {
+        bail!("--source is the build workload's; --workload kv needs none");
+    }
+    let (workload, workload_dir, workload_env, prepare) = if a.workload == Workload::Kv {
+        let argv = vec![
+            zmem.display().to_string(),
+            "bench".into(),
+            "kv".into(),
+            "--size".into(),
+            a.kv_size.to_string(),
+            "--threads".into(),
+            "{jobs}".into(),
+            "--passes".into(),
+            a.kv_passes.to_string(),
+        ];
+        (argv, std::env::current_dir()?, vec![], None)
+    } else if a.cmd.is_empty() {
         let src = match &a.source {
             Some(s) => s.clone(),
             None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")),
@@ -175,6 +243,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(v: &[&str]) -> Result<Args, clap::Error> {
+        #[derive(clap::Parser)]
+        struct T {
+            #[command(flatten)]
+            a: Args,
+        }
+        <T as clap::Parser>::try_parse_from(std::iter::once("swap").chain(v.iter().copied())).map(|t| t.a)
+    }
+
+    #[test]
+    fn the_kv_workload_is_this_binary_with_one_client_per_job() {
+        let c = config(&args(&["--workload", "kv", "--kv-size", "64M", "--kv-passes", "2", "-j", "2,4"]).unwrap()).unwrap();
+        assert_eq!(c.workload[1..], ["bench", "kv", "--size", "67108864", "--threads", "{jobs}", "--passes", "2"]);
+        assert_eq!(c.workload[0], std::env::current_exe().unwrap().display().to_string());
+        assert!(c.prepare.is_none() && c.jobs == [2, 4]);
+        let e = config(&args(&["--workload", "kv", "--", "make"]).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("not both"), "{e}");
+        let e = config(&args(&["--workload", "kv", "--source", "/tmp"]).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("--source"), "{e}");
+        assert!(args(&["--workload", "heap"]).is_err());
+        assert!(args(&["--kv-passes", "0"]).is_err());
+    }
 
     #[test]
     fn amounts() {

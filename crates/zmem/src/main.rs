@@ -3,8 +3,9 @@
 //! Subcommands:
 //! * `zmem bench store` — the engine against the raw compressor and kernel zram.
 //! * `zmem bench blockdev` — `zmem serve` under fio vs nbdkit memory and zram.
-//! * `zmem bench swap` — a build under memory pressure: disk swap, zswap,
-//!   zram and zmem swap, side by side.
+//! * `zmem bench swap` — a build (or `--workload kv`, a key-value store's
+//!   heap) under memory pressure: disk swap, zswap, zram and zmem swap,
+//!   side by side; `zmem bench kv` runs that second workload on its own.
 //! * `zmem serve` — a compressed-RAM block device over NBD.
 //! * `zmem stat` — what a running `zmem serve` holds, like zramctl.
 //! * `zmem writeback` — zram's explicit writeback, for `zmem serve --backing`.
@@ -72,6 +73,10 @@ enum BenchCmd {
     /// disk, with and without `zmem serve --origin` in the path, zmem's
     /// memory counted in the reader's budget (root).
     Cache(bench_cache::Args),
+    /// The swap bench's second workload on its own: a key-value store's
+    /// heap, filled, then read and updated at random by several clients,
+    /// every read checked (`zmem bench swap --workload kv` runs it).
+    Kv(bench_swap::KvArgs),
 }
 
 /// Colour in log lines only for a terminal that can show it: never in a
@@ -95,6 +100,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Blockdev(a)) => bench_blockdev::run(a),
         Cmd::Bench(BenchCmd::Swap(a)) => bench_swap::run(a),
         Cmd::Bench(BenchCmd::Cache(a)) => bench_cache::run(a),
+        Cmd::Bench(BenchCmd::Kv(a)) => bench_swap::run_kv(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Swap(c) => swap::run(c),
         Cmd::Stat(a) => stat::run(a),

@@ -1,6 +1,7 @@
 //! `zmem bench swap` end to end, as root: a small workload (a Python
 //! process holding ~300 MiB of text-like pages, touched twice) under a
-//! limit that makes it swap, through all four systems on the real disk.
+//! limit that makes it swap, through all four systems on the real disk;
+//! and the built-in `kv` workload through disk swap and zmem.
 //! The report must show each system doing its job, and the machine must be
 //! as it was afterwards: also after a SIGINT in the middle of a run.
 
@@ -157,6 +158,32 @@ fn every_system_swaps_and_the_machine_is_restored() {
     let png = v["png"].as_str().expect("a PNG");
     let head = std::fs::read(png).unwrap();
     assert_eq!(&head[1..4], b"PNG");
+}
+
+#[test]
+fn the_kv_workload_reads_back_every_record_it_wrote_through_swap() {
+    let Some(Bench { _one, dir, before, .. }) = Bench::new() else { return };
+    let mut c = Command::new(ZMEM);
+    c.args(["bench", "swap", "--workload", "kv", "--kv-size", "256M", "--kv-passes", "2", "-j", "2", "--systems", "disk,zmem", "--disks", "real"])
+        .args(["--budget", "50%", "--swap-size", "1G", "--json", "--timeout", "300", "--scratch"])
+        .arg(dir.path().join("scratch"));
+    let out = common::run_timeout(&mut c, Duration::from_secs(600));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench swap failed: {stderr}");
+    assert_eq!(machine(), before, "the machine was not restored");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
+    assert_eq!((&v["workload"][1], &v["workload"][2]), (&"bench".into(), &"kv".into()), "{v}");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "baseline + 2 systems: {v}");
+    let n = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
+    assert!(n(&runs[0], "anon_peak_bytes") > 250 << 20, "the heap is the anonymous peak: {}", runs[0]);
+    for r in &runs[1..] {
+        // The workload exits non-zero on a record read back wrong: a
+        // passing run read every record it swapped out back as written.
+        assert_eq!(r["exit_ok"], true, "{}: {r}", r["system"]);
+        // Random reads of a heap twice the budget: most come back from swap.
+        assert!(n(r, "pswpin") > 10_000 && n(r, "pswpout") > 10_000, "{}: {r}", r["system"]);
+    }
 }
 
 #[test]
