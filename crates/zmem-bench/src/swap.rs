@@ -214,6 +214,16 @@ pub struct RunResult {
     pub pswpin: u64,
     pub pswpout: u64,
     pub pgmajfault: u64,
+    /// The kernel's swap read-ahead (`swap_ra`, `swap_ra_hit` in
+    /// /proc/vmstat): pages it read ahead of a fault, and those a later
+    /// fault found. Part of `pswpin`; none on zram, which the kernel reads
+    /// without read-ahead (a synchronous device).
+    pub swap_ra: u64,
+    pub swap_ra_hit: u64,
+    /// Faults on anonymous pages evicted recently
+    /// (`workingset_refault_anon`): the workload wanting back what reclaim
+    /// took from it.
+    pub workingset_refault_anon: u64,
     /// Pages zswap stored, loaded and wrote back (`zswpout`, `zswpin`,
     /// `zswpwb` in /proc/vmstat).
     pub zswpout: u64,
@@ -780,6 +790,9 @@ fn measure(
         pswpin: dv("pswpin"),
         pswpout: dv("pswpout"),
         pgmajfault: dv("pgmajfault"),
+        swap_ra: dv("swap_ra"),
+        swap_ra_hit: dv("swap_ra_hit"),
+        workingset_refault_anon: dv("workingset_refault_anon"),
         zswpout: dv("zswpout"),
         zswpin: dv("zswpin"),
         zswpwb: dv("zswpwb"),
@@ -956,6 +969,9 @@ pub(crate) fn test_run(system: System, disk: Option<DiskKind>, budget: u64, wall
         pswpin: 0,
         pswpout: 0,
         pgmajfault: 0,
+        swap_ra: 0,
+        swap_ra_hit: 0,
+        workingset_refault_anon: 0,
         zswpout: 0,
         zswpin: 0,
         zswpwb: 0,
