@@ -86,6 +86,14 @@ pub struct OnArgs {
     /// --discard policy).
     #[arg(long, value_enum, default_value_t = Discard::Both)]
     pub discard: Discard,
+    /// Declare the device rotational (its queue's `rotational` flag) before
+    /// swapon. The kernel then hands out its slots in one sequence, not
+    /// per CPU, and, while any swap device is rotational, reads ahead by
+    /// slot (the `page-cluster` slots around a fault) instead of by
+    /// address, for every swap device: slots zmem keeps side by side are
+    /// then what a swap-in asks for together.
+    #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
+    pub rotational: bool,
     /// Where devices keep their runtime state.
     #[arg(long, default_value = DEFAULT_RUN_DIR)]
     pub run_dir: PathBuf,
@@ -329,6 +337,8 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
     if wbt.exists() {
         std::fs::write(&wbt, "0").with_context(|| format!("turning off writeback throttling ({})", wbt.display()))?;
     }
+    let rot = Path::new("/sys/block").join(st.loop_dev.trim_start_matches("/dev/")).join("queue/rotational");
+    std::fs::write(&rot, if a.rotational { "1" } else { "0" }).with_context(|| format!("setting {}", rot.display()))?;
     tool(Command::new("mkswap").args(["-q", "-L", &format!("zmem-{}", a.name)]).arg(&st.loop_dev))?;
     tool(Command::new("swapon").args(a.discard.swapon_flag()).args(["-p", &a.priority.to_string()]).arg(&st.loop_dev))?;
     Ok(st)
