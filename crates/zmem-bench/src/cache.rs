@@ -218,12 +218,7 @@ const CGROUP: &str = "zmem-bench-cache";
 /// finaliser (FNV alone orders paths that differ in their last bytes
 /// nearly by those bytes).
 fn path_hash(p: &Path) -> u64 {
-    let mut x = p.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+    crate::mix64(p.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3)))
 }
 
 /// The data set: a sample of the regular, non-empty files under `dir`

@@ -27,9 +27,9 @@
 //! payload's hash: a swap device that gives back a stale or a wrong page
 //! ends the run with an error, never a wrong figure.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 /// Bytes of one record.
 pub const RECORD: usize = 1024;
@@ -61,8 +61,8 @@ pub struct Outcome {
     /// Hash of every version at the end: the same for every run of one
     /// configuration.
     pub digest: u64,
-    pub fill_secs_x1000: u64,
-    pub ops_secs_x1000: u64,
+    pub fill: Duration,
+    pub ops: Duration,
 }
 
 /// How a run failed.
@@ -77,11 +77,8 @@ pub enum KvError {
 }
 
 /// splitmix64: the generator behind every choice and every payload.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+fn mix(x: u64) -> u64 {
+    crate::mix64(x.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 struct Rng(u64);
@@ -234,15 +231,16 @@ pub fn run(cfg: Config) -> Result<Outcome, KvError> {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     });
-    let ops = t1.elapsed();
-    let mut out = Outcome { records, fill_secs_x1000: fill.as_millis() as u64, ops_secs_x1000: ops.as_millis() as u64, ..Outcome::default() };
+    let mut out = Outcome { records, fill, ops: t1.elapsed(), ..Outcome::default() };
     for d in done {
         let (r, u) = d?;
         out.reads += r;
         out.updates += u;
     }
     drop(shares);
-    out.digest = xxh3_64(&versions.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    let mut h = Xxh3::new();
+    versions.iter().for_each(|v| h.update(&v.to_le_bytes()));
+    out.digest = h.digest();
     Ok(out)
 }
 

@@ -45,3 +45,14 @@ pub mod swap;
 
 pub use kernel_zram::{Unavailable, ZramResult};
 pub use pages::{PageSet, PAGE_SIZE};
+
+/// splitmix64's finaliser: spreads every bit of `x` over the result. The
+/// bench's one mixing function (the cache bench's path order, the kv
+/// workload's generator).
+pub(crate) fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}

@@ -117,8 +117,8 @@ pub fn run_kv(a: KvArgs) -> anyhow::Result<()> {
         zmem_bench::kv::RECORD,
         o.reads,
         o.updates,
-        o.fill_secs_x1000 as f64 / 1e3,
-        o.ops_secs_x1000 as f64 / 1e3,
+        o.fill.as_secs_f64(),
+        o.ops.as_secs_f64(),
         o.digest
     );
     Ok(())

@@ -333,11 +333,12 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
     // reclaim starts wait for writes only the server can finish (seen: both
     // FUSE workers asleep in wbt_wait under swap_writeout). Off, while the
     // queue is still idle (changing it later waits for the queue to drain).
-    let wbt = Path::new("/sys/block").join(st.loop_dev.trim_start_matches("/dev/")).join("queue/wbt_lat_usec");
+    let queue = Path::new("/sys/block").join(st.loop_dev.trim_start_matches("/dev/")).join("queue");
+    let wbt = queue.join("wbt_lat_usec");
     if wbt.exists() {
         std::fs::write(&wbt, "0").with_context(|| format!("turning off writeback throttling ({})", wbt.display()))?;
     }
-    let rot = Path::new("/sys/block").join(st.loop_dev.trim_start_matches("/dev/")).join("queue/rotational");
+    let rot = queue.join("rotational");
     std::fs::write(&rot, if a.rotational { "1" } else { "0" }).with_context(|| format!("setting {}", rot.display()))?;
     tool(Command::new("mkswap").args(["-q", "-L", &format!("zmem-{}", a.name)]).arg(&st.loop_dev))?;
     tool(Command::new("swapon").args(a.discard.swapon_flag()).args(["-p", &a.priority.to_string()]).arg(&st.loop_dev))?;
