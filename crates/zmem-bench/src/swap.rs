@@ -601,12 +601,12 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
             let run_dir = cfg.scratch.join("run");
             let backing = disk.mnt().join("zmem.backing");
             let z = ZmemSwap { zmem: cfg.zmem.clone(), run_dir: run_dir.clone(), backing: backing.clone() };
-            let algo = if cfg.compressor.starts_with("lzo") { "lzo" } else { cfg.compressor.as_str() };
             host::run_tool(
                 Command::new(&cfg.zmem)
                     .args(["swap", "on", "--name", ZMEM_NAME, "--size"])
                     .arg(cfg.swap_size.to_string())
-                    .args(["--compressor", algo, "--max-pool"])
+                    .args(zmem_compressor(&cfg.compressor, &cfg.zmem_args))
+                    .arg("--max-pool")
                     .arg(cap.to_string())
                     .arg("--backing")
                     .arg(&backing)
@@ -620,6 +620,17 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
         }
     }
     Ok(s)
+}
+
+/// The `--compressor` argument for `zmem swap on`: the bench's compressor
+/// for every system (zmem's own LZO for the kernel's lzo and lzo-rle),
+/// unless the zmem arguments name one of their own (zstd with a trained
+/// dictionary is something only zmem has: the kernel here has no zstd).
+fn zmem_compressor<'a>(bench: &'a str, zmem_args: &[String]) -> Vec<&'a str> {
+    if zmem_args.iter().any(|a| a == "--compressor" || a.starts_with("--compressor=")) {
+        return vec![];
+    }
+    vec!["--compressor", if bench.starts_with("lzo") { "lzo" } else { bench }]
 }
 
 /// What a system's pool holds in memory now, read on the budget keeper's
@@ -995,6 +1006,15 @@ mod tests {
 
     fn report(runs: Vec<RunResult>) -> Report {
         Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, zmem_args: vec![], notes: vec![], runs }
+    }
+
+    #[test]
+    fn zmem_takes_the_bench_compressor_unless_told_its_own() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(zmem_compressor("lzo-rle", &[]), ["--compressor", "lzo"]);
+        assert_eq!(zmem_compressor("lz4", &args(&["--dict", "auto"])), ["--compressor", "lz4"]);
+        assert!(zmem_compressor("lzo", &args(&["--compressor", "zstd", "--dict", "auto"])).is_empty());
+        assert!(zmem_compressor("lzo", &args(&["--compressor=zstd"])).is_empty());
     }
 
     #[test]

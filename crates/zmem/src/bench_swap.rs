@@ -54,7 +54,9 @@ pub struct Args {
     #[arg(long, default_value_t = 3.0)]
     pub zram_ratio: f64,
     /// An extra argument for `zmem swap on`, repeated for each (e.g.
-    /// `--zmem-arg=--exclusive-loads --zmem-arg=off`).
+    /// `--zmem-arg=--exclusive-loads --zmem-arg=off`). A `--compressor`
+    /// here replaces --compressor for zmem alone (`--zmem-arg=--compressor
+    /// --zmem-arg=zstd --zmem-arg=--dict --zmem-arg=auto`).
     #[arg(long = "zmem-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub zmem_args: Vec<String>,
     /// Kill a run that takes longer than this many seconds.

@@ -537,7 +537,7 @@ fn reclaim_under_pressure_for_a_minute() {
     assert!(n("pool_peak") <= used_max + (32 << 20), "server RSS peak {} against a pool peak of {used_max}", n("pool_peak"));
     assert_eq!(stats["reclaim_safety"]["malloc_tuned"], true, "{}", stats["reclaim_safety"]);
     assert!(out.starts_with("OK"), "workload: {out} {err} (status {status:?})");
-    assert!(oom.lines().any(|l| l == "oom_kill 0"), "{oom}");
+    assert!(oom.lines().any(|l| l == "oom_kill 0"), "{oom}\nthe workload exited with {status:?}; the kernel's report:\n{}", cg.oom_report());
     assert_eq!(hung_tasks(), hung_before, "the kernel reported hung tasks");
     assert_eq!(stats["stats"]["failed_writes"].as_u64(), Some(0));
     assert_eq!(stats["stats"]["failed_reads"].as_u64(), Some(0));
