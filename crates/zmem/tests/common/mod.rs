@@ -368,10 +368,11 @@ impl Cgroup {
     /// victim), for a failure message; empty if the log has none.
     pub fn oom_report(&self) -> String {
         let name = self.0.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let victim = format!("/{name},");
         let log = Command::new("dmesg").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         // The report runs from "invoked oom-killer" to the kill naming this cgroup.
-        let Some(end) = lines.iter().rposition(|l| l.contains("oom-kill:") && l.contains(&format!("/{name},"))) else { return String::new() };
+        let Some(end) = lines.iter().rposition(|l| l.contains("oom-kill:") && l.contains(&victim)) else { return String::new() };
         let start = lines[..end].iter().rposition(|l| l.contains("invoked oom-killer")).unwrap_or(end);
         lines[start..(end + 2).min(lines.len())].join("\n")
     }
