@@ -9,10 +9,19 @@
 //!   transport alone costs, the ceiling for any server behind it;
 //! * **zram**: kernel zram (as root) with the same algorithm if the kernel
 //!   has it, fio `io_uring` with `O_DIRECT` on `/dev/zramN` (a
-//!   [`kernel_zram::Device`]).
+//!   [`kernel_zram::Device`]);
+//! * **zmem-fuse**: the block device `zmem swap` builds (as root): `zmem
+//!   serve --fuse`, a loop device with direct I/O over its FUSE file, fio
+//!   `io_uring` with `O_DIRECT` on `/dev/loopN`, as on zram;
+//! * **zmem-fuse-uring**: the same with `--fuse-uring on`, the kernel's
+//!   FUSE-over-io_uring transport (its module parameter `enable_uring` is
+//!   switched on for the run and put back after).
 //!
-//! Jobs, in order, each on a fresh device: `fill`, `randread`, `randwrite`
-//! (4 KiB, `iodepth`, time-based), `seqread` (1 MiB). Every device is
+//! Jobs, in order, each on a fresh device: `fill`, `randread`, `read-qd1`,
+//! `randwrite` (4 KiB, time-based; the random jobs at `iodepth`, `read-qd1`
+//! one synchronous read at a time, fio's `psync` engine, or `nbd` at depth
+//! 1: what a swap-in waits for), `seqread` (1 MiB). Every job reports its
+//! mean and p99 completion latency. Every device is
 //! first filled with **real data**: the first `size` bytes (rounded down
 //! to 1 MiB) of `data`, by default a tar of `/usr/lib/x86_64-linux-gnu`
 //! kept in `bench-data/usrlib.tar` (created if missing). The fill goes
@@ -49,7 +58,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::host::{have, run_limited, wait_for_socket, zmem_stats, ChildGuard};
+use crate::host::{self, cpu_secs, have, run_limited, run_tool, wait_for_file, wait_for_socket, zmem_stats, ChildGuard, Step, UnmountIfMounted};
 use crate::kernel_zram;
 use crate::shared_budget::rss_of;
 
@@ -78,6 +87,8 @@ pub struct Config {
     pub nbdkit: bool,
     /// Run kernel zram (as root).
     pub zram: bool,
+    /// Run the FUSE file + loop device target (as root).
+    pub fuse: bool,
 }
 
 /// One job's figures on one target.
@@ -86,7 +97,11 @@ pub struct JobResult {
     pub job: String,
     pub mb_per_s: f64,
     pub iops: f64,
+    pub mean_us: f64,
     pub p99_us: f64,
+    /// CPU (user + system) the serving process used per request, in µs:
+    /// userspace servers only, not `fill`.
+    pub server_us_per_io: Option<f64>,
 }
 
 /// One target's jobs and memory, or why it was skipped.
@@ -112,6 +127,8 @@ pub struct RatioSet {
     pub zmem_vs_nbdkit: Ratios,
     pub zmem_vs_nbdkit_raw: Ratios,
     pub zmem_vs_zram: Ratios,
+    pub zmem_fuse_vs_zram: Ratios,
+    pub zmem_fuse_uring_vs_zram: Ratios,
 }
 
 /// A whole run. (`zmem bench blockdev --json` prints it through a
@@ -124,7 +141,8 @@ pub struct Report {
     pub runtime_s: u64,
     pub iodepth: u32,
     pub compress_percentage: u32,
-    /// zmem, nbdkit, nbdkit-raw, zram, in this order.
+    /// zmem, nbdkit, nbdkit-raw, zram, zmem-fuse, zmem-fuse-uring, in this
+    /// order.
     pub targets: Vec<TargetResult>,
     pub ratios: RatioSet,
 }
@@ -134,13 +152,16 @@ struct Job {
     rw: &'static str,
     bs: &'static str,
     time_based: bool,
+    /// One synchronous request at a time (else `iodepth` for 4 KiB jobs).
+    sync: bool,
 }
 
-const JOBS: [Job; 4] = [
-    Job { name: "fill", rw: "write", bs: "1M", time_based: false },
-    Job { name: "randread", rw: "randread", bs: "4k", time_based: true },
-    Job { name: "randwrite", rw: "randwrite", bs: "4k", time_based: true },
-    Job { name: "seqread", rw: "read", bs: "1M", time_based: false },
+const JOBS: [Job; 5] = [
+    Job { name: "fill", rw: "write", bs: "1M", time_based: false, sync: false },
+    Job { name: "randread", rw: "randread", bs: "4k", time_based: true, sync: false },
+    Job { name: "read-qd1", rw: "randread", bs: "4k", time_based: true, sync: true },
+    Job { name: "randwrite", rw: "randwrite", bs: "4k", time_based: true, sync: false },
+    Job { name: "seqread", rw: "read", bs: "1M", time_based: false, sync: false },
 ];
 
 /// What every target is filled with, and how the random jobs write.
@@ -227,12 +248,13 @@ fn fill(plan: &Plan, engine: &str, target: &str) -> anyhow::Result<JobResult> {
         run_limited(&mut c, Duration::from_secs(600))?;
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-6);
-    Ok(JobResult { job: "fill".into(), mb_per_s: plan.fill_len as f64 / secs / 1e6, iops: (plan.fill_len >> 20) as f64 / secs, p99_us: 0.0 })
+    let iops = (plan.fill_len >> 20) as f64 / secs;
+    Ok(JobResult { job: "fill".into(), mb_per_s: plan.fill_len as f64 / secs / 1e6, iops, mean_us: 1e6 / iops, p99_us: 0.0, server_us_per_io: None })
 }
 
 /// Run one fio job over the filled range; `target` is either ("nbd", uri)
-/// or ("io_uring", path).
-fn fio(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyhow::Result<JobResult> {
+/// or ("io_uring", path). Returns the job's figures and its request count.
+fn fio(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyhow::Result<(JobResult, f64)> {
     let mut c = Command::new("fio");
     c.args([
         "--output-format=json",
@@ -246,14 +268,23 @@ fn fio(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyh
         "--randseed=1234",
         "--norandommap=1",
         "--randrepeat=0",
-        &format!("--iodepth={}", if job.bs == "4k" { cfg.iodepth } else { 4 }),
+        &format!(
+            "--iodepth={}",
+            if job.sync {
+                1
+            } else if job.bs == "4k" {
+                cfg.iodepth
+            } else {
+                4
+            }
+        ),
     ]);
     if job.time_based {
         c.args(["--time_based=1", &format!("--runtime={}", cfg.runtime.max(1))]);
     }
     match engine {
         "nbd" => c.args(["--ioengine=nbd", &format!("--uri={target}")]),
-        _ => c.args(["--ioengine=io_uring", "--direct=1", &format!("--filename={target}")]),
+        _ => c.args([if job.sync { "--ioengine=psync" } else { "--ioengine=io_uring" }, "--direct=1", &format!("--filename={target}")]),
     };
     let limit = Duration::from_secs(cfg.runtime.max(1) + 300);
     let out = run_limited(&mut c, limit)?;
@@ -266,21 +297,44 @@ fn fio(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyh
     }
     let side = if job.rw.contains("read") { &j["read"] } else { &j["write"] };
     let p99 = side["clat_ns"]["percentile"]["99.000000"].as_f64().unwrap_or(0.0) / 1000.0;
-    Ok(JobResult {
+    let r = JobResult {
         job: job.name.to_string(),
         mb_per_s: side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
         iops: side["iops"].as_f64().unwrap_or(0.0),
+        mean_us: side["clat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0,
         p99_us: p99,
-    })
+        server_us_per_io: None,
+    };
+    Ok((r, side["total_ios"].as_f64().unwrap_or(0.0)))
 }
 
-/// Fill (timed: the `fill` row), or fill then run `job`.
-fn fill_and_run(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str) -> anyhow::Result<JobResult> {
+/// Fill (timed: the `fill` row), or fill then run `job`; with the CPU
+/// the serving process `server` used during the job.
+fn fill_and_run(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str, server: Option<u32>) -> anyhow::Result<JobResult> {
     let f = fill(plan, engine, target)?;
     if job.name == "fill" {
         return Ok(f);
     }
-    fio(cfg, plan, job, engine, target)
+    let cpu0 = server.and_then(cpu_secs);
+    let (mut r, ios) = fio(cfg, plan, job, engine, target)?;
+    r.server_us_per_io = match (cpu0, server.and_then(cpu_secs)) {
+        (Some(a), Some(b)) if ios > 0.0 => Some((b - a) * 1e6 / ios),
+        _ => None,
+    };
+    Ok(r)
+}
+
+/// `zmem serve` with the bench's settings, on NBD socket `sock` and control
+/// socket `ctl`.
+fn serve(cfg: &Config, sock: &Path, ctl: &Path) -> Command {
+    let mut c = Command::new(&cfg.zmem);
+    c.args(["serve", "--size", &cfg.size.to_string(), "--compressor", &cfg.compressor])
+        .args(["--dedup", if cfg.dedup { "on" } else { "off" }])
+        .arg("--socket")
+        .arg(sock)
+        .arg("--control")
+        .arg(ctl);
+    c
 }
 
 fn bench_zmem(cfg: &Config, plan: &mut Plan, dir: &Path) -> anyhow::Result<TargetResult> {
@@ -291,20 +345,11 @@ fn bench_zmem(cfg: &Config, plan: &mut Plan, dir: &Path) -> anyhow::Result<Targe
     for job in &JOBS {
         // A fresh device per job: every job sees the same starting state
         // (freshly filled with the data).
-        let mut server = ChildGuard::spawn(
-            Command::new(&cfg.zmem)
-                .args(["serve", "--size", &cfg.size.to_string(), "--compressor", &cfg.compressor])
-                .args(["--dedup", if cfg.dedup { "on" } else { "off" }])
-                .arg("--socket")
-                .arg(&sock)
-                .arg("--control")
-                .arg(&ctl),
-            Stdio::null(),
-        )?;
+        let mut server = ChildGuard::spawn(&mut serve(cfg, &sock, &ctl), Stdio::null())?;
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
         let rss0 = rss_of(server.pid());
-        jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri)?);
+        jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri, Some(server.pid()))?);
         if job.name == "fill" {
             let v = zmem_stats(&cfg.zmem, &ctl)?;
             let st = &v["stats"];
@@ -345,7 +390,7 @@ fn bench_nbdkit(cfg: &Config, plan: &Plan, dir: &Path, allocator: Option<&str>) 
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
         let rss0 = rss_of(server.pid());
-        jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri)?);
+        jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri, Some(server.pid()))?);
         if job.name == "fill" {
             rss = rss_of(server.pid()).zip(rss0).map(|(b, a)| b.saturating_sub(a));
         }
@@ -376,7 +421,7 @@ fn bench_zram(cfg: &Config, plan: &Plan) -> anyhow::Result<TargetResult> {
         let z = kernel_zram::Device::configure(&alg, cfg.size, None)?;
         dev = z.name().to_string();
         let target = z.node().to_string_lossy().into_owned();
-        jobs.push(fill_and_run(cfg, plan, job, "io_uring", &target)?);
+        jobs.push(fill_and_run(cfg, plan, job, "io_uring", &target, None)?);
         if job.name == "fill" {
             mem = Some(z.mm_stat()?.mem_used_total);
         }
@@ -387,6 +432,50 @@ fn bench_zram(cfg: &Config, plan: &Plan) -> anyhow::Result<TargetResult> {
         jobs,
         mem_used_bytes: mem,
         rss_growth_bytes: None,
+        skipped: None,
+    })
+}
+
+/// The swap frontend's block device: `zmem serve --fuse`, and a loop device
+/// with direct I/O over its file; over io_uring if `uring`.
+fn bench_zmem_fuse(cfg: &Config, plan: &Plan, dir: &Path, uring: bool) -> anyhow::Result<TargetResult> {
+    let (sock, ctl, mnt, log) = (dir.join("fuse.sock"), dir.join("fuse.ctl"), dir.join("fuse"), dir.join("fuse-serve.log"));
+    let _switch = if uring { Some(host::FuseUringOn::new()?) } else { None };
+    std::fs::create_dir_all(&mnt)?;
+    let mut jobs = Vec::new();
+    let (mut mem, mut rss) = (None, None);
+    for job in &JOBS {
+        let mut serve = serve(cfg, &sock, &ctl);
+        serve.arg("--fuse").arg(&mnt).args(["--fuse-uring", if uring { "on" } else { "off" }]);
+        let mut server = ChildGuard::spawn(&mut serve, std::fs::File::create(&log)?.into())?;
+        // Unmounts the file if its server did not (it had to be killed).
+        let unmount = UnmountIfMounted(mnt.clone());
+        let image = mnt.join("image");
+        wait_for_file(&image, &mut server, &log)?;
+        let lo = run_tool(Command::new("losetup").args(["--find", "--show", "--direct-io=on"]).arg(&image))?.trim().to_string();
+        let detach = Step::new(&format!("detach {lo}"), &["losetup", "-d", &lo]);
+        let rss0 = rss_of(server.pid());
+        jobs.push(fill_and_run(cfg, plan, job, "io_uring", &lo, Some(server.pid()))?);
+        if job.name == "fill" {
+            mem = zmem_stats(&cfg.zmem, &ctl)?["stats"]["mem_used_total"].as_u64();
+            rss = rss_of(server.pid()).zip(rss0).map(|(b, a)| b.saturating_sub(a));
+        }
+        // The loop device first (the server unmounts its file as it stops).
+        drop(detach);
+        drop(server);
+        drop(unmount);
+    }
+    Ok(TargetResult {
+        target: if uring { "zmem-fuse-uring" } else { "zmem-fuse" }.into(),
+        detail: format!(
+            "{}{}, FUSE file{} + loop device (direct I/O), fio io_uring O_DIRECT",
+            cfg.compressor,
+            if cfg.dedup { "+dedup" } else { "" },
+            if uring { " over io_uring" } else { "" }
+        ),
+        jobs,
+        mem_used_bytes: mem,
+        rss_growth_bytes: rss,
         skipped: None,
     })
 }
@@ -460,10 +549,25 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Repor
     } else {
         bench_zram(cfg, &plan).unwrap_or_else(|e| skipped("zram", format!("{e:#}")))
     });
+    for (name, uring) in [("zmem-fuse", false), ("zmem-fuse-uring", true)] {
+        targets.push(if !cfg.fuse {
+            skipped(name, "--no-fuse".into())
+        } else if !root {
+            skipped(name, "needs root".into())
+        } else if !have("losetup") {
+            skipped(name, "losetup is not installed".into())
+        } else if uring && !Path::new(host::FUSE_URING_PARAM).exists() {
+            skipped(name, format!("this kernel has no FUSE over io_uring ({})", host::FUSE_URING_PARAM))
+        } else {
+            bench_zmem_fuse(cfg, &plan, dir.path(), uring).context(name)?
+        });
+    }
     let ratios = RatioSet {
         zmem_vs_nbdkit: ratios(&targets[0], &targets[1]),
         zmem_vs_nbdkit_raw: ratios(&targets[0], &targets[2]),
         zmem_vs_zram: ratios(&targets[0], &targets[3]),
+        zmem_fuse_vs_zram: ratios(&targets[4], &targets[3]),
+        zmem_fuse_uring_vs_zram: ratios(&targets[5], &targets[3]),
     };
     Ok(Report {
         size: cfg.size,
@@ -490,27 +594,35 @@ pub fn render(r: &Report) -> String {
         r.iodepth,
         r.runtime_s
     );
-    out += &format!("{:<10} {:<10} {:>10} {:>10} {:>10}\n", "TARGET", "JOB", "MB/s", "IOPS", "p99 us");
+    out += &format!("{:<15} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "TARGET", "JOB", "MB/s", "IOPS", "mean us", "p99 us", "srv us/io");
     for t in &r.targets {
         if let Some(why) = &t.skipped {
-            out += &format!("{:<10} skipped: {why}\n", t.target);
+            out += &format!("{:<15} skipped: {why}\n", t.target);
             continue;
         }
         for j in &t.jobs {
-            out += &format!("{:<10} {:<10} {:>10.1} {:>10.0} {:>10.1}\n", t.target, j.job, j.mb_per_s, j.iops, j.p99_us);
+            let srv = j.server_us_per_io.map_or("-".to_string(), |u| format!("{u:.1}"));
+            out += &format!("{:<15} {:<10} {:>10.1} {:>10.0} {:>10.1} {:>10.1} {:>10}\n", t.target, j.job, j.mb_per_s, j.iops, j.mean_us, j.p99_us, srv);
         }
     }
     out.push('\n');
-    out += &format!("{:<10} {:>14} {:>14}  detail\n", "TARGET", "MEM AFTER FILL", "RSS GROWTH");
+    out += &format!("{:<15} {:>14} {:>14}  detail\n", "TARGET", "MEM AFTER FILL", "RSS GROWTH");
     let mib = |v: Option<u64>| v.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into());
     for t in r.targets.iter().filter(|t| t.skipped.is_none()) {
-        out += &format!("{:<10} {:>14} {:>14}  {}\n", t.target, mib(t.mem_used_bytes), mib(t.rss_growth_bytes), t.detail);
+        out += &format!("{:<15} {:>14} {:>14}  {}\n", t.target, mib(t.mem_used_bytes), mib(t.rss_growth_bytes), t.detail);
     }
     let q = &r.ratios;
-    for (name, v) in [("nbdkit", &q.zmem_vs_nbdkit), ("nbdkit-raw", &q.zmem_vs_nbdkit_raw), ("zram", &q.zmem_vs_zram)] {
+    let pairs = [
+        ("zmem", "nbdkit", &q.zmem_vs_nbdkit),
+        ("zmem", "nbdkit-raw", &q.zmem_vs_nbdkit_raw),
+        ("zmem", "zram", &q.zmem_vs_zram),
+        ("zmem-fuse", "zram", &q.zmem_fuse_vs_zram),
+        ("zmem-fuse-uring", "zram", &q.zmem_fuse_uring_vs_zram),
+    ];
+    for (ours, name, v) in pairs {
         if let Some(m) = v {
             let parts: Vec<String> = m.iter().map(|(k, x)| format!("{k} {x:.2}")).collect();
-            out += &format!("zmem / {name}: {}\n", parts.join(", "));
+            out += &format!("{ours} / {name}: {}\n", parts.join(", "));
         }
     }
     out
@@ -524,7 +636,10 @@ mod tests {
         TargetResult {
             target: name.into(),
             detail: format!("{name} detail"),
-            jobs: iops.iter().map(|&(job, iops)| JobResult { job: job.into(), mb_per_s: iops / 10.0, iops, p99_us: 1.5 }).collect(),
+            jobs: iops
+                .iter()
+                .map(|&(job, iops)| JobResult { job: job.into(), mb_per_s: iops / 10.0, iops, mean_us: 1e6 / iops, p99_us: 1.5, server_us_per_io: Some(2.5) })
+                .collect(),
             mem_used_bytes: mem,
             rss_growth_bytes: rss,
             skipped: None,
@@ -549,7 +664,10 @@ mod tests {
     fn renders_and_serialises_as_before() {
         let z = target("zmem", &[("fill", 100.0)], Some(1 << 20), Some(2 << 20));
         let raw = target("nbdkit-raw", &[("fill", 400.0)], None, Some(4 << 20));
-        let targets = vec![z.clone(), skipped("nbdkit", "--no-nbdkit".into()), raw.clone(), skipped("zram", "needs root".into())];
+        let zram = target("zram", &[("fill", 50.0)], Some(1 << 19), None);
+        let fuse = target("zmem-fuse", &[("fill", 80.0)], Some(1 << 20), Some(2 << 20));
+        let targets =
+            vec![z.clone(), skipped("nbdkit", "--no-nbdkit".into()), raw.clone(), zram.clone(), fuse.clone(), skipped("zmem-fuse-uring", "--no-fuse".into())];
         let r = Report {
             size: 16 << 20,
             data: PathBuf::from("/tmp/data"),
@@ -557,16 +675,26 @@ mod tests {
             runtime_s: 1,
             iodepth: 16,
             compress_percentage: 42,
-            ratios: RatioSet { zmem_vs_nbdkit: None, zmem_vs_nbdkit_raw: ratios(&z, &raw), zmem_vs_zram: None },
+            ratios: RatioSet {
+                zmem_vs_nbdkit: None,
+                zmem_vs_nbdkit_raw: ratios(&z, &raw),
+                zmem_vs_zram: None,
+                zmem_fuse_vs_zram: ratios(&fuse, &zram),
+                zmem_fuse_uring_vs_zram: None,
+            },
             targets,
         };
         let table = render(&r);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("zmem bench blockdev: 16 MiB device filled with 16 MiB of /tmp/data; randwrite data 42%"), "{table}");
-        assert_eq!(lines[2], "zmem       fill             10.0        100        1.5");
-        assert_eq!(lines[3], "nbdkit     skipped: --no-nbdkit");
-        assert_eq!(lines[8], "zmem              1.0 MiB        2.0 MiB  zmem detail");
-        assert_eq!(lines.last(), Some(&"zmem / nbdkit-raw: fill_iops 0.25, memory 0.50"));
+        assert_eq!(lines[1], "TARGET          JOB              MB/s       IOPS    mean us     p99 us  srv us/io");
+        assert_eq!(lines[2], "zmem            fill             10.0        100    10000.0        1.5        2.5");
+        assert_eq!(lines[3], "nbdkit          skipped: --no-nbdkit");
+        assert_eq!(lines[6], "zmem-fuse       fill              8.0         80    12500.0        1.5        2.5");
+        assert_eq!(lines[7], "zmem-fuse-uring skipped: --no-fuse");
+        assert_eq!(lines[10], "zmem                   1.0 MiB        2.0 MiB  zmem detail");
+        assert_eq!(lines[lines.len() - 2], "zmem / nbdkit-raw: fill_iops 0.25, memory 0.50");
+        assert_eq!(lines.last(), Some(&"zmem-fuse / zram: fill_iops 1.60, memory 2.00"));
         // The JSON `zmem bench blockdev --json` prints (keys sorted by name).
         let v = serde_json::to_value(&r).unwrap();
         let text = serde_json::to_string_pretty(&v).unwrap();
@@ -574,5 +702,7 @@ mod tests {
         assert!(v["ratios"]["zmem_vs_nbdkit"].is_null());
         assert_eq!(v["ratios"]["zmem_vs_nbdkit_raw"]["fill_iops"], 0.25);
         assert_eq!(v["targets"][1]["skipped"], "--no-nbdkit");
+        assert_eq!(v["targets"][4]["jobs"][0]["mean_us"], 12500.0);
+        assert_eq!(v["ratios"]["zmem_fuse_vs_zram"]["fill_iops"], 1.6);
     }
 }

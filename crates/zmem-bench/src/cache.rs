@@ -66,7 +66,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::host::{self, have, run_limited, run_tool, wait_for_socket, zmem_stats, ChildGuard, DiskStat, LoopDisk, MemCgroup, Throttle};
+use crate::host::{
+    self, have, run_limited, run_tool, wait_for_file, wait_for_socket, zmem_stats, ChildGuard, DiskStat, LoopDisk, MemCgroup, Step, Throttle, UnmountIfMounted,
+};
 use crate::shared_budget::{rss_of, BudgetStats, SharedBudget};
 
 /// Everything a run needs.
@@ -348,37 +350,6 @@ fn phases(cfg: &Config, cg: &MemCgroup, mnt: &Path, origin: &str, progress: &mut
     Ok(out)
 }
 
-/// Undoes one step of the zmem stack on drop (logged if it cannot).
-struct Step {
-    what: String,
-    argv: Vec<String>,
-}
-
-impl Step {
-    fn new(what: &str, argv: &[&str]) -> Step {
-        Step { what: what.into(), argv: argv.iter().map(|s| s.to_string()).collect() }
-    }
-}
-
-impl Drop for Step {
-    fn drop(&mut self) {
-        let by_hand = self.argv.join(" ");
-        host::undo(&self.what, &by_hand, || run_tool(Command::new(&self.argv[0]).args(&self.argv[1..])).map(drop));
-    }
-}
-
-/// Unmounts a directory on drop, if something is mounted there.
-struct UnmountIfMounted(PathBuf);
-
-impl Drop for UnmountIfMounted {
-    fn drop(&mut self) {
-        let dir = self.0.to_str().unwrap_or_default();
-        if host::is_mounted(&self.0) {
-            host::undo(&format!("unmount {dir}"), &format!("umount {dir}"), || run_tool(Command::new("umount").arg(&self.0)).map(drop));
-        }
-    }
-}
-
 /// Removes a scratch directory on drop (only once nothing is mounted in it).
 struct RemoveDir(PathBuf);
 
@@ -436,17 +407,7 @@ fn run_zmem(cfg: &Config, disk: &LoopDisk, max_pool: u64, progress: &mut impl Fn
         Frontend::Fuse => (None, fuse_dir.join("image")),
         Frontend::Nbd => (Some(ChildGuard::spawn(Command::new("nbdfuse").arg(&fuse_dir).arg("--unix").arg(&sock), Stdio::null())?), fuse_dir.join("nbd")),
     };
-    let end = Instant::now() + Duration::from_secs(20);
-    while !file.exists() {
-        let who = nbdfuse.as_mut().unwrap_or(&mut server);
-        if let Some(Ok(Some(st))) = who.0.as_mut().map(|c| c.try_wait()) {
-            bail!("the process serving {} exited: {st} (see {})", file.display(), dir.join("serve.log").display());
-        }
-        if Instant::now() > end {
-            bail!("{} did not appear within 20 s", file.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_file(&file, nbdfuse.as_mut().unwrap_or(&mut server), &dir.join("serve.log"))?;
     let lo = run_tool(Command::new("losetup").args(["--find", "--show", "--direct-io=on", "--read-only"]).arg(&file))?.trim().to_string();
     let detach = Step::new(&format!("detach {lo}"), &["losetup", "-d", &lo]);
     let lo_name = lo.trim_start_matches("/dev/").to_string();

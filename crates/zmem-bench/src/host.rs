@@ -84,6 +84,39 @@ pub(crate) fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Res
     }
 }
 
+/// Undoes one step of a stack a bench built (a loop device, a mount) on
+/// drop: retried, and logged with the command to finish it by hand if it
+/// never works.
+pub struct Step {
+    what: String,
+    argv: Vec<String>,
+}
+
+impl Step {
+    pub fn new(what: &str, argv: &[&str]) -> Step {
+        Step { what: what.into(), argv: argv.iter().map(|s| s.to_string()).collect() }
+    }
+}
+
+impl Drop for Step {
+    fn drop(&mut self) {
+        let by_hand = self.argv.join(" ");
+        undo(&self.what, &by_hand, || run_tool(Command::new(&self.argv[0]).args(&self.argv[1..])).map(drop));
+    }
+}
+
+/// Unmounts a directory on drop, if something is mounted there.
+pub struct UnmountIfMounted(pub PathBuf);
+
+impl Drop for UnmountIfMounted {
+    fn drop(&mut self) {
+        let dir = self.0.to_str().unwrap_or_default();
+        if is_mounted(&self.0) {
+            undo(&format!("unmount {dir}"), &format!("umount {dir}"), || run_tool(Command::new("umount").arg(&self.0)).map(drop));
+        }
+    }
+}
+
 /// `/proc/vmstat` as a map.
 pub fn vmstat() -> HashMap<String, u64> {
     std::fs::read_to_string("/proc/vmstat")
@@ -244,6 +277,23 @@ pub fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()
             bail!("server did not listen on {} within 10 s", path.display());
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Wait up to 20 s for `file` to appear (a FUSE file its server mounts),
+/// failing early if `child`, the process that serves it, exits (its log is
+/// `log`).
+pub fn wait_for_file(file: &Path, child: &mut ChildGuard, log: &Path) -> anyhow::Result<()> {
+    let end = Instant::now() + Duration::from_secs(20);
+    while !file.exists() {
+        if let Some(Ok(Some(st))) = child.0.as_mut().map(|c| c.try_wait()) {
+            bail!("the process serving {} exited: {st} (see {})", file.display(), log.display());
+        }
+        if Instant::now() > end {
+            bail!("{} did not appear within 20 s", file.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
 }
@@ -551,6 +601,30 @@ const ZSWAP_DEBUGFS: &str = "/sys/kernel/debug/zswap";
 /// [`ZswapParams::save`]).
 pub fn zswap_counter_path(name: &str) -> PathBuf {
     Path::new(ZSWAP_DEBUGFS).join(name)
+}
+
+/// FUSE's switch for its io_uring transport (system-wide).
+pub const FUSE_URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// FUSE's io_uring switch, on for a run (`zmem ... --fuse-uring on` needs
+/// it) and put back as found on drop.
+pub struct FuseUringOn {
+    was: String,
+}
+
+impl FuseUringOn {
+    pub fn new() -> anyhow::Result<FuseUringOn> {
+        let was = read_trim(FUSE_URING_PARAM).with_context(|| format!("this kernel has no FUSE over io_uring ({FUSE_URING_PARAM})"))?;
+        write_attr(FUSE_URING_PARAM, "Y")?;
+        Ok(FuseUringOn { was })
+    }
+}
+
+impl Drop for FuseUringOn {
+    fn drop(&mut self) {
+        let by_hand = format!("echo {} > {FUSE_URING_PARAM}", self.was);
+        undo("restore FUSE's enable_uring", &by_hand, || write_attr(FUSE_URING_PARAM, &self.was));
+    }
 }
 
 /// zswap's module parameters as found; restored on drop (disabled first,

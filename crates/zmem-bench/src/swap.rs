@@ -543,6 +543,9 @@ struct Setup {
     swaps: Vec<SwapOn>,
     zram: Option<kernel_zram::Device>,
     zmem: Option<ZmemSwap>,
+    /// FUSE's io_uring switch, on while a zmem device asked for it
+    /// (`--zmem-arg=--fuse-uring --zmem-arg=on`), put back after it.
+    fuse_uring: Option<host::FuseUringOn>,
 }
 
 impl Drop for Setup {
@@ -601,6 +604,9 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
             let run_dir = cfg.scratch.join("run");
             let backing = disk.mnt().join("zmem.backing");
             let z = ZmemSwap { zmem: cfg.zmem.clone(), run_dir: run_dir.clone(), backing: backing.clone() };
+            if wants_fuse_uring(&cfg.zmem_args) {
+                s.fuse_uring = Some(host::FuseUringOn::new()?);
+            }
             host::run_tool(
                 Command::new(&cfg.zmem)
                     .args(["swap", "on", "--name", ZMEM_NAME, "--size"])
@@ -620,6 +626,11 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
         }
     }
     Ok(s)
+}
+
+/// Whether the zmem arguments turn on FUSE over io_uring.
+fn wants_fuse_uring(zmem_args: &[String]) -> bool {
+    zmem_args.windows(2).any(|w| w[0] == "--fuse-uring" && w[1] == "on") || zmem_args.iter().any(|a| a == "--fuse-uring=on")
 }
 
 /// The `--compressor` argument for `zmem swap on`: the bench's compressor
@@ -1006,6 +1017,15 @@ mod tests {
 
     fn report(runs: Vec<RunResult>) -> Report {
         Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, zmem_args: vec![], notes: vec![], runs }
+    }
+
+    #[test]
+    fn fuse_uring_is_seen_in_either_spelling() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(wants_fuse_uring(&args(&["--threads", "4", "--fuse-uring", "on"])));
+        assert!(wants_fuse_uring(&args(&["--fuse-uring=on"])));
+        assert!(!wants_fuse_uring(&args(&["--fuse-uring", "off", "on"])));
+        assert!(!wants_fuse_uring(&args(&[])));
     }
 
     #[test]

@@ -11,8 +11,7 @@
 //! direct I/O over that file is the block device. A page the kernel swaps
 //! out goes loop → FUSE → this process → the pool: one hop. `zmem serve
 //! --fuse` serves any export this way, the caching device of `--origin`
-//! among them (`zmem bench cache`: sequential re-reads 4.5 × the bare
-//! disk through this file, 1.5–2.2 × through nbdfuse).
+//! among them (`zmem bench cache` compares it with nbdfuse).
 //!
 //! # How
 //! [`mount`] builds the filesystem on [`fuser`] (pure Rust, no libfuse): the
@@ -30,13 +29,25 @@
 //! (create, rename, truncate to another size) is refused with `EPERM`.
 //!
 //! # Trade-offs
-//! Each request costs a read and a write on `/dev/fuse` and a switch to a
-//! worker thread; several workers (each with its own cloned fd) serve
-//! requests in parallel. The kernel's FUSE-over-io_uring transport would
-//! cut the syscalls; this crate uses the classic device until a benchmark
-//! shows the syscalls are what limits swap.
+//! Each request costs a read and a write on `/dev/fuse` and hand-offs
+//! between threads: the loop device's worker, a FUSE worker here, the
+//! block layer's completion. The syscalls are cheap; the hand-offs are
+//! not, because each is a wake-up, and a wake-up that crosses to a CPU
+//! asleep is the dearest thing on the path (on a VM most of all). zram has
+//! none: the kernel calls it in the faulting thread. `zmem bench
+//! blockdev`'s `read-qd1` job measures one synchronous 4 KiB read through
+//! this file against zram (figures in the README). Several workers (each
+//! with its own cloned fd) serve requests in parallel. With
+//! [`FuseConfig::uring`], the kernel's FUSE-over-io_uring transport carries
+//! them instead (`uring.rs`): a queue per CPU keeps a request on the CPU
+//! that issued it, and one syscall answers it and waits for the next, for
+//! `threads` threads and about 2 MiB of buffers per thread, per CPU. It is off by default: its
+//! module parameter is the operator's to set, and it needs Linux 6.14.
 
 #![deny(unsafe_code)]
+
+mod proto;
+mod uring;
 
 use std::ffi::OsStr;
 use std::io;
@@ -68,11 +79,16 @@ pub struct FuseConfig {
     /// Let users other than the mounter open the file (`allow_other`). The
     /// file's mode is 0600 either way.
     pub allow_other: bool,
+    /// Serve the file's requests over io_uring, a queue per CPU with
+    /// `threads` threads each (the kernel's FUSE-over-io_uring transport;
+    /// needs its module parameter `enable_uring`). The `threads` workers on
+    /// `/dev/fuse` still serve INIT, forgets and interrupts.
+    pub uring: bool,
 }
 
 impl Default for FuseConfig {
     fn default() -> Self {
-        FuseConfig { file_name: "image".into(), threads: 2, allow_other: false }
+        FuseConfig { file_name: "image".into(), threads: 2, allow_other: false, uring: false }
     }
 }
 
@@ -85,48 +101,200 @@ pub struct FuseStats {
     pub bytes_written: AtomicU64,
     pub discards: AtomicU64,
     pub errors: AtomicU64,
+    /// Requests answered over io_uring ([`FuseConfig::uring`]).
+    pub uring_requests: AtomicU64,
 }
 
-/// The filesystem: one directory holding one file over the export.
-struct ImageFs {
+/// What the file system answers, whichever transport carries the request
+/// (fuser's classic `/dev/fuse` loop, or [`uring`]): one directory holding
+/// one file over the export.
+struct FileOps {
     export: Arc<Export>,
     name: String,
     uid: u32,
     gid: u32,
-    born: SystemTime,
+    /// Mount time (seconds and nanoseconds since the epoch): every time
+    /// stamp the file system shows.
+    born: (u64, u32),
     stats: Arc<FuseStats>,
-    /// Read buffers, one per worker, allocated and written when the image
-    /// is mounted: a read faults in no new memory. (A swap server whose
-    /// page faults land in a full memory cgroup can end up waiting on its
-    /// own swap-out.)
-    bufs: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
-impl ImageFs {
-    fn attr(&self, ino: INodeNo) -> FileAttr {
-        let (kind, perm, size, nlink) = if ino == ROOT { (FileType::Directory, 0o700, 0, 2) } else { (FileType::RegularFile, 0o600, self.export.size(), 1) };
-        FileAttr {
-            ino,
-            size,
-            blocks: size.div_ceil(512),
-            atime: self.born,
-            mtime: self.born,
-            ctime: self.born,
-            crtime: self.born,
-            kind,
-            perm,
-            nlink,
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
-        }
+/// An inode's attributes, as both transports encode them.
+struct Attr {
+    ino: u64,
+    size: u64,
+    /// File type and permission bits (`st_mode`).
+    mode: u32,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    time: (u64, u32),
+}
+
+/// `statfs` figures (the rest are constants).
+struct Statfs {
+    blocks: u64,
+}
+
+impl FileOps {
+    fn attr(&self, ino: u64) -> Attr {
+        let (mode, size, nlink) = if ino == ROOT.0 { (libc::S_IFDIR | 0o700, 0, 2) } else { (libc::S_IFREG | 0o600, self.export.size(), 1) };
+        Attr { ino, size, mode, nlink, uid: self.uid, gid: self.gid, time: self.born }
     }
 
     fn failed(&self, e: &ExportError) -> Errno {
         self.stats.errors.fetch_add(1, Relaxed);
         Errno::from_i32(e.errno() as i32)
+    }
+
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno> {
+        if parent == ROOT.0 && name == self.name.as_bytes() {
+            Ok(self.attr(FILE.0))
+        } else {
+            Err(Errno::ENOENT)
+        }
+    }
+
+    fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        if ino == ROOT.0 || ino == FILE.0 {
+            Ok(self.attr(ino))
+        } else {
+            Err(Errno::ENOENT)
+        }
+    }
+
+    /// The size is the device's; owners and modes are fixed (`fixed`: the
+    /// request would change them). Times are accepted and ignored (tools
+    /// touch them).
+    fn setattr(&self, ino: u64, size: Option<u64>, fixed: bool) -> Result<Attr, Errno> {
+        let size_ok = size.is_none_or(|s| ino == FILE.0 && s == self.export.size());
+        if ino != FILE.0 && ino != ROOT.0 || !size_ok || fixed {
+            return Err(Errno::EPERM);
+        }
+        Ok(self.attr(ino))
+    }
+
+    /// Open the file (`dir` false) or the root (`dir` true); the file is
+    /// opened for direct I/O (returns whether).
+    fn open(&self, ino: u64, dir: bool) -> Result<bool, Errno> {
+        match dir {
+            false if ino == FILE.0 => Ok(true),
+            false => Err(Errno::EISDIR),
+            true if ino == ROOT.0 => Ok(false),
+            true => Err(Errno::ENOTDIR),
+        }
+    }
+
+    /// Read into `buf` from `offset`; returns the bytes read (short at the
+    /// end of the file).
+    fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        if ino != FILE.0 {
+            return Err(Errno::EISDIR);
+        }
+        let n = (buf.len() as u64).min(self.export.size().saturating_sub(offset)) as usize;
+        self.export.read(offset, &mut buf[..n]).map_err(|e| self.failed(&e))?;
+        self.stats.reads.fetch_add(1, Relaxed);
+        self.stats.bytes_read.fetch_add(n as u64, Relaxed);
+        Ok(n)
+    }
+
+    fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        if ino != FILE.0 {
+            return Err(Errno::EISDIR);
+        }
+        // The file cannot grow: a write past its end is ENOSPC, as on a
+        // block device.
+        if offset.checked_add(data.len() as u64).is_none_or(|end| end > self.export.size()) {
+            self.stats.errors.fetch_add(1, Relaxed);
+            return Err(Errno::ENOSPC);
+        }
+        self.export.write(offset, data).map_err(|e| self.failed(&e))?;
+        self.stats.writes.fetch_add(1, Relaxed);
+        self.stats.bytes_written.fetch_add(data.len() as u64, Relaxed);
+        Ok(data.len() as u32)
+    }
+
+    fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
+        if ino != FILE.0 {
+            return Err(Errno::EISDIR);
+        }
+        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
+        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let known = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        let end = offset.checked_add(length);
+        if mode & !known != 0 || (punch && !keep) || end.is_none() {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let size = self.export.size();
+        // Past the end: nothing to free or zero there, and the file cannot grow.
+        let length = end.unwrap_or(u64::MAX).min(size).saturating_sub(offset);
+        if offset >= size {
+            return if punch || keep { Ok(()) } else { Err(Errno::ENOSPC) };
+        }
+        let r = if punch {
+            // Whole pages leave the pool; the edges of partial pages are zeroed.
+            self.stats.discards.fetch_add(1, Relaxed);
+            self.export.write_zeroes(offset, length, false)
+        } else if zero {
+            self.export.write_zeroes(offset, length, true)
+        } else {
+            Ok(())
+        };
+        r.map_err(|e| self.failed(&e))
+    }
+
+    /// Every write is in the pool before it is answered; a cache's origin
+    /// is flushed (a loop device's FLUSH arrives as this fsync).
+    fn fsync(&self) -> Result<(), Errno> {
+        self.export.flush().map_err(|e| self.failed(&e))
+    }
+
+    /// The root's entries: inode, `DT_*` type, name.
+    fn readdir(&self, ino: u64) -> Result<[(u64, u32, &str); 3], Errno> {
+        if ino != ROOT.0 {
+            return Err(Errno::ENOTDIR);
+        }
+        let dir = u32::from(libc::DT_DIR);
+        Ok([(ROOT.0, dir, "."), (ROOT.0, dir, ".."), (FILE.0, u32::from(libc::DT_REG), &*self.name)])
+    }
+
+    fn statfs(&self) -> Statfs {
+        Statfs { blocks: self.export.size() / 4096 }
+    }
+}
+
+/// fuser's side: the classic transport, and INIT.
+struct ImageFs {
+    ops: Arc<FileOps>,
+    /// Read buffers, one per worker, allocated and written when the image
+    /// is mounted: a read faults in no new memory. (A swap server whose
+    /// page faults land in a full memory cgroup can end up waiting on its
+    /// own swap-out.)
+    bufs: std::sync::Mutex<Vec<Vec<u8>>>,
+    /// Ask for FUSE over io_uring at INIT (the rings are ready to register).
+    uring: bool,
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    let t = SystemTime::UNIX_EPOCH + Duration::new(a.time.0, a.time.1);
+    let kind = if a.mode & libc::S_IFMT == libc::S_IFDIR { FileType::Directory } else { FileType::RegularFile };
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        kind,
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
     }
 }
 
@@ -137,22 +305,27 @@ impl Filesystem for ImageFs {
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_PARALLEL_DIROPS);
         let _ = config.set_max_background(256);
         let _ = config.set_congestion_threshold(192);
+        if self.uring {
+            // Checked before mounting (the module parameter); refused here
+            // only by a kernel without the transport.
+            if let Err(e) = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
+                tracing::warn!("the kernel did not offer FUSE over io_uring ({e:?}): serving through /dev/fuse");
+            }
+        }
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent == ROOT && name == OsStr::new(&self.name) {
-            reply.entry(&TTL, &self.attr(FILE), fuser::Generation(0));
-        } else {
-            reply.error(Errno::ENOENT);
+        match self.ops.lookup(parent.0, name.as_encoded_bytes()) {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), fuser::Generation(0)),
+            Err(e) => reply.error(e),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        if ino == ROOT || ino == FILE {
-            reply.attr(&TTL, &self.attr(ino));
-        } else {
-            reply.error(Errno::ENOENT);
+        match self.ops.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -174,42 +347,27 @@ impl Filesystem for ImageFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        // The size is the device's; owners and modes are fixed. Times are
-        // accepted and ignored (tools touch them).
-        let size_ok = size.is_none_or(|s| ino == FILE && s == self.export.size());
-        if ino != FILE && ino != ROOT || !size_ok || mode.is_some() || uid.is_some() || gid.is_some() {
-            reply.error(Errno::EPERM);
-            return;
+        match self.ops.setattr(ino.0, size, mode.is_some() || uid.is_some() || gid.is_some()) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(e),
         }
-        reply.attr(&TTL, &self.attr(ino));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if ino == FILE {
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
-        } else {
-            reply.error(Errno::EISDIR);
+        match self.ops.open(ino.0, false) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            Err(e) => reply.error(e),
         }
     }
 
     fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<LockOwner>, reply: ReplyData) {
-        if ino != FILE {
-            reply.error(Errno::EISDIR);
-            return;
-        }
-        // A read past the end is short (zero bytes at or after it).
-        let n = (size as u64).min(self.export.size().saturating_sub(offset)) as usize;
         let mut buf = self.bufs.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-        if buf.len() < n {
-            buf.resize(n, 0);
+        if buf.len() < size as usize {
+            buf.resize(size as usize, 0);
         }
-        match self.export.read(offset, &mut buf[..n]) {
-            Ok(()) => {
-                self.stats.reads.fetch_add(1, Relaxed);
-                self.stats.bytes_read.fetch_add(n as u64, Relaxed);
-                reply.data(&buf[..n]);
-            }
-            Err(e) => reply.error(self.failed(&e)),
+        match self.ops.read(ino.0, offset, &mut buf[..size as usize]) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(e),
         }
         self.bufs.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
     }
@@ -226,64 +384,16 @@ impl Filesystem for ImageFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        if ino != FILE {
-            reply.error(Errno::EISDIR);
-            return;
-        }
-        // The file cannot grow: a write past its end is ENOSPC, as on a
-        // block device.
-        if offset.checked_add(data.len() as u64).is_none_or(|end| end > self.export.size()) {
-            self.stats.errors.fetch_add(1, Relaxed);
-            reply.error(Errno::ENOSPC);
-            return;
-        }
-        match self.export.write(offset, data) {
-            Ok(()) => {
-                self.stats.writes.fetch_add(1, Relaxed);
-                self.stats.bytes_written.fetch_add(data.len() as u64, Relaxed);
-                reply.written(data.len() as u32);
-            }
-            Err(e) => reply.error(self.failed(&e)),
+        match self.ops.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
         }
     }
 
     fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
-        if ino != FILE {
-            reply.error(Errno::EISDIR);
-            return;
-        }
-        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
-        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
-        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        let known = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
-        let end = offset.checked_add(length);
-        if mode & !known != 0 || (punch && !keep) || end.is_none() {
-            reply.error(Errno::EOPNOTSUPP);
-            return;
-        }
-        let size = self.export.size();
-        // Past the end: nothing to free or zero there, and the file cannot grow.
-        let length = end.unwrap_or(u64::MAX).min(size).saturating_sub(offset);
-        if offset >= size {
-            if punch || keep {
-                reply.ok();
-            } else {
-                reply.error(Errno::ENOSPC);
-            }
-            return;
-        }
-        let r = if punch {
-            // Whole pages leave the pool; the edges of partial pages are zeroed.
-            self.stats.discards.fetch_add(1, Relaxed);
-            self.export.write_zeroes(offset, length, false)
-        } else if zero {
-            self.export.write_zeroes(offset, length, true)
-        } else {
-            Ok(())
-        };
-        match r {
+        match self.ops.fallocate(ino.0, offset, length, mode) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.failed(&e)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -292,30 +402,27 @@ impl Filesystem for ImageFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        // Every write is in the pool before it is answered; a cache's
-        // origin is flushed (a loop device's FLUSH arrives as this fsync).
-        match self.export.flush() {
+        match self.ops.fsync() {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.failed(&e)),
+            Err(e) => reply.error(e),
         }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if ino == ROOT {
-            reply.opened(FileHandle(0), FopenFlags::empty());
-        } else {
-            reply.error(Errno::ENOTDIR);
+        match self.ops.open(ino.0, true) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
         }
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        if ino != ROOT {
-            reply.error(Errno::ENOTDIR);
-            return;
-        }
-        let entries = [(ROOT, FileType::Directory, "."), (ROOT, FileType::Directory, ".."), (FILE, FileType::RegularFile, &*self.name)];
+        let entries = match self.ops.readdir(ino.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(*ino, i as u64 + 1, *kind, name) {
+            let kind = if *kind == u32::from(libc::DT_DIR) { FileType::Directory } else { FileType::RegularFile };
+            if reply.add(INodeNo(*ino), i as u64 + 1, kind, name) {
                 break;
             }
         }
@@ -337,8 +444,7 @@ impl Filesystem for ImageFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let blocks = self.export.size() / 4096;
-        reply.statfs(blocks, 0, 0, 2, 0, 4096, 255, 4096);
+        reply.statfs(self.ops.statfs().blocks, 0, 0, 2, 0, 4096, 255, 4096);
     }
 }
 
@@ -347,6 +453,7 @@ impl Filesystem for ImageFs {
 pub struct Mounted {
     session: Option<BackgroundSession>,
     stats: Arc<FuseStats>,
+    rings: Option<uring::Threads>,
 }
 
 impl Mounted {
@@ -354,21 +461,34 @@ impl Mounted {
         &self.stats
     }
 
+    /// Whether requests go over io_uring ([`FuseConfig::uring`]).
+    pub fn uring(&self) -> bool {
+        self.rings.is_some()
+    }
+
     /// Unmount and wait for the session's threads.
     pub fn unmount(mut self) -> io::Result<()> {
-        match self.session.take() {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> io::Result<()> {
+        let r = match self.session.take() {
             Some(s) => s.umount_and_join(),
             None => Ok(()),
+        };
+        // The unmount ended the rings' entries (or failed, and then the
+        // threads are left to the process's exit).
+        if let Some(t) = self.rings.take() {
+            t.join(if r.is_ok() { Duration::from_secs(5) } else { Duration::ZERO });
         }
+        r
     }
 }
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            if let Err(e) = s.umount_and_join() {
-                tracing::warn!("unmounting the zmem FUSE image failed: {e}");
-            }
+        if let Err(e) = self.stop() {
+            tracing::warn!("unmounting the zmem FUSE image failed: {e}");
         }
     }
 }
@@ -382,15 +502,33 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     }
     let threads = cfg.threads.clamp(1, 64);
     let stats = Arc::new(FuseStats::default());
-    let fs = ImageFs {
+    // The rings first: without them the kernel must not be told to use them.
+    let queues = if cfg.uring {
+        if !uring::enabled() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "FUSE over io_uring is off in this kernel: as root, `echo Y > /sys/module/fuse/parameters/enable_uring` (Linux 6.14 or later with CONFIG_FUSE_IO_URING), or serve without it",
+            ));
+        }
+        // The payload holds the largest request (max_write, or max_pages).
+        Some(uring::prepare(MAX_IO as usize + (64 << 10), threads).map_err(|e| io::Error::new(e.kind(), format!("setting up io_uring for FUSE: {e}")))?)
+    } else {
+        None
+    };
+    let born = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let ops = Arc::new(FileOps {
         export,
         name: cfg.file_name.clone(),
         uid: rustix::process::geteuid().as_raw(),
         gid: rustix::process::getegid().as_raw(),
-        born: SystemTime::now(),
+        born: (born.as_secs(), born.subsec_nanos()),
         stats: Arc::clone(&stats),
+    });
+    let fs = ImageFs {
+        ops: Arc::clone(&ops),
         // Not zero: calloc would leave the pages untouched.
         bufs: std::sync::Mutex::new((0..threads).map(|_| vec![0xa5u8; MAX_IO as usize]).collect()),
+        uring: queues.is_some(),
     };
     let mut config = Config::default();
     config.mount_options = vec![
@@ -405,6 +543,15 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
     config.n_threads = Some(threads);
     config.clone_fd = true;
-    let session = fuser::Session::new(fs, mountpoint, &config)?.spawn()?;
-    Ok(Mounted { session: Some(session), stats })
+    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    let fd = match queues {
+        Some(_) => Some(std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()?),
+        None => None,
+    };
+    let mut mounted = Mounted { session: Some(session.spawn()?), stats, rings: None };
+    if let (Some(queues), Some(fd)) = (queues, fd) {
+        // (Dropping `mounted` on an error unmounts.)
+        mounted.rings = Some(uring::start(queues, fd, ops)?);
+    }
+    Ok(mounted)
 }

@@ -1,13 +1,16 @@
 //! The FUSE image, mounted for real (root, /dev/fuse): file I/O, holes,
-//! bounds, and a loop device with direct I/O over it, discards included.
-//! Every test unmounts and detaches what it set up, even when it fails.
+//! bounds, and a loop device with direct I/O over it, discards included;
+//! each through `/dev/fuse` and over io_uring. Every test unmounts and
+//! detaches what it set up, and puts the kernel's io_uring switch back,
+//! even when it fails.
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 
 use zmem_core::{Pool, PoolConfig};
 use zmem_export::Export;
@@ -27,19 +30,73 @@ fn usable() -> bool {
     true
 }
 
+const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// The tests using it, and the switch's value before the first.
+static URING_USERS: Mutex<(usize, Option<String>)> = Mutex::new((0, None));
+
+/// The kernel's FUSE-over-io_uring switch, on while any test here needs it,
+/// and back to what it was once the last is done (also when one fails).
+struct UringOn;
+
+impl UringOn {
+    fn new() -> UringOn {
+        let mut g = URING_USERS.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0 == 0 {
+            let was = std::fs::read_to_string(URING_PARAM).unwrap_or_else(|e| panic!("{URING_PARAM}: {e}"));
+            std::fs::write(URING_PARAM, "Y").unwrap_or_else(|e| panic!("switching on {URING_PARAM}: {e}"));
+            g.1 = Some(was.trim().to_string());
+        }
+        g.0 += 1;
+        UringOn
+    }
+}
+
+impl Drop for UringOn {
+    fn drop(&mut self) {
+        let mut g = URING_USERS.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 -= 1;
+        if g.0 == 0 {
+            if let Some(was) = g.1.take() {
+                if let Err(e) = std::fs::write(URING_PARAM, &was) {
+                    eprintln!("could not put {URING_PARAM} back to {was}: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn uring_usable() -> bool {
+    if !Path::new(URING_PARAM).exists() {
+        zmem_bench::ci::skip("this kernel has no FUSE over io_uring");
+        return false;
+    }
+    usable()
+}
+
 struct Fixture {
     pool: Arc<Pool>,
     mounted: Option<Mounted>,
     dir: tempfile::TempDir,
+    /// Dropped after the unmount.
+    _uring: Option<UringOn>,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    fn new(uring: bool) -> Fixture {
+        let on = uring.then(UringOn::new);
         let pool = Arc::new(Pool::new(PoolConfig::default()).unwrap());
         let export = Arc::new(Export::new(Arc::clone(&pool), SIZE));
         let dir = tempfile::tempdir().unwrap();
-        let mounted = mount(export, dir.path(), &FuseConfig::default()).expect("mount the image");
-        Fixture { pool, mounted: Some(mounted), dir }
+        let cfg = FuseConfig { uring, ..FuseConfig::default() };
+        let mounted = mount(export, dir.path(), &cfg).expect("mount the image");
+        assert_eq!(mounted.uring(), uring);
+        Fixture { pool, mounted: Some(mounted), dir, _uring: on }
+    }
+
+    /// Requests answered over io_uring so far.
+    fn uring_requests(&self) -> u64 {
+        self.mounted.as_ref().map_or(0, |m| m.stats().uring_requests.load(Relaxed))
     }
 
     fn file(&self) -> PathBuf {
@@ -91,10 +148,34 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn the_image_is_a_file_of_the_export() {
-    if !usable() {
-        return;
+    if usable() {
+        file_io(false);
     }
-    let fx = Fixture::new();
+}
+
+#[test]
+fn the_image_is_a_file_of_the_export_over_io_uring() {
+    if uring_usable() {
+        file_io(true);
+    }
+}
+
+#[test]
+fn a_loop_device_with_direct_io_over_it() {
+    if usable() {
+        loop_io(false);
+    }
+}
+
+#[test]
+fn a_loop_device_with_direct_io_over_it_over_io_uring() {
+    if uring_usable() {
+        loop_io(true);
+    }
+}
+
+fn file_io(uring: bool) {
+    let fx = Fixture::new(uring);
     let meta = std::fs::metadata(fx.file()).unwrap();
     assert_eq!(meta.len(), SIZE);
     let names: Vec<_> = std::fs::read_dir(fx.dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -135,14 +216,12 @@ fn the_image_is_a_file_of_the_export() {
     assert!(got.iter().all(|&x| x == 0));
     f.flush().unwrap();
     f.sync_all().unwrap();
+    // Every request after INIT went over the rings, or none did.
+    assert_eq!(fx.uring_requests() > 0, uring, "{} requests over io_uring", fx.uring_requests());
 }
 
-#[test]
-fn a_loop_device_with_direct_io_over_it() {
-    if !usable() {
-        return;
-    }
-    let fx = Fixture::new();
+fn loop_io(uring: bool) {
+    let fx = Fixture::new(uring);
     let lo = Loop::attach(&fx.file());
     let data = pattern(7, 16 << 20);
     {
@@ -167,6 +246,7 @@ fn a_loop_device_with_direct_io_over_it() {
     assert!(back[..8 << 20].iter().all(|&x| x == 0));
     assert!(back[8 << 20..] == data[8 << 20..]);
     let s = fx.mounted.as_ref().unwrap().stats();
-    assert!(s.writes.load(std::sync::atomic::Ordering::Relaxed) > 0);
-    assert!(s.discards.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(s.writes.load(Relaxed) > 0);
+    assert!(s.discards.load(Relaxed) > 0);
+    assert_eq!(fx.uring_requests() > 0, uring, "{} requests over io_uring", fx.uring_requests());
 }

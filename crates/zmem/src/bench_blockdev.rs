@@ -41,6 +41,9 @@ pub struct Args {
     /// Skip kernel zram.
     #[arg(long)]
     pub no_zram: bool,
+    /// Skip the FUSE file + loop device target (`zmem swap`'s device).
+    #[arg(long)]
+    pub no_fuse: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -58,6 +61,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         data: a.data.clone(),
         nbdkit: !a.no_nbdkit,
         zram: !a.no_zram,
+        fuse: !a.no_fuse,
     };
     let report = blockdev::run(&cfg, |msg| eprintln!("zmem: {msg}"))?;
     if a.json {

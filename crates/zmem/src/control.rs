@@ -100,6 +100,7 @@ fn fuse_json(fs: &zmem_fuse::FuseStats) -> serde_json::Value {
         "bytes_written": n(&fs.bytes_written),
         "discards": n(&fs.discards),
         "errors": n(&fs.errors),
+        "uring_requests": n(&fs.uring_requests),
     })
 }
 

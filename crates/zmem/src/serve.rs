@@ -94,6 +94,9 @@ pub struct Args {
     /// Threads serving the FUSE file.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64), requires = "fuse")]
     pub fuse_threads: u16,
+    /// Serve the FUSE file over io_uring (as `zmem swap on --fuse-uring`).
+    #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set, requires = "fuse")]
+    pub fuse_uring: bool,
 }
 
 /// Upper bound for --workers: each connection may run this many threads.
@@ -202,7 +205,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let fuse = match &a.fuse {
         Some(dir) => {
             // The file is `image`, as for `zmem swap`.
-            let cfg = zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), ..Default::default() };
+            let cfg = zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), uring: a.fuse_uring, ..Default::default() };
             let m = zmem_fuse::mount(Arc::clone(server.export()), dir, &cfg).with_context(|| format!("mounting the FUSE file at {}", dir.display()))?;
             eprintln!("zmem: also serving the device as {}", dir.join(&cfg.file_name).display());
             Some(m)

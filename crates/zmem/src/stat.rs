@@ -125,13 +125,14 @@ origin: {}: {} reads ({}), {} writes ({}), {} flushes, {} trims, {} zeroings, {}
     if let Some(f) = v.get("fuse").filter(|f| f.is_object()) {
         let n = |k: &str| f[k].as_u64().unwrap_or(0);
         out += &format!(
-            "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors\n",
+            "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}\n",
             n("reads"),
             human(n("bytes_read")),
             n("writes"),
             human(n("bytes_written")),
             n("discards"),
-            n("errors")
+            n("errors"),
+            if n("uring_requests") > 0 { format!("; {} requests over io_uring", n("uring_requests")) } else { String::new() }
         );
     }
     if g("recompressed_pages") + g("recompress_marked") > 0 {

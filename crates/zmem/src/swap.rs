@@ -82,6 +82,13 @@ pub struct OnArgs {
     /// Threads serving the FUSE image.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
+    /// Serve the image over io_uring: the kernel's FUSE-over-io_uring
+    /// transport, with a queue and a thread per CPU, so that a request is
+    /// answered on the CPU that issued it (Linux 6.14+; needs
+    /// /sys/module/fuse/parameters/enable_uring set to Y, which zmem
+    /// leaves to the operator).
+    #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
+    pub fuse_uring: bool,
     /// How the kernel tells the pool which slots it freed (swapon's
     /// --discard policy).
     #[arg(long, value_enum, default_value_t = Discard::Both)]
@@ -169,6 +176,8 @@ pub struct ServeArgs {
     pub pool: PoolArgs,
     #[arg(long, default_value_t = 2)]
     pub threads: u16,
+    #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
+    pub fuse_uring: bool,
     /// The device's directory (mountpoint, control socket, ready file).
     #[arg(long)]
     pub dir: PathBuf,
@@ -292,6 +301,7 @@ fn bring_up(a: &OnArgs, dir: &Path) -> anyhow::Result<State> {
     let mut cmd = Command::new(exe);
     let size = a.size.unwrap_or(0);
     cmd.args(["swap", "serve", "--size", &size.to_string(), "--threads", &a.threads.to_string()])
+        .args(["--fuse-uring", if a.fuse_uring { "on" } else { "off" }])
         .arg("--dir")
         .arg(dir)
         .args(a.pool.to_args())
@@ -807,7 +817,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
     std::fs::create_dir_all(&mnt)?;
-    let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false };
+    let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false, uring: a.fuse_uring };
     let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).with_context(|| format!("mounting the FUSE image at {}", mnt.display()))?;
     // The workers' stacks and fuser's receive buffers are locked as they
     // are touched (MCL_ONFAULT), not faulted in whole: fuser sizes each

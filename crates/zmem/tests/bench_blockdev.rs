@@ -21,6 +21,8 @@ fn bench_blockdev_smoke() {
         i += 1;
     }
     std::fs::write(&data, &d).unwrap();
+    let uring_param = "/sys/module/fuse/parameters/enable_uring";
+    let uring_was = std::fs::read_to_string(uring_param).ok();
     let out = run_ok(
         Command::new(ZMEM).args(["bench", "blockdev", "--size", "16M", "--runtime", "1", "--no-nbdkit", "--no-zram", "--json", "--data"]).arg(&data),
         Duration::from_secs(120),
@@ -28,11 +30,7 @@ fn bench_blockdev_smoke() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let t = &v["targets"][0];
     assert_eq!(t["target"], "zmem");
-    let jobs: Vec<&str> = t["jobs"].as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap()).collect();
-    assert_eq!(jobs, ["fill", "randread", "randwrite", "seqread"]);
-    // It ran and measured something; how fast is not a test's business.
-    assert!(t["jobs"].as_array().unwrap().iter().all(|j| j["iops"].as_f64().unwrap() > 0.0), "{out}");
-    assert!(t["mem_used_bytes"].as_u64().unwrap() > 0);
+    ran_every_job(t, &out);
     assert_eq!(v["targets"][1]["skipped"], "--no-nbdkit");
     assert_eq!((v["targets"][2]["target"].as_str(), v["targets"][2]["skipped"].as_str()), (Some("nbdkit-raw"), Some("--no-nbdkit")));
     assert_eq!(v["targets"][3]["target"], "zram");
@@ -44,4 +42,37 @@ fn bench_blockdev_smoke() {
     assert!(pct > 0 && pct < 100, "{out}");
     assert!(v["ratios"]["zmem_vs_nbdkit"].is_null());
     assert!(v["ratios"]["zmem_vs_nbdkit_raw"].is_null());
+    // As root, the swap frontend's device (FUSE file + loop) too, through
+    // /dev/fuse and over io_uring, and it left no loop device and no mount
+    // behind, and FUSE's io_uring switch as it was.
+    assert_eq!(std::fs::read_to_string(uring_param).ok(), uring_was, "{uring_param} was not put back");
+    for (i, name) in [(4, "zmem-fuse"), (5, "zmem-fuse-uring")] {
+        let fuse = &v["targets"][i];
+        assert_eq!(fuse["target"], name);
+        if is_root() {
+            assert!(fuse["skipped"].is_null(), "{out}");
+            ran_every_job(fuse, &out);
+        } else {
+            assert_eq!(fuse["skipped"], "needs root");
+        }
+    }
+    if is_root() {
+        let loops = run_ok(Command::new("losetup").arg("-a"), Duration::from_secs(10));
+        assert!(!loops.contains("zmem-bench-"), "a loop device is left: {loops}");
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        assert!(!mounts.contains("zmem-bench-"), "a mount is left: {mounts}");
+    }
+}
+
+/// Every job ran on target `t` and measured something (how fast is not a
+/// test's business), and the target reported its memory.
+fn ran_every_job(t: &serde_json::Value, out: &str) {
+    let jobs: Vec<&str> = t["jobs"].as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap()).collect();
+    assert_eq!(jobs, ["fill", "randread", "read-qd1", "randwrite", "seqread"], "{out}");
+    for j in t["jobs"].as_array().unwrap() {
+        assert!(j["iops"].as_f64().unwrap() > 0.0 && j["mean_us"].as_f64().unwrap() > 0.0, "{out}");
+        // The server's CPU per request, for every job but the fill.
+        assert_eq!(j["server_us_per_io"].is_number(), j["job"] != "fill", "{out}");
+    }
+    assert!(t["mem_used_bytes"].as_u64().unwrap() > 0, "{out}");
 }

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use zmem_bench::host::{FuseUringOn, FUSE_URING_PARAM as FUSE_URING};
 
 const T: Duration = Duration::from_secs(180);
 
@@ -199,6 +200,50 @@ fn swap_on_a_workload_then_off() {
 }
 
 /// The loop device's queue flag, "0" or "1".
+#[test]
+fn swap_over_io_uring_then_off() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    if !Path::new(FUSE_URING).exists() {
+        zmem_bench::ci::skip("this kernel has no FUSE over io_uring");
+        return;
+    }
+    let _turn = exclusive();
+    let run = RunDir::new();
+    // Without the kernel's switch: refused, saying how to turn it on, and
+    // nothing is left.
+    let was = std::fs::read_to_string(FUSE_URING).unwrap();
+    if was.trim() != "Y" {
+        let out = run.zmem(&["swap", "on", "--name", "u0", "--size", "512M", "--fuse-uring", "on"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("enable_uring"), "{err}");
+        assert!(leftover_loops(run.path()).is_empty() && !run.device("u0").exists(), "{err}");
+    }
+    // On for this test, and put back as found when `switch` drops (also
+    // when the test fails).
+    let switch = FuseUringOn::new().expect("switch on FUSE over io_uring");
+    run.ok(&["swap", "on", "--name", "u0", "--size", "512M", "--max-pool", "256M", "--priority", "32767", "--fuse-uring", "on"]);
+    let lo = run.loop_dev("u0");
+    let pid = run.server_pid("u0");
+
+    swap_160m_in_64m(&run, "uring");
+
+    let stats = run.server_stats("u0");
+    let st = &stats["stats"];
+    assert!(st["stores"].as_u64().unwrap() >= 8192, "at least 32 MiB went to swap: {st}");
+    assert_eq!((st["failed_writes"].as_u64(), st["failed_reads"].as_u64()), (Some(0), Some(0)), "{st}");
+    // The pages went over the rings, not /dev/fuse.
+    let f = &stats["fuse"];
+    let (reqs, io) = (f["uring_requests"].as_u64().unwrap(), f["reads"].as_u64().unwrap() + f["writes"].as_u64().unwrap());
+    assert!(reqs >= io && io > 0, "{f}");
+    let out = run.zmem(&["swap", "off", "--name", "u0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_gone(&run, "u0", &lo, pid);
+    drop(switch);
+    assert_eq!(std::fs::read_to_string(FUSE_URING).unwrap(), was, "{FUSE_URING} is back as it was");
+}
+
 fn rotational(lo: &str) -> String {
     let p = Path::new("/sys/block").join(lo.trim_start_matches("/dev/")).join("queue/rotational");
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).trim().to_string()
