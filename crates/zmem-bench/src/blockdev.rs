@@ -324,6 +324,11 @@ fn fill_and_run(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str
     Ok(r)
 }
 
+/// How much `pid`'s resident memory grew past `rss0`.
+fn rss_growth(pid: u32, rss0: Option<u64>) -> Option<u64> {
+    rss_of(pid).zip(rss0).map(|(b, a)| b.saturating_sub(a))
+}
+
 /// `zmem serve` with the bench's settings, on NBD socket `sock` and control
 /// socket `ctl`.
 fn serve(cfg: &Config, sock: &Path, ctl: &Path) -> Command {
@@ -354,7 +359,7 @@ fn bench_zmem(cfg: &Config, plan: &mut Plan, dir: &Path) -> anyhow::Result<Targe
             let v = zmem_stats(&cfg.zmem, &ctl)?;
             let st = &v["stats"];
             mem = st["mem_used_total"].as_u64();
-            rss = rss_of(server.pid()).zip(rss0).map(|(b, a)| b.saturating_sub(a));
+            rss = rss_growth(server.pid(), rss0);
             if cfg.compress_percentage.is_none() {
                 let orig = st["orig_data_size"].as_u64().unwrap_or(0);
                 let compr = st["compr_data_size"].as_u64().unwrap_or(0);
@@ -392,7 +397,7 @@ fn bench_nbdkit(cfg: &Config, plan: &Plan, dir: &Path, allocator: Option<&str>) 
         let rss0 = rss_of(server.pid());
         jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri, Some(server.pid()))?);
         if job.name == "fill" {
-            rss = rss_of(server.pid()).zip(rss0).map(|(b, a)| b.saturating_sub(a));
+            rss = rss_growth(server.pid(), rss0);
         }
         drop(server);
     }
@@ -445,9 +450,9 @@ fn bench_zmem_fuse(cfg: &Config, plan: &Plan, dir: &Path, uring: bool) -> anyhow
     let mut jobs = Vec::new();
     let (mut mem, mut rss) = (None, None);
     for job in &JOBS {
-        let mut serve = serve(cfg, &sock, &ctl);
-        serve.arg("--fuse").arg(&mnt).args(["--fuse-uring", if uring { "on" } else { "off" }]);
-        let mut server = ChildGuard::spawn(&mut serve, std::fs::File::create(&log)?.into())?;
+        let mut cmd = serve(cfg, &sock, &ctl);
+        cmd.arg("--fuse").arg(&mnt).args(["--fuse-uring", if uring { "on" } else { "off" }]);
+        let mut server = ChildGuard::spawn(&mut cmd, std::fs::File::create(&log)?.into())?;
         // Unmounts the file if its server did not (it had to be killed).
         let unmount = UnmountIfMounted(mnt.clone());
         let image = mnt.join("image");
@@ -458,7 +463,7 @@ fn bench_zmem_fuse(cfg: &Config, plan: &Plan, dir: &Path, uring: bool) -> anyhow
         jobs.push(fill_and_run(cfg, plan, job, "io_uring", &lo, Some(server.pid()))?);
         if job.name == "fill" {
             mem = zmem_stats(&cfg.zmem, &ctl)?["stats"]["mem_used_total"].as_u64();
-            rss = rss_of(server.pid()).zip(rss0).map(|(b, a)| b.saturating_sub(a));
+            rss = rss_growth(server.pid(), rss0);
         }
         // The loop device first (the server unmounts its file as it stops).
         drop(detach);

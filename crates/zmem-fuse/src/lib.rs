@@ -41,8 +41,9 @@
 //! [`FuseConfig::uring`], the kernel's FUSE-over-io_uring transport carries
 //! them instead (`uring.rs`): a queue per CPU keeps a request on the CPU
 //! that issued it, and one syscall answers it and waits for the next, for
-//! `threads` threads and about 2 MiB of buffers per thread, per CPU. It is off by default: its
-//! module parameter is the operator's to set, and it needs Linux 6.14.
+//! `threads` threads and about 2 MiB of buffers per thread, per CPU. It is
+//! off by default: its module parameter is the operator's to set, and it
+//! needs Linux 6.14.
 
 #![deny(unsafe_code)]
 
@@ -131,9 +132,26 @@ struct Attr {
     time: (u64, u32),
 }
 
-/// `statfs` figures (the rest are constants).
+/// The block size every transport reports (`st_blksize`, `f_bsize`).
+const BLKSIZE: u32 = 4096;
+
+impl Attr {
+    /// 512-byte blocks (`st_blocks`).
+    fn blocks(&self) -> u64 {
+        self.size.div_ceil(512)
+    }
+}
+
+/// `statfs`, in `struct fuse_kstatfs`'s order.
 struct Statfs {
     blocks: u64,
+    bfree: u64,
+    bavail: u64,
+    files: u64,
+    ffree: u64,
+    bsize: u32,
+    namelen: u32,
+    frsize: u32,
 }
 
 impl FileOps {
@@ -259,8 +277,10 @@ impl FileOps {
         Ok([(ROOT.0, dir, "."), (ROOT.0, dir, ".."), (FILE.0, u32::from(libc::DT_REG), &*self.name)])
     }
 
+    /// A full device of one file: nothing free, two inodes.
     fn statfs(&self) -> Statfs {
-        Statfs { blocks: self.export.size() / 4096 }
+        let b = BLKSIZE as u64;
+        Statfs { blocks: self.export.size() / b, bfree: 0, bavail: 0, files: 2, ffree: 0, bsize: BLKSIZE, namelen: 255, frsize: BLKSIZE }
     }
 }
 
@@ -282,7 +302,7 @@ fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: a.blocks(),
         atime: t,
         mtime: t,
         ctime: t,
@@ -293,7 +313,7 @@ fn file_attr(a: &Attr) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: 0,
-        blksize: 4096,
+        blksize: BLKSIZE,
         flags: 0,
     }
 }
@@ -444,7 +464,8 @@ impl Filesystem for ImageFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(self.ops.statfs().blocks, 0, 0, 2, 0, 4096, 255, 4096);
+        let s = self.ops.statfs();
+        reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize);
     }
 }
 
@@ -544,10 +565,7 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     config.n_threads = Some(threads);
     config.clone_fd = true;
     let session = fuser::Session::new(fs, mountpoint, &config)?;
-    let fd = match queues {
-        Some(_) => Some(std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()?),
-        None => None,
-    };
+    let fd = queues.as_ref().map(|_| std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()).transpose()?;
     let mut mounted = Mounted { session: Some(session.spawn()?), stats, rings: None };
     if let (Some(queues), Some(fd)) = (queues, fd) {
         // (Dropping `mounted` on an error unmounts.)

@@ -105,10 +105,10 @@ impl Out<'_> {
 
     /// `struct fuse_attr` (88 bytes).
     fn attr(&mut self, a: &crate::Attr) -> Result<(), Errno> {
-        for v in [a.ino, a.size, a.size.div_ceil(512), a.time.0, a.time.0, a.time.0] {
+        for v in [a.ino, a.size, a.blocks(), a.time.0, a.time.0, a.time.0] {
             self.u64(v)?;
         }
-        for v in [a.time.1, a.time.1, a.time.1, a.mode, a.nlink, a.uid, a.gid, 0, 4096, 0] {
+        for v in [a.time.1, a.time.1, a.time.1, a.mode, a.nlink, a.uid, a.gid, 0, crate::BLKSIZE, 0] {
             self.u32(v)?;
         }
         Ok(())
@@ -180,11 +180,12 @@ fn answer(ops: &FileOps, h: &InHeader, op_in: &[u8], len: usize, out: &mut Out) 
             out.u32(0)
         }
         STATFS => {
+            // struct fuse_kstatfs: then a padding word and six spare ones.
             let s = ops.statfs();
-            for v in [s.blocks, 0, 0, 2, 0] {
+            for v in [s.blocks, s.bfree, s.bavail, s.files, s.ffree] {
                 out.u64(v)?;
             }
-            for v in [4096, 255, 4096, 0, 0, 0, 0, 0, 0, 0] {
+            for v in [s.bsize, s.namelen, s.frsize, 0, 0, 0, 0, 0, 0, 0] {
                 out.u32(v)?;
             }
             Ok(())

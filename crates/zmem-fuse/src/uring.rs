@@ -255,6 +255,9 @@ impl Threads {
 fn serve(mut q: Queue, fd: &OwnedFd, ops: &FileOps) {
     let raw = fd.as_raw_fd();
     let mut registered = vec![false; q.slots.len()];
+    // Completions of one wait; at most one a slot, so never grown after
+    // this.
+    let mut done: Vec<(usize, i32)> = Vec::with_capacity(q.slots.len());
     let mut ok = (0..q.slots.len()).try_for_each(|i| {
         let e = q.register_sqe(raw, i);
         q.push(&e)
@@ -271,8 +274,10 @@ fn serve(mut q: Queue, fd: &OwnedFd, ops: &FileOps) {
             ok = Err(e);
             break;
         }
-        let done: Vec<(usize, i32)> = q.ring.completion().map(|c| (c.user_data() as usize, c.result())).collect();
-        for (i, res) in done {
+        // (Taken out first: answering pushes to the same ring.)
+        done.clear();
+        done.extend(q.ring.completion().map(|c| (c.user_data() as usize, c.result())));
+        for &(i, res) in &done {
             if i >= q.slots.len() {
                 continue;
             }

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
+use zmem_bench::host::{FuseUringOn, FUSE_URING_PARAM as URING_PARAM};
 use zmem_core::{Pool, PoolConfig};
 use zmem_export::Export;
 use zmem_fuse::{mount, FuseConfig, Mounted};
@@ -30,10 +31,9 @@ fn usable() -> bool {
     true
 }
 
-const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
-
-/// The tests using it, and the switch's value before the first.
-static URING_USERS: Mutex<(usize, Option<String>)> = Mutex::new((0, None));
+/// The tests using it, and the switch (on, and put back as found when it
+/// drops).
+static URING_USERS: Mutex<(usize, Option<FuseUringOn>)> = Mutex::new((0, None));
 
 /// The kernel's FUSE-over-io_uring switch, on while any test here needs it,
 /// and back to what it was once the last is done (also when one fails).
@@ -43,9 +43,7 @@ impl UringOn {
     fn new() -> UringOn {
         let mut g = URING_USERS.lock().unwrap_or_else(|p| p.into_inner());
         if g.0 == 0 {
-            let was = std::fs::read_to_string(URING_PARAM).unwrap_or_else(|e| panic!("{URING_PARAM}: {e}"));
-            std::fs::write(URING_PARAM, "Y").unwrap_or_else(|e| panic!("switching on {URING_PARAM}: {e}"));
-            g.1 = Some(was.trim().to_string());
+            g.1 = Some(FuseUringOn::new().expect("switch on FUSE over io_uring"));
         }
         g.0 += 1;
         UringOn
@@ -57,11 +55,7 @@ impl Drop for UringOn {
         let mut g = URING_USERS.lock().unwrap_or_else(|p| p.into_inner());
         g.0 -= 1;
         if g.0 == 0 {
-            if let Some(was) = g.1.take() {
-                if let Err(e) = std::fs::write(URING_PARAM, &was) {
-                    eprintln!("could not put {URING_PARAM} back to {was}: {e}");
-                }
-            }
+            g.1 = None;
         }
     }
 }
