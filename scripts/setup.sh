@@ -39,3 +39,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is missing: install Rust (rustup) first" >&2
     exit 1
 fi
+# The tree's own gates (scripts/test.sh runs both): rustfmt and clippy.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    if command -v rustup >/dev/null 2>&1; then
+        echo "setup: installing the rustfmt and clippy components" >&2
+        rustup component add rustfmt clippy
+    else
+        echo "setup: cargo fmt or cargo clippy is missing, and there is no rustup to add them" >&2
+        exit 1
+    fi
+fi

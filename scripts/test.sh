@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export RUST_BACKTRACE=1
+# The tree keeps itself tidy: formatting and lints fail the run, as tests do.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -q -- -D warnings
 # Release build of the binary for the end-to-end tests that run it.
 cargo build --release -q -p zmem
 cargo test --workspace --no-fail-fast -- --test-threads=2

@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -175,29 +175,26 @@ impl Listener {
         }
     }
 
-    fn raw_fd(&self) -> RawFd {
+    fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Listener::Unix(l) => l.as_raw_fd(),
-            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l) => l.as_fd(),
+            Listener::Tcp(l) => l.as_fd(),
         }
     }
 }
 
 /// Wait up to `timeout_ms` for `fd` to become readable (a listener: to have
 /// a connection waiting). An interrupted wait counts as "not ready".
-pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: `p` is a valid, exclusively borrowed pollfd for the duration of
-    // the call and nfds is 1, so poll reads and writes only that struct.
-    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
+pub fn poll_readable(fd: impl AsFd, timeout_ms: i32) -> io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let ms = i64::from(timeout_ms.max(0));
+    let timeout = Timespec { tv_sec: ms / 1000, tv_nsec: (ms % 1000) * 1_000_000 };
+    match poll(&mut fds, if timeout_ms < 0 { None } else { Some(&timeout) }) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    Ok(r > 0)
 }
 
 /// Tunables of the server.
@@ -482,7 +479,7 @@ impl Server {
                     break Ok(());
                 }
                 handles.retain(|h: &std::thread::ScopedJoinHandle<'_, ()>| !h.is_finished());
-                match poll_readable(listener.raw_fd(), 100) {
+                match poll_readable(listener.fd(), 100) {
                     Ok(false) => continue,
                     Ok(true) => {}
                     Err(e) => break Err(e),

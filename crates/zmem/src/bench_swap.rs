@@ -3,8 +3,6 @@
 //! equal between the systems).
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -207,11 +205,8 @@ fn config(a: &Args) -> anyhow::Result<Config> {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = config(&a)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("cannot handle signals")?;
-    }
-    let report = swap::run(&cfg, &stop, |p| match p {
+    let stop = crate::sys::stop_on_signals().context("cannot handle signals")?;
+    let report = swap::run(&cfg, stop, |p| match p {
         Progress::Start { index, total, what } => eprintln!("[{index}/{total}] {what}"),
         Progress::Done { result: r, .. } => eprintln!(
             "        {} {:.1} s wall, {:.1} s CPU, pswpout {}, disk {:.0} MB read {:.0} MB written{}",

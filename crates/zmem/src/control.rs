@@ -106,9 +106,8 @@ fn fuse_json(fs: &zmem_fuse::FuseStats) -> serde_json::Value {
 
 /// Answer control clients until `stop` is set.
 pub fn control_loop(l: UnixListener, info: &Info, stop: &AtomicBool) {
-    use std::os::fd::AsRawFd;
     while !stop.load(Ordering::Relaxed) {
-        match zmem_nbd::poll_readable(l.as_raw_fd(), 100) {
+        match zmem_nbd::poll_readable(&l, 100) {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {

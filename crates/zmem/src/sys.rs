@@ -1,27 +1,27 @@
-//! The binary's only `unsafe`: thin, safe wrappers over a few libc calls.
+//! Process-wide settings: the umask for a socket, malloc's tuning under
+//! `mlockall`, and the stop flag that SIGINT and SIGTERM set.
 //!
-//! Everything else in the `zmem` binary is safe Rust (`#![deny(unsafe_code)]`
-//! in main.rs); each block here states why it is sound.
+//! `mallopt` is the binary's only `unsafe` (libc has no safe wrapper for
+//! it); everything else in the `zmem` binary is safe Rust.
 
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
 
 /// Effective user id.
 pub fn geteuid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// Run `f` with the process umask set to `mask`, then restore it. Used to
 /// create a socket with its final permissions, with no window where it is
 /// more open.
 pub fn with_umask<R>(mask: u32, f: impl FnOnce() -> R) -> R {
-    // SAFETY: umask only swaps the process file-mode creation mask.
-    let old = unsafe { libc::umask(mask as libc::mode_t) };
+    use rustix::fs::Mode;
+    let old = rustix::process::umask(Mode::from_raw_mode(mask as rustix::fs::RawMode));
     let r = f();
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
+    rustix::process::umask(old);
     r
 }
 
@@ -48,38 +48,24 @@ pub fn malloc_for_mlock() -> bool {
     false
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+static STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 
-extern "C" fn on_signal(_sig: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOP.store(true, Ordering::SeqCst);
+fn stop_arc() -> &'static Arc<AtomicBool> {
+    STOP.get_or_init(|| Arc::new(AtomicBool::new(false)))
 }
 
 /// Make SIGINT and SIGTERM set the returned flag instead of killing the
-/// process.
-pub fn stop_on_signals() -> std::io::Result<&'static AtomicBool> {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed sigaction is a valid value (no flags, empty mask
-        // after sigemptyset); the handler is an `extern "C" fn(c_int)` that
-        // only stores to an atomic, which is async-signal-safe; the pointers
-        // passed are valid for the duration of each call.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigaction(sig, &sa, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+/// process (signal-hook: its handler only stores to the atomic).
+pub fn stop_on_signals() -> std::io::Result<&'static Arc<AtomicBool>> {
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(stop_arc()))?;
     }
-    Ok(&STOP)
+    Ok(stop_arc())
 }
 
 /// The flag [`stop_on_signals`] sets (also settable by the program itself).
 pub fn stop_flag() -> &'static AtomicBool {
-    &STOP
+    stop_arc()
 }
 
 #[cfg(test)]

@@ -247,8 +247,7 @@ fn sigint_with_a_connected_client_stops_cleanly() {
     let mut g = [0u8; 18];
     c.read_exact(&mut g).unwrap();
     let mut child = s.child.take().unwrap();
-    // SAFETY: signalling our own, unreaped child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::INT).unwrap();
     let st = wait_timeout(&mut child, Duration::from_secs(10)).unwrap_or_else(|| {
         let _ = child.kill();
         panic!("zmem serve ignored SIGINT");

@@ -44,8 +44,7 @@ macro_rules! require_tools {
 }
 
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// Run `cmd` to completion with a hard time limit; the child is killed
@@ -181,8 +180,7 @@ impl ZmemServer {
     /// SIGTERM and wait; returns the exit status.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut c = self.child.take()?;
-        // SAFETY: kill with a pid we spawned and have not reaped yet.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&c), rustix::process::Signal::TERM);
         match wait_timeout(&mut c, Duration::from_secs(10)) {
             Some(s) => Some(s),
             None => {
@@ -197,8 +195,7 @@ impl ZmemServer {
 impl Drop for ZmemServer {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // SAFETY: as in stop().
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&c), rustix::process::Signal::TERM);
             if wait_timeout(&mut c, Duration::from_secs(5)).is_none() {
                 let _ = c.kill();
                 let _ = c.wait();
