@@ -230,7 +230,7 @@ impl OsFile {
         }
         let head = &buf[..got];
         let zeroed_device = self.device_bytes.is_some() && head.iter().all(|&b| b == 0);
-        if zeroed_device || crate::store::is_record_start(head) {
+        if zeroed_device || crate::record::is_record_start(head) {
             return Ok(None);
         }
         let what = if self.device_bytes.is_some() { "a block device whose first sectors hold data" } else { "a non-empty file" };

@@ -109,67 +109,61 @@
 
 mod error;
 mod file;
+mod record;
 mod store;
 
 pub use error::BackingError;
 pub use file::{BlockFile, Existing, FaultyFile, MemFile, OsFile};
-pub use store::{BackingStore, BUFFER_BYTES, RECORD_HEADER_SIZE, SEGMENT_SIZE};
+pub use record::RECORD_HEADER_SIZE;
+pub use store::{BackingStore, BUFFER_BYTES, SEGMENT_SIZE};
+
+/// The engine's name for a cold object, which this store issues (see the
+/// [`ColdStore`] implementation for what its bits mean here).
+pub use zmem_core::RecordId;
+use zmem_core::{ColdError, ColdStats, ColdStore};
 
 /// Largest payload (and the page size zmem stores).
 pub const PAGE_SIZE: usize = 4096;
 
-/// The name of a record in a [`BackingStore`]. Stable for the record's
-/// whole life (compaction moves the record, not the id); never 0. The low
-/// 32 bits are the table slot + 1, the high 32 bits its generation, so an
-/// id kept after [`BackingStore::free`] is rejected (until the slot's
-/// generation wraps after 2³² reuses).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RecordId(u64);
-
-impl RecordId {
-    /// The id as a `u64`, e.g. to keep in an index entry. Never 0.
-    pub fn to_raw(self) -> u64 {
-        self.0
-    }
-    /// Rebuild an id from [`to_raw`](Self::to_raw). Any value is accepted;
-    /// a value this store did not issue fails with
-    /// [`BackingError::InvalidRecord`] when used.
-    pub fn from_raw(raw: u64) -> RecordId {
-        RecordId(raw)
+impl From<BackingError> for ColdError {
+    /// A record that is not live is the engine's retryable case; every
+    /// other failure is kept whole, with its advice to the operator.
+    fn from(e: BackingError) -> ColdError {
+        match e {
+            BackingError::InvalidRecord { id } => ColdError::NotLive { id },
+            e => ColdError::Store(Box::new(e)),
+        }
     }
 }
 
-/// Counters and sizes of a [`BackingStore`] (cf. zram's `bd_stat`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BackingStats {
-    /// Live records (zram `bd_count`, in pages).
-    pub records: u64,
-    /// Bytes of live records on disk, headers included.
-    pub live_bytes: u64,
-    /// Length of the backing file.
-    pub file_bytes: u64,
-    /// Bytes the file accepted: batches, padding and compaction copies.
-    pub bytes_written: u64,
-    /// Bytes read from the file: record reads and compaction.
-    pub bytes_read: u64,
-    /// Record reads that went to the file (misses of the read windows;
-    /// compaction's reads are not counted).
-    pub read_ops: u64,
-    /// Of those, reads of several records that one request was about to
-    /// ask for ([`BackingStore::prefetch`]).
-    pub prefetch_ops: u64,
-    /// Of those, misses read with the smallest read-ahead (reads looked
-    /// scattered).
-    pub scattered_reads: u64,
-    /// Records appended by `write_batch` (zram `bd_writes`).
-    pub records_written: u64,
-    /// Records read successfully (zram `bd_reads`).
-    pub records_read: u64,
-    /// Segments freed by compaction.
-    pub segments_compacted: u64,
-    /// Lock-free record reads retried because a segment was freed while
-    /// they were reading.
-    pub read_retries: u64,
-    /// RAM used by the record and segment tables, from their capacities.
-    pub metadata_bytes: u64,
+/// The engine's seam: the tier hands batches of cold objects to the file
+/// and reads them back by id. A [`RecordId`] of this store is its table
+/// slot + 1 in the low 32 bits and the slot's generation in the high 32
+/// bits, so an id kept after [`BackingStore::free`] is refused (until the
+/// slot's generation wraps after 2³² reuses); it is never 0.
+impl ColdStore for BackingStore {
+    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, ColdError> {
+        Ok(self.write_batch(objects)?.into_iter().map(Some).collect())
+    }
+    fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), ColdError> {
+        Ok(BackingStore::read(self, id, key, out)?)
+    }
+    fn free(&self, id: RecordId) -> Result<(), ColdError> {
+        Ok(BackingStore::free(self, id)?)
+    }
+    fn prefetch(&self, ids: &[RecordId]) -> usize {
+        BackingStore::prefetch(self, ids)
+    }
+    fn growth_bound(&self, objects: usize) -> u64 {
+        BackingStore::growth_bound(self, objects)
+    }
+    fn metadata_bytes(&self) -> u64 {
+        BackingStore::metadata_bytes(self)
+    }
+    fn buffer_bytes(&self) -> u64 {
+        BackingStore::buffer_bytes(self)
+    }
+    fn stats(&self) -> ColdStats {
+        BackingStore::stats(self)
+    }
 }

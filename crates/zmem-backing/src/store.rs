@@ -7,17 +7,16 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::{Mutex, RwLock};
-use xxhash_rust::xxh3::Xxh3;
 
 use crate::file::{BlockFile, Existing, OsFile};
-use crate::{BackingError, BackingStats, RecordId, PAGE_SIZE};
+use crate::record::{put_record, verify, RECORD_HEADER_SIZE};
+use zmem_core::{ColdStats, RecordId};
+
+use crate::{BackingError, PAGE_SIZE};
 
 /// Size of one segment of the backing file. A batch of 64 incompressible
 /// pages (64 × 4112 bytes) fits in a quarter of one.
 pub const SEGMENT_SIZE: usize = 1 << 20;
-/// Bytes of header before every record's payload.
-pub const RECORD_HEADER_SIZE: usize = 16;
-const RECORD_MAGIC: u16 = 0x5a4d; // "MZ" little-endian: "ZM"
 const NONE: u32 = u32::MAX;
 const SEG: u64 = SEGMENT_SIZE as u64;
 const ALIGN: u64 = PAGE_SIZE as u64;
@@ -116,7 +115,7 @@ impl State {
             s
         };
         self.add_live(e.seg, slot, e.len);
-        RecordId(u64::from(self.table[slot as usize].gen) << 32 | (u64::from(slot) + 1))
+        RecordId::from_raw(u64::from(self.table[slot as usize].gen) << 32 | (u64::from(slot) + 1))
     }
 
     fn add_live(&mut self, seg: u32, slot: u32, len: u16) {
@@ -448,40 +447,6 @@ enum Effort {
 
 fn round_up(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
-}
-
-fn checksum(key: u64, payload: &[u8]) -> u32 {
-    let mut h = Xxh3::new();
-    h.update(&key.to_le_bytes());
-    h.update(payload);
-    h.digest() as u32
-}
-
-fn put_record(dst: &mut [u8], key: u64, payload: &[u8]) {
-    dst[0..2].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
-    dst[2..4].copy_from_slice(&(payload.len() as u16).to_le_bytes());
-    dst[4..12].copy_from_slice(&key.to_le_bytes());
-    dst[12..16].copy_from_slice(&checksum(key, payload).to_le_bytes());
-    dst[16..16 + payload.len()].copy_from_slice(payload);
-}
-
-/// Whether `buf` starts with a well-formed record (magic, length and
-/// checksum agree): the start of a zmem backing store.
-pub(crate) fn is_record_start(buf: &[u8]) -> bool {
-    let Some(len) = buf.get(2..4).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes) else { return false };
-    len as usize <= PAGE_SIZE && verify(buf, len, None).is_some()
-}
-
-/// Check a record's header against what the table says; returns
-/// `(key, payload)`.
-fn verify(rec: &[u8], len: u16, key: Option<u64>) -> Option<(u64, &[u8])> {
-    let field = |r: Range<usize>| &rec[r];
-    let magic = u16::from_le_bytes(field(0..2).try_into().ok()?);
-    let hlen = u16::from_le_bytes(field(2..4).try_into().ok()?);
-    let hkey = u64::from_le_bytes(field(4..12).try_into().ok()?);
-    let sum = u32::from_le_bytes(field(12..16).try_into().ok()?);
-    let payload = rec.get(RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + len as usize)?;
-    (magic == RECORD_MAGIC && hlen == len && key.is_none_or(|k| k == hkey) && sum == checksum(hkey, payload)).then_some((hkey, payload))
 }
 
 /// A log-structured file of compressed records: zmem's writeback tier.
@@ -889,10 +854,10 @@ impl BackingStore {
     }
 
     /// Counters and sizes, in the spirit of zram's `bd_stat`.
-    pub fn stats(&self) -> BackingStats {
+    pub fn stats(&self) -> ColdStats {
         let st = self.state.read();
         let metadata_bytes = st.metadata_bytes() + self.buffer_bytes();
-        BackingStats {
+        ColdStats {
             records: st.records,
             live_bytes: st.live_bytes,
             file_bytes: st.file_len,

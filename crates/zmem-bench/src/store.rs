@@ -395,13 +395,13 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
     let mut new_pool = || -> anyhow::Result<Pool> {
         Ok(match &backing_path {
             Some(p) => {
-                let (store, why) =
-                    zmem_core::BackingStore::open(p, None, zmem_core::Existing::Refuse).with_context(|| format!("opening backing file {}", p.display()))?;
+                let (store, why) = zmem_backing::BackingStore::open(p, None, zmem_backing::Existing::Refuse)
+                    .with_context(|| format!("opening backing file {}", p.display()))?;
                 if let Some(why) = why {
                     progress(Progress::Note(why.clone()));
                     buffered_io = Some(why);
                 }
-                Pool::with_backing(pool_cfg.clone(), store)?
+                Pool::with_cold_store(pool_cfg.clone(), Box::new(store))?
             }
             None => Pool::new(pool_cfg.clone())?,
         })

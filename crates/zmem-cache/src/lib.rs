@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use zmem_core::{BackingError, ColdStore, Compressor, DropCold, Pool, PoolConfig, RecordId, ZmemError};
+use zmem_core::{ColdError, ColdStore, Compressor, DropCold, Pool, PoolConfig, RecordId, ZmemError};
 
 /// Size of a page.
 pub const PAGE_SIZE: usize = 4096;
@@ -185,7 +185,7 @@ struct EvictCounter {
 }
 
 impl ColdStore for EvictCounter {
-    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, BackingError> {
+    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, ColdError> {
         if !self.dedup {
             let mut c = self.counts.0.lock();
             for &(key, _) in objects {

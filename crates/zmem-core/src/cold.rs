@@ -6,9 +6,9 @@
 //! batch of compressed objects the shrinker (or an explicit writeback) took
 //! from the cold end:
 //!
-//! * [`BackingStore`] keeps each one in a file and can give it back
-//!   (zswap's writeback, zram's `backing_dev`): the page's entry then names
-//!   its record, and a load reads it.
+//! * `zmem_backing::BackingStore` keeps each one in a file and can give it
+//!   back (zswap's writeback, zram's `backing_dev`): the page's entry then
+//!   names its record, and a load reads it.
 //! * [`DropCold`] keeps nothing (zcache's clean pages: the page can be
 //!   read again from where it came from): the page's entry goes, and a
 //!   load of it is [`NotFound`](crate::ZmemError::NotFound), a miss.
@@ -18,23 +18,97 @@
 //! The trait sees only bytes and ids, never the pool: the pool's index,
 //! LRUs and locks stay private to it. A store may keep some objects of a
 //! batch and drop others (one `Option` per object).
+//!
+//! The trait, its ids, its error and its counters live here, with their
+//! user, as zswap's `zpool` API lives with zswap: an implementation
+//! depends on the engine, never the engine on an implementation, so a
+//! frontend that only drops (the clean-page cache) links no file code.
 
-use zmem_backing::{BackingError, BackingStats, BackingStore, RecordId};
+/// A cold store's name for an object it keeps: a `u64` the store issues
+/// and the engine keeps in the page's entry, as given. What the bits mean
+/// is the store's business (the backing file's is a table slot and a
+/// generation); an id the store did not issue, or has freed, must fail
+/// with [`ColdError::NotLive`] when used, never name another object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecordId(u64);
+
+impl RecordId {
+    /// The id as a `u64`, e.g. to keep in an index entry.
+    pub fn to_raw(self) -> u64 {
+        self.0
+    }
+    /// Rebuild an id from [`to_raw`](Self::to_raw). Any value is accepted;
+    /// a value the store did not issue fails when used.
+    pub fn from_raw(raw: u64) -> RecordId {
+        RecordId(raw)
+    }
+}
+
+/// How a cold store fails. A failed [`ColdStore::put_batch`] keeps every
+/// object of the batch in RAM; a failed read or free changes nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ColdError {
+    /// The id is not live in the store: never issued, freed, or moved
+    /// under a reader. A load that meets it looks the key up again (its
+    /// page may have been rewritten meanwhile).
+    #[error("record id {id:#x} is not live in the cold store (never written there, already freed, or stale)")]
+    NotLive { id: u64 },
+    /// The store failed; its own error (kept whole, with its advice to the
+    /// operator) says how.
+    #[error(transparent)]
+    Store(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Counters and sizes of a cold store, with zram's `bd_stat` names where
+/// it has them. A store leaves at 0 what it has no such thing for (a store
+/// that drops keeps no records).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ColdStats {
+    /// Live records (zram `bd_count`, in pages).
+    pub records: u64,
+    /// Bytes of live records, headers included.
+    pub live_bytes: u64,
+    /// Bytes the store occupies (the backing file's length).
+    pub file_bytes: u64,
+    /// Bytes the store accepted: batches, padding and compaction copies.
+    pub bytes_written: u64,
+    /// Bytes read from the store: record reads and compaction.
+    pub bytes_read: u64,
+    /// Record reads that went to the store (misses of any read-ahead;
+    /// compaction's reads are not counted).
+    pub read_ops: u64,
+    /// Of those, reads of several records that one request was about to
+    /// ask for ([`ColdStore::prefetch`]).
+    pub prefetch_ops: u64,
+    /// Of those, misses read with the smallest read-ahead (reads looked
+    /// scattered).
+    pub scattered_reads: u64,
+    /// Records written (zram `bd_writes`).
+    pub records_written: u64,
+    /// Records read successfully (zram `bd_reads`).
+    pub records_read: u64,
+    /// Segments freed by compaction.
+    pub segments_compacted: u64,
+    /// Record reads retried because the record moved while they read.
+    pub read_retries: u64,
+    /// RAM used by the store's tables, from their capacities.
+    pub metadata_bytes: u64,
+}
 
 /// Where the objects the tier evicts go (see the module notes).
 pub trait ColdStore: Send + Sync {
     /// Take a batch of `(key, compressed object)` out of RAM. For each, in
     /// order: `Some(id)` if it is kept and [`read`](Self::read) can give it
     /// back, `None` if it is dropped. An error keeps the whole batch in RAM.
-    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, BackingError>;
+    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, ColdError>;
     /// The object kept as `id` (put under `key`), into `out`. A store that
     /// keeps nothing has no ids to read.
-    fn read(&self, id: RecordId, _key: u64, _out: &mut Vec<u8>) -> Result<(), BackingError> {
-        Err(BackingError::InvalidRecord { id: id.to_raw() })
+    fn read(&self, id: RecordId, _key: u64, _out: &mut Vec<u8>) -> Result<(), ColdError> {
+        Err(ColdError::NotLive { id: id.to_raw() })
     }
     /// Forget the object kept as `id`.
-    fn free(&self, id: RecordId) -> Result<(), BackingError> {
-        Err(BackingError::InvalidRecord { id: id.to_raw() })
+    fn free(&self, id: RecordId) -> Result<(), ColdError> {
+        Err(ColdError::NotLive { id: id.to_raw() })
     }
     /// The objects `ids` are about to be read: read them ahead, together
     /// where they lie together. A hint; returns the reads it made.
@@ -54,36 +128,9 @@ pub trait ColdStore: Send + Sync {
     fn buffer_bytes(&self) -> u64 {
         0
     }
-    /// Its counters (zram's `bd_stat` and the backing file's sizes).
-    fn stats(&self) -> BackingStats {
-        BackingStats::default()
-    }
-}
-
-impl ColdStore for BackingStore {
-    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, BackingError> {
-        Ok(self.write_batch(objects)?.into_iter().map(Some).collect())
-    }
-    fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), BackingError> {
-        BackingStore::read(self, id, key, out)
-    }
-    fn free(&self, id: RecordId) -> Result<(), BackingError> {
-        BackingStore::free(self, id)
-    }
-    fn prefetch(&self, ids: &[RecordId]) -> usize {
-        BackingStore::prefetch(self, ids)
-    }
-    fn growth_bound(&self, objects: usize) -> u64 {
-        BackingStore::growth_bound(self, objects)
-    }
-    fn metadata_bytes(&self) -> u64 {
-        BackingStore::metadata_bytes(self)
-    }
-    fn buffer_bytes(&self) -> u64 {
-        BackingStore::buffer_bytes(self)
-    }
-    fn stats(&self) -> BackingStats {
-        BackingStore::stats(self)
+    /// Its counters (zram's `bd_stat` and the store's sizes).
+    fn stats(&self) -> ColdStats {
+        ColdStats::default()
     }
 }
 
@@ -94,7 +141,7 @@ impl ColdStore for BackingStore {
 pub struct DropCold;
 
 impl ColdStore for DropCold {
-    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, BackingError> {
+    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, ColdError> {
         Ok(vec![None; objects.len()])
     }
 }

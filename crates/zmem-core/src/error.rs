@@ -28,8 +28,8 @@ pub enum ZmemError {
     Compress(#[from] CompressError),
     #[error("bad configuration: {0}")]
     Config(String),
-    #[error("backing store: {0}")]
-    Backing(zmem_backing::BackingError),
+    #[error("cold store: {0}")]
+    Cold(crate::cold::ColdError),
     #[error("this pool has no backing store: give it one (--backing FILE) to write pages back")]
     NoBackingStore,
 }

@@ -61,14 +61,13 @@ mod recompress;
 mod stats;
 mod tier;
 
-pub use cold::{ColdStore, DropCold};
+pub use cold::{ColdError, ColdStats, ColdStore, DropCold, RecordId};
 pub use dict::{DictConfig, DictSource, TrainReport};
 pub use error::{Result, ZmemError};
 pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
 pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use stats::{RateLimited, Stats};
 pub use tier::WritebackMode;
-pub use zmem_backing::{BackingError, BackingStats, BackingStore, Existing, RecordId};
 pub use zmem_compress::{Algorithm, Compressor, Dictionary};
 
 /// Size of every page the pool stores.

@@ -69,9 +69,8 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
-use zmem_backing::{BackingError, BackingStore};
 
-use crate::cold::ColdStore;
+use crate::cold::{ColdError, ColdStore};
 use zmem_compress::{Algorithm, CompressError, Compressor};
 
 pub(crate) use crate::charged::LruItem;
@@ -438,18 +437,12 @@ impl Pool {
         Self::build(cfg, None)
     }
 
-    /// A pool that writes its coldest pages back to `backing` when it
-    /// nears `cfg.max_pool` (zswap with a swap device, zram with a
-    /// `backing_dev`), and on request ([`Pool::writeback`]). Starts the
-    /// shrinker thread.
-    pub fn with_backing(cfg: PoolConfig, backing: BackingStore) -> Result<Pool> {
-        Self::with_cold_store(cfg, Box::new(backing))
-    }
-
     /// A pool whose coldest objects go to `store` when it nears
-    /// `cfg.max_pool` (and on [`Pool::writeback`]): a backing file, or
-    /// [`DropCold`](crate::DropCold) for a clean-page cache, whose pages
-    /// then simply miss (`NotFound`). Starts the shrinker thread.
+    /// `cfg.max_pool` (and on [`Pool::writeback`]): a backing file
+    /// (`zmem_backing::BackingStore`: zswap with a swap device, zram with
+    /// a `backing_dev`), or [`DropCold`](crate::DropCold) for a clean-page
+    /// cache, whose pages then simply miss (`NotFound`). Starts the
+    /// shrinker thread.
     pub fn with_cold_store(cfg: PoolConfig, store: Box<dyn ColdStore>) -> Result<Pool> {
         let exclusive = cfg.exclusive_loads;
         Self::build(cfg, Some(Tier::new(store, exclusive)))
@@ -1149,7 +1142,7 @@ impl Engine {
             Slot::Same(_) => Ok(()),
             Slot::Backed(id, _) => match &self.tier {
                 Some(t) => {
-                    let r = t.store.free(zmem_backing::RecordId::from_raw(id)).map_err(|e| e.to_string());
+                    let r = t.store.free(crate::cold::RecordId::from_raw(id)).map_err(|e| e.to_string());
                     t.settle_backing(self.budget(), 0);
                     r
                 }
@@ -1207,7 +1200,7 @@ impl Engine {
                 drop(g);
                 match &self.tier {
                     Some(t) => {
-                        let r = t.store.free(zmem_backing::RecordId::from_raw(id)).map_err(|e| e.to_string());
+                        let r = t.store.free(crate::cold::RecordId::from_raw(id)).map_err(|e| e.to_string());
                         t.settle_backing(self.budget(), 0);
                         r
                     }
@@ -1290,7 +1283,7 @@ impl Engine {
             match r {
                 // Freed or moved while we read (the key was overwritten, or
                 // the page was brought back by another load): look again.
-                Err(ZmemError::Backing(BackingError::InvalidRecord { .. })) if tries < LOAD_TRIES => continue,
+                Err(ZmemError::Cold(ColdError::NotLive { .. })) if tries < LOAD_TRIES => continue,
                 r => return r,
             }
         }

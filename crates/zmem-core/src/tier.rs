@@ -89,9 +89,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use zmem_alloc::{Budget, Handle};
-use zmem_backing::RecordId;
 
-use crate::cold::ColdStore;
+use crate::cold::{ColdStore, RecordId};
 
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
@@ -679,7 +678,7 @@ impl Engine {
             Ok(()) => {
                 let r = t.store.put_batch(&recs);
                 t.settle_backing(b, reserved);
-                r.map_err(ZmemError::Backing)
+                r.map_err(ZmemError::Cold)
             }
             Err(e) => Err(self.alloc_failed(e)),
         };
@@ -812,7 +811,7 @@ impl Engine {
     /// shared object's hash) into `obj` and decode it into `buf`. No lock
     /// may be held.
     pub(crate) fn read_record(&self, t: &Tier, rkey: u64, id: u64, info: ObjInfo, obj: &mut Vec<u8>, buf: &mut [u8]) -> Result<()> {
-        t.store.read(RecordId::from_raw(id), rkey, obj).map_err(ZmemError::Backing)?;
+        t.store.read(RecordId::from_raw(id), rkey, obj).map_err(ZmemError::Cold)?;
         if obj.len() != info.len as usize {
             return Err(ZmemError::Inconsistent { key: rkey, what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len) });
         }

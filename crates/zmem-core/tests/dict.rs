@@ -42,7 +42,7 @@ fn pool(source: DictSource, tiered: bool) -> Pool {
     let c = cfg(source);
     if tiered {
         let store = BackingStore::new(Box::new(Arc::new(FaultyFile::new(MemFile::new(true)))), None);
-        Pool::with_backing(PoolConfig { max_pool: Some(256 << 20), ..c }, store).unwrap()
+        Pool::with_cold_store(PoolConfig { max_pool: Some(256 << 20), ..c }, Box::new(store)).unwrap()
     } else {
         Pool::new(c).unwrap()
     }

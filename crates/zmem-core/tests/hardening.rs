@@ -24,7 +24,7 @@ fn mem_file() -> Arc<FaultyFile<MemFile>> {
 
 fn tiered_with(cfg: PoolConfig, file: &Arc<FaultyFile<MemFile>>) -> Pool {
     let store = BackingStore::new(Box::new(Arc::clone(file)), None);
-    Pool::with_backing(cfg, store).unwrap()
+    Pool::with_cold_store(cfg, Box::new(store)).unwrap()
 }
 
 /// Releases a file's held reads and writes when dropped, so a failing test
@@ -440,7 +440,7 @@ fn failures_are_typed_and_counted() {
     file.fail_reads(true);
     let mut buf = vec![0u8; PAGE];
     let e = p.load(1, &mut buf).unwrap_err();
-    assert!(matches!(e, ZmemError::Backing(_)), "{e:?}");
+    assert!(matches!(e, ZmemError::Cold(_)), "{e:?}");
     file.fail_reads(false);
     assert!(p.store(2, &[0u8; 10]).is_err());
     assert!(p.load(2, &mut buf[..100]).is_err());
@@ -462,7 +462,7 @@ fn space_freed_on_a_full_backing_file_is_usable_at_once() {
     let file = mem_file();
     let store = BackingStore::new(Box::new(Arc::clone(&file)), Some(4 << 20));
     let cfg = PoolConfig { max_pool: Some(256 * KIB), shards: 4, max_span_pages: 4, ..PoolConfig::default() };
-    let p = Pool::with_backing(cfg, store).unwrap();
+    let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
     let mut k = 0u64;
     let full = loop {
         match p.store(k, &incompressible(k)) {

@@ -50,7 +50,7 @@ fn pool(dedup: bool, tier: bool, limit: u64) -> Pool {
     let cfg = PoolConfig { dedup, mem_limit: Some(limit), shards: 8, max_span_pages: 4, max_pool: tier.then_some(limit / 4), ..PoolConfig::default() };
     if tier {
         let file = Arc::new(FaultyFile::new(MemFile::new(true)));
-        Pool::with_backing(cfg, BackingStore::new(Box::new(file), None)).unwrap()
+        Pool::with_cold_store(cfg, Box::new(BackingStore::new(Box::new(file), None))).unwrap()
     } else {
         Pool::new(cfg).unwrap()
     }

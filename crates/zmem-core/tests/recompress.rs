@@ -28,7 +28,7 @@ fn pool(recomp: Vec<Compressor>, tiered: bool) -> Pool {
     let cfg = PoolConfig { shards: 8, recomp_algorithms: recomp, ..PoolConfig::default() };
     if tiered {
         let store = BackingStore::new(Box::new(Arc::new(FaultyFile::new(MemFile::new(true)))), None);
-        Pool::with_backing(PoolConfig { max_pool: Some(64 << 20), ..cfg }, store).unwrap()
+        Pool::with_cold_store(PoolConfig { max_pool: Some(64 << 20), ..cfg }, Box::new(store)).unwrap()
     } else {
         Pool::new(cfg).unwrap()
     }

@@ -16,7 +16,7 @@ const MIB: u64 = 1 << 20;
 fn tiered(max_pool: u64, file: Arc<FaultyFile<MemFile>>) -> Pool {
     let store = BackingStore::new(Box::new(file), None);
     let cfg = PoolConfig { max_pool: Some(max_pool), shards: 8, ..PoolConfig::default() };
-    Pool::with_backing(cfg, store).unwrap()
+    Pool::with_cold_store(cfg, Box::new(store)).unwrap()
 }
 
 fn mem_file() -> Arc<FaultyFile<MemFile>> {
@@ -63,7 +63,7 @@ fn without_backing_the_limit_rejects_with_hysteresis() {
 fn lru_keeps_the_newest_and_the_hot() {
     let file = mem_file();
     let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
-    let p = Pool::with_backing(PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, ..PoolConfig::default() }, store).unwrap();
+    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, ..PoolConfig::default() }, Box::new(store)).unwrap();
     let hot = 3u64;
     let mut buf = vec![0u8; PAGE];
     let n = 2000u64;
@@ -113,7 +113,7 @@ fn exclusive_loads_write_loaded_pages_back_first_and_leave_them_on_file() {
     for (built, switched) in [(false, None), (true, None), (false, Some(true)), (true, Some(false))] {
         let store = BackingStore::new(Box::new(mem_file()), None);
         let cfg = PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, exclusive_loads: built, ..PoolConfig::default() };
-        let p = Pool::with_backing(cfg, store).unwrap();
+        let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
         assert_eq!(p.exclusive_loads(), built);
         if let Some(on) = switched {
             p.set_exclusive_loads(on);
@@ -202,7 +202,7 @@ fn a_request_reads_its_written_back_pages_in_one_operation() {
 fn explicit_writeback_modes_and_budget() {
     let file = mem_file();
     let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
-    let p = Pool::with_backing(PoolConfig::default(), store).unwrap();
+    let p = Pool::with_cold_store(PoolConfig::default(), Box::new(store)).unwrap();
     for k in 0..100u64 {
         let page = match k % 4 {
             0 => incompressible(k),
@@ -295,20 +295,20 @@ fn failing_writes_keep_pages_in_ram_and_correct() {
             Err(e) => panic!("key {j}: {e}"),
         }
     }
-    assert!(matches!(p.writeback(WritebackMode::All, None), Err(ZmemError::Backing(_))));
+    assert!(matches!(p.writeback(WritebackMode::All, None), Err(ZmemError::Cold(_))));
 }
 
 #[test]
 fn a_corrupt_record_is_an_error_not_data() {
     let file = mem_file();
     let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
-    let p = Pool::with_backing(PoolConfig::default(), store).unwrap();
+    let p = Pool::with_cold_store(PoolConfig::default(), Box::new(store)).unwrap();
     p.store(1, &compressible(1)).unwrap();
     assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), 1);
     file.flip_bit(Some((100, 3)));
     let mut buf = vec![0u8; PAGE];
     let err = p.load(1, &mut buf).unwrap_err();
-    assert!(matches!(err, ZmemError::Backing(_)), "{err}");
+    assert!(matches!(err, ZmemError::Cold(_)), "{err}");
     file.flip_bit(None);
     file.fail_reads(true);
     assert!(p.load(1, &mut buf).is_err());

@@ -165,13 +165,13 @@ impl PoolArgs {
         let (cfg, comp) = self.config(default)?;
         let pool = match &self.backing {
             Some(path) => {
-                let existing = if self.force { zmem_core::Existing::Overwrite } else { zmem_core::Existing::Refuse };
+                let existing = if self.force { zmem_backing::Existing::Overwrite } else { zmem_backing::Existing::Refuse };
                 let (store, why) =
-                    zmem_core::BackingStore::open(path, self.backing_limit, existing).with_context(|| format!("opening backing file {}", path.display()))?;
+                    zmem_backing::BackingStore::open(path, self.backing_limit, existing).with_context(|| format!("opening backing file {}", path.display()))?;
                 if let Some(why) = why {
                     eprintln!("zmem: {why}");
                 }
-                Pool::with_backing(cfg, store)?
+                Pool::with_cold_store(cfg, Box::new(store))?
             }
             None => Pool::new(cfg)?,
         };

@@ -1,0 +1,61 @@
+//! The record format, which both halves of the crate read: the store
+//! writes and verifies records (`store.rs`), and opening a file checks
+//! whether it starts with one (`file.rs`), so as never to overwrite data
+//! that is not a zmem backing store.
+//!
+//! A record is a 16-byte header and its payload (a compressed page, at
+//! most [`PAGE_SIZE`] bytes), all little-endian:
+//!
+//! | bytes  | field                                            |
+//! |--------|--------------------------------------------------|
+//! | 0..2   | magic `0x5a4d` ("ZM" on disk)                    |
+//! | 2..4   | payload length                                   |
+//! | 4..12  | the key the page was stored under                |
+//! | 12..16 | xxh3-64 of key and payload, low 32 bits          |
+//!
+//! The checksum covers the key, so a record read for the wrong key (a
+//! stale id, a slot reused) fails verification like a corrupt one.
+
+use std::ops::Range;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::PAGE_SIZE;
+
+/// Bytes of header before every record's payload.
+pub const RECORD_HEADER_SIZE: usize = 16;
+const RECORD_MAGIC: u16 = 0x5a4d; // "MZ" little-endian: "ZM"
+
+pub(crate) fn checksum(key: u64, payload: &[u8]) -> u32 {
+    let mut h = Xxh3::new();
+    h.update(&key.to_le_bytes());
+    h.update(payload);
+    h.digest() as u32
+}
+
+pub(crate) fn put_record(dst: &mut [u8], key: u64, payload: &[u8]) {
+    dst[0..2].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+    dst[2..4].copy_from_slice(&(payload.len() as u16).to_le_bytes());
+    dst[4..12].copy_from_slice(&key.to_le_bytes());
+    dst[12..16].copy_from_slice(&checksum(key, payload).to_le_bytes());
+    dst[16..16 + payload.len()].copy_from_slice(payload);
+}
+
+/// Whether `buf` starts with a well-formed record (magic, length and
+/// checksum agree): the start of a zmem backing store.
+pub(crate) fn is_record_start(buf: &[u8]) -> bool {
+    let Some(len) = buf.get(2..4).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes) else { return false };
+    len as usize <= PAGE_SIZE && verify(buf, len, None).is_some()
+}
+
+/// Check a record's header against what the table says; returns
+/// `(key, payload)`.
+pub(crate) fn verify(rec: &[u8], len: u16, key: Option<u64>) -> Option<(u64, &[u8])> {
+    let field = |r: Range<usize>| &rec[r];
+    let magic = u16::from_le_bytes(field(0..2).try_into().ok()?);
+    let hlen = u16::from_le_bytes(field(2..4).try_into().ok()?);
+    let hkey = u64::from_le_bytes(field(4..12).try_into().ok()?);
+    let sum = u32::from_le_bytes(field(12..16).try_into().ok()?);
+    let payload = rec.get(RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + len as usize)?;
+    (magic == RECORD_MAGIC && hlen == len && key.is_none_or(|k| k == hkey) && sum == checksum(hkey, payload)).then_some((hkey, payload))
+}
