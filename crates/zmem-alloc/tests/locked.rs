@@ -10,7 +10,7 @@ fn emptied_spans_are_released_under_mlockall() {
     use rustix::mm::{mlockall, munlockall, MlockAllFlags};
     let flags = MlockAllFlags::CURRENT | MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT;
     if let Err(e) = mlockall(flags) {
-        zmem_bench::ci::skip(&format!("mlockall refused ({e}): needs root or a big RLIMIT_MEMLOCK"));
+        zmem_testkit::ci::skip(&format!("mlockall refused ({e}): needs root or a big RLIMIT_MEMLOCK"));
         return;
     }
     let pool = ZsPool::new(AllocConfig::default());

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use zmem_backing::{BackingError, BackingStore, MemFile, RecordId, RECORD_HEADER_SIZE, SEGMENT_SIZE};
+use zmem_testkit::XorShift;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -80,13 +81,10 @@ fn run(direct: bool, limit: Option<u64>, ops: Vec<Op>) -> Result<(), TestCaseErr
                 stale.push(id);
             }
             Op::FreeMany(pct, seed) => {
-                let mut x = seed | 1;
+                let mut r = XorShift::from_state(seed | 1);
                 let mut i = 0;
                 while i < ids.len() {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    if (x % 100) < pct as u64 {
+                    if r.below(100) < pct as u64 {
                         let id = ids.swap_remove(i);
                         model.remove(&id);
                         store.free(id).map_err(|e| TestCaseError::fail(e.to_string()))?;

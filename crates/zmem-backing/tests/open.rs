@@ -85,8 +85,8 @@ impl Drop for LoopDev {
 /// caps the store, and nothing tries to truncate it.
 #[test]
 fn a_block_device() {
-    if zmem_bench::ci::effective_uid() != Some(0) {
-        zmem_bench::ci::skip("a_block_device needs root (losetup)");
+    if zmem_testkit::ci::effective_uid() != Some(0) {
+        zmem_testkit::ci::skip("a_block_device needs root (losetup)");
         return;
     }
     let d = tempfile::tempdir().unwrap();

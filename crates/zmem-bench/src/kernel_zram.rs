@@ -137,7 +137,7 @@ fn write_attr(dev: &str, attr: &str, value: &str) -> Result<(), Unavailable> {
     fs::write(&p, value).map_err(|e| unavail(format!("cannot write {value:?} to {}: {e}", p.display())))
 }
 
-use crate::ci::effective_uid;
+use zmem_testkit::ci::effective_uid;
 
 /// Is `/sys/block/<dev>` unused: disksize 0, initstate 0, not swapped on,
 /// not mounted?
@@ -427,6 +427,7 @@ fn io_pass(node: &Path, pages: &[u8]) -> Result<(Duration, Duration, String), Un
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zmem_testkit::XorShift;
 
     #[test]
     fn mm_stat_nine_fields() {
@@ -505,12 +506,9 @@ mod tests {
             let n = text.len().min((8 << 20) - v.len());
             v.extend_from_slice(&text[..n]);
         }
-        let mut x: u64 = 0x9E3779B97F4A7C15;
+        let mut r = XorShift::from_state(0x9E3779B97F4A7C15);
         while v.len() < (12 << 20) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            v.extend_from_slice(&x.to_le_bytes());
+            v.extend_from_slice(&r.next_u64().to_le_bytes());
         }
         for p in 0..(4 << 20) / PAGE_SIZE {
             let mut page = [0u8; PAGE_SIZE];
@@ -532,7 +530,7 @@ mod tests {
     #[test]
     fn kernel_zram_round_trip() {
         if let Some(r) = skip_reason() {
-            crate::ci::skip(&format!("kernel_zram_round_trip: {r}"));
+            zmem_testkit::ci::skip(&format!("kernel_zram_round_trip: {r}"));
             return;
         }
         let data = mixed_data();
@@ -555,7 +553,7 @@ mod tests {
     #[test]
     fn kernel_zram_unknown_algorithm_resets() {
         if let Some(r) = skip_reason() {
-            crate::ci::skip(&format!("kernel_zram_unknown_algorithm_resets: {r}"));
+            zmem_testkit::ci::skip(&format!("kernel_zram_unknown_algorithm_resets: {r}"));
             return;
         }
         let e = run(&vec![1u8; PAGE_SIZE * 4], "no-such-algo").unwrap_err();

@@ -25,14 +25,11 @@
 //! * [`shared_budget`] — one memory budget for a memory cgroup and a
 //!   compressed pool outside it: the cgroup's limit follows the pool (used
 //!   by `zmem swap on --charge-to` and by `zmem bench swap`).
-//! * [`ci`] — skipping a test where a feature is missing, and failing
-//!   instead under CI, where nothing may be missing.
 
 #![deny(unsafe_code)]
 
 pub mod blockdev;
 pub mod cache;
-pub mod ci;
 pub mod host;
 pub mod kernel_zram;
 pub mod kv;

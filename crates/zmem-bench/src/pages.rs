@@ -651,7 +651,7 @@ mod tests {
         let mut child = match spawn_default_process(24 << 20) {
             Ok(c) => c,
             Err(e) => {
-                crate::ci::skip(&format!("default_process_is_readable: {e:#}"));
+                zmem_testkit::ci::skip(&format!("default_process_is_readable: {e:#}"));
                 return;
             }
         };

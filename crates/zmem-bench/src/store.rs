@@ -690,6 +690,7 @@ pub fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zmem_testkit::XorShift;
 
     #[test]
     fn max_pool_shares_of_the_data() {
@@ -743,22 +744,12 @@ mod tests {
     fn recompress_reports_savings_and_load_speeds() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("data");
-        let mut x = 7u64;
-        let mut data: Vec<u8> = (0..32 * PAGE_SIZE)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                b'0' + (x % 64) as u8
-            })
-            .collect();
+        let mut r = XorShift::from_state(7);
+        let mut data: Vec<u8> = (0..32 * PAGE_SIZE).map(|_| b'0' + r.below(64) as u8).collect();
         // Random pages: raw under both, marked, left untouched.
-        data.extend((0..32 * PAGE_SIZE).map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        }));
+        let mut random = vec![0u8; 32 * PAGE_SIZE];
+        r.fill(&mut random);
+        data.extend_from_slice(&random);
         std::fs::write(&f, &data).unwrap();
         let mut c = config(f);
         c.recompress = vec!["zstd:3".parse().unwrap()];

@@ -278,6 +278,7 @@ pub fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zmem_testkit::XorShift;
 
     /// Pages of words from one vocabulary: a dictionary pays on them.
     fn words(n: usize) -> PageSet {
@@ -286,12 +287,9 @@ mod tests {
             (0..11).map(|b| b'a' + ((h >> (b * 5)) % 26) as u8).collect::<Vec<u8>>()
         };
         let mut data = Vec::with_capacity(n * PAGE_SIZE);
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut r = XorShift::from_state(0x2545_F491_4F6C_DD1D);
         while data.len() < n * PAGE_SIZE {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            data.extend_from_slice(&word(x % 600));
+            data.extend_from_slice(&word(r.below(600)));
             data.push(b' ');
         }
         data.truncate(n * PAGE_SIZE);

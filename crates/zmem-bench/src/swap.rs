@@ -512,7 +512,7 @@ fn zswap_percent(cap: u64, mem_total: u64) -> u64 {
 }
 
 fn preflight(cfg: &Config) -> anyhow::Result<()> {
-    if crate::ci::effective_uid() != Some(0) {
+    if zmem_testkit::ci::effective_uid() != Some(0) {
         bail!("zmem bench swap needs root (memory cgroups, loop devices, swapon)");
     }
     let swaps = host::active_swaps();

@@ -5,31 +5,23 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use zmem_cache::{CacheConfig, CacheError, CleanCache, Get, PoolId, PoolOptions, Put, PAGE_SIZE};
+use zmem_testkit::XorShift;
 
 /// A page that compresses well, different for every seed.
 fn page(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut r = XorShift::from_state(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut p = Vec::with_capacity(PAGE_SIZE);
     while p.len() < PAGE_SIZE {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p.extend_from_slice(format!("seed {seed} word {} ", x % 97).as_bytes());
+        p.extend_from_slice(format!("seed {seed} word {} ", r.below(97)).as_bytes());
     }
     p.truncate(PAGE_SIZE);
     p
 }
 
 fn random_page(seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..PAGE_SIZE)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut p = vec![0u8; PAGE_SIZE];
+    XorShift::from_state(seed | 1).fill(&mut p);
+    p
 }
 
 fn cache(memlimit: u64) -> CleanCache {

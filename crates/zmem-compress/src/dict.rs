@@ -186,14 +186,12 @@ mod tests {
     /// Pages of text-like records that share field names and vary in
     /// numbers: what a dictionary is made for.
     pub(crate) fn records(n: usize, seed: u64) -> Vec<Vec<u8>> {
-        let mut x = seed | 1;
+        let mut r = zmem_testkit::XorShift::from_state(seed | 1);
         (0..n)
             .map(|_| {
                 let mut p = Vec::with_capacity(4096);
                 while p.len() < 4096 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = r.next_u64();
                     let line = format!("{{\"user_id\":{},\"session\":\"{:x}\",\"status\":\"active\",\"region\":\"eu-west-{}\"}}\n", x % 100000, x >> 20, x % 7);
                     p.extend_from_slice(line.as_bytes());
                 }

@@ -241,15 +241,8 @@ mod tests {
     /// Text, random bytes, zeros, one byte, nothing (`[1]` is random).
     pub(crate) fn sample_pages() -> Vec<Vec<u8>> {
         let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog 0123456789\n".iter().cycle().take(4096).copied().collect();
-        let mut x = 0x9e3779b97f4a7c15u64;
-        let random: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let mut random = vec![0u8; 4096];
+        zmem_testkit::XorShift::from_state(0x9e3779b97f4a7c15).fill(&mut random);
         vec![text, random, vec![0u8; 4096], vec![7u8; 1], Vec::new()]
     }
 

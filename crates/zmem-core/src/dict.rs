@@ -417,6 +417,7 @@ pub(crate) const TRAIN_PERIOD: Duration = Duration::from_secs(1);
 mod tests {
     use super::*;
     use crate::{Pool, PoolConfig, ZmemError};
+    use zmem_testkit::XorShift;
 
     /// Words from a vocabulary of 600 that pages share but rarely repeat
     /// within one: what a dictionary holds and a page alone does not.
@@ -426,12 +427,9 @@ mod tests {
             (0..11).map(|b| b'a' + ((h >> (b * 5)) % 26) as u8).collect::<Vec<u8>>()
         };
         let mut p = Vec::with_capacity(PAGE_SIZE);
-        let mut x = k.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+        let mut r = XorShift::from_state(k.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
         while p.len() < PAGE_SIZE {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            p.extend_from_slice(&word(x % 600));
+            p.extend_from_slice(&word(r.below(600)));
             p.push(b' ');
         }
         p.truncate(PAGE_SIZE);

@@ -389,6 +389,7 @@ impl Export {
 mod tests {
     use super::*;
     use zmem_core::PoolConfig;
+    use zmem_testkit::XorShift;
 
     fn export(size: u64, limit: Option<u64>) -> Export {
         let pool = Pool::new(PoolConfig { mem_limit: limit, ..Default::default() }).unwrap();
@@ -423,11 +424,9 @@ mod tests {
         let size = 64 * 4096 + 1000; // not a multiple of the page size
         let e = export(size, None);
         let mut model = vec![0u8; size as usize];
-        let mut x: u64 = 12345;
+        let mut r = XorShift::from_state(12345);
         for i in 0..400 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = r.next_u64();
             let off = x % size;
             let len = 1 + (x >> 20) % 20000;
             let len = len.min(size - off);
@@ -511,16 +510,11 @@ mod tests {
     #[test]
     fn pool_full_is_enospc_and_old_data_stays() {
         let e = export(64 << 20, Some(256 << 10));
-        let mut x: u64 = 99;
+        let mut r = XorShift::from_state(99);
         let mut noise = vec![0u8; 4096];
         let mut full = None;
         for k in 0..16384u64 {
-            for b in noise.iter_mut() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *b = x as u8;
-            }
+            r.fill(&mut noise);
             if let Err(err) = e.write(k * 4096, &noise) {
                 full = Some((k, err));
                 break;

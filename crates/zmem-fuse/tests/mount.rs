@@ -16,16 +16,17 @@ use zmem_bench::host::{FuseUringOn, FUSE_URING_PARAM as URING_PARAM};
 use zmem_core::{Pool, PoolConfig};
 use zmem_export::Export;
 use zmem_fuse::{mount, FuseConfig, Mounted};
+use zmem_testkit::XorShift;
 
 const SIZE: u64 = 64 << 20;
 
 fn usable() -> bool {
-    if zmem_bench::ci::effective_uid() != Some(0) {
-        zmem_bench::ci::skip("FUSE image tests need root");
+    if zmem_testkit::ci::effective_uid() != Some(0) {
+        zmem_testkit::ci::skip("FUSE image tests need root");
         return false;
     }
     if !Path::new("/dev/fuse").exists() {
-        zmem_bench::ci::skip("no /dev/fuse");
+        zmem_testkit::ci::skip("no /dev/fuse");
         return false;
     }
     true
@@ -62,7 +63,7 @@ impl Drop for UringOn {
 
 fn uring_usable() -> bool {
     if !Path::new(URING_PARAM).exists() {
-        zmem_bench::ci::skip("this kernel has no FUSE over io_uring");
+        zmem_testkit::ci::skip("this kernel has no FUSE over io_uring");
         return false;
     }
     usable()
@@ -127,13 +128,12 @@ impl Drop for Loop {
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
+    let mut r = XorShift::from_state(seed | 1);
+    let mut x = 0;
     (0..len)
         .map(|i| {
             if i % 64 == 0 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                x = r.next_u64();
             }
             (x >> ((i % 8) * 8)) as u8 & 0x3f
         })

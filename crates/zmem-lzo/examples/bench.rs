@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use zmem_testkit::XorShift;
+
 fn load(paths: &[&str], max: usize) -> Vec<u8> {
     let mut out = Vec::new();
     for p in paths {
@@ -27,12 +29,9 @@ fn load(paths: &[&str], max: usize) -> Vec<u8> {
 fn text_fallback(len: usize) -> Vec<u8> {
     let words = ["the ", "memory ", "page ", "zram ", "kernel ", "and ", "of ", "int x = 0;\n"];
     let mut v = Vec::new();
-    let mut s: u64 = 1;
+    let mut r = XorShift::from_state(1);
     while v.len() < len {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        v.extend_from_slice(words[(s % words.len() as u64) as usize].as_bytes());
+        v.extend_from_slice(words[r.below(words.len() as u64) as usize].as_bytes());
     }
     v.truncate(len);
     v
@@ -119,15 +118,8 @@ fn main() {
         text = text_fallback(8 << 20);
     }
     let zeros = vec![0u8; 4 << 20];
-    let mut s: u64 = 7;
-    let random: Vec<u8> = (0..(4 << 20))
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect();
+    let mut random = vec![0u8; 4 << 20];
+    XorShift::from_state(7).fill(&mut random);
     bench("binary", &bin);
     bench("text", &text);
     bench("zeros", &zeros);

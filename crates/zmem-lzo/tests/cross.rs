@@ -73,7 +73,7 @@ fn cross_long_distances() {
 fn cross_real_pages() {
     let data = real_data(1 << 20);
     if data.is_empty() {
-        zmem_bench::ci::skip("no real data (files under /usr/lib) available");
+        zmem_testkit::ci::skip("no real data (files under /usr/lib) available");
         return;
     }
     for page in data.chunks(4096) {

@@ -66,7 +66,7 @@ fn long_distance_matches_m4() {
 fn real_pages_roundtrip() {
     let data = real_data(4 << 20);
     if data.is_empty() {
-        zmem_bench::ci::skip("no real data (files under /usr/lib) available");
+        zmem_testkit::ci::skip("no real data (files under /usr/lib) available");
         return;
     }
     let mut total_c = 0;

@@ -542,19 +542,17 @@ mod tests {
         assert!(matches!(run(huge).0, Err(ProtoError::OptionTooLong { .. })));
 
         // Pseudo-random garbage after valid client flags.
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut r = zmem_testkit::XorShift::from_state(0x9E37_79B9_7F4A_7C15);
         for _ in 0..2000 {
             let mut inp = 1u32.to_be_bytes().to_vec();
+            let x = r.state();
             let len = (x % 64) as usize;
             let mut prefix = opt_bytes((x >> 8) as u32 % 16, &[]);
             prefix.truncate(12);
             inp.extend(prefix);
-            for _ in 0..len {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                inp.push(x as u8);
-            }
+            let start = inp.len();
+            inp.resize(start + len, 0);
+            r.fill(&mut inp[start..]);
             let _ = run(inp);
         }
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use zmem_core::{Pool, PoolConfig};
 use zmem_nbd::proto::*;
 use zmem_nbd::{Export, ProtoError, Server, ServerConfig, Stream};
+use zmem_testkit::XorShift;
 
 fn server(size: u64, mem_limit: Option<u64>) -> Arc<Server> {
     server_with(size, mem_limit, ServerConfig::default())
@@ -334,17 +335,11 @@ fn pool_full_is_enospc_and_connection_survives() {
     let srv = server(64 << 20, Some(512 << 10));
     let (c, h) = connect(&srv);
     let mut c = handshake(c, true);
-    let mut x: u64 = 7;
+    let mut rng = XorShift::from_state(7);
     let mut hit = None;
+    let mut page = vec![0u8; 4096];
     for k in 0..4096u64 {
-        let page: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        rng.fill(&mut page);
         match c.write(k * 4096, &page) {
             Reply::Ok(_) => {}
             Reply::Err(e) => {
@@ -426,13 +421,8 @@ fn abort_during_haggling() {
 #[test]
 fn random_transmission_garbage_never_panics() {
     let srv = server(1 << 20, None);
-    let mut x: u64 = 0x1234_5678_9abc_def0;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = XorShift::from_state(0x1234_5678_9abc_def0);
+    let mut next = move || rng.next_u64();
     for round in 0..40 {
         let (c, h) = connect(&srv);
         let c = handshake(c, round % 2 == 0);

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use zmem_core::{Pool, PoolConfig};
 use zmem_nbd::proto::*;
 use zmem_nbd::{negotiate, Export, ExportInfo, Server, ServerConfig, Session, Stream};
+use zmem_testkit::XorShift;
 
 /// An input that takes longer than this is a hang.
 const HANG: Duration = Duration::from_secs(5);
@@ -43,17 +44,15 @@ fn inputs(var: &str, default: u64) -> u64 {
     std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-struct Rng(u64);
+/// The shared generator, with `below` in `usize` (indices and lengths).
+struct Rng(XorShift);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        self.0.below(n as u64) as usize
     }
 }
 
@@ -175,7 +174,7 @@ fn handshake_and_request_parser_never_panic_or_hang() {
     let corpus = corpus();
     let n = inputs("FUZZ_INPUTS", 20_000);
     let info = info();
-    let mut r = Rng(0x9E37_79B9_7F4A_7C15 ^ n);
+    let mut r = Rng(XorShift::from_state(0x9E37_79B9_7F4A_7C15 ^ n));
     let (mut panics, mut slowest) = (0u64, Duration::ZERO);
     let start = Instant::now();
     for e in &corpus {
@@ -210,7 +209,7 @@ fn whole_connections_never_panic_or_hang() {
         ..ServerConfig::default()
     };
     let srv = Server::new(Arc::new(Export::new(pool, 64 << 20)), "", cfg);
-    let mut r = Rng(0x2545_F491_4F6C_DD1D ^ n);
+    let mut r = Rng(XorShift::from_state(0x2545_F491_4F6C_DD1D ^ n));
     let (mut slowest, mut bad) = (Duration::ZERO, 0u64);
     let start = Instant::now();
     for i in 0..n {

@@ -3,6 +3,8 @@
 use std::path::Path;
 use std::process::Command;
 
+use zmem_testkit::XorShift;
+
 fn zmem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_zmem"))
 }
@@ -15,13 +17,9 @@ fn make_data(dir: &Path) -> std::path::PathBuf {
     }
     data.resize(data.len().next_multiple_of(4096), b'.');
     data.extend(std::iter::repeat_n(0u8, 64 * 1024));
-    let mut x = 0x1234_5678_9abc_def1u64;
-    for _ in 0..32 * 1024 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        data.push(x as u8);
-    }
+    let mut random = vec![0u8; 32 * 1024];
+    XorShift::from_state(0x1234_5678_9abc_def1).fill(&mut random);
+    data.extend_from_slice(&random);
     let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
     for _ in 0..8 {
         data.extend_from_slice(&block);

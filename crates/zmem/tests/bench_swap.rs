@@ -78,7 +78,7 @@ struct Bench {
 impl Bench {
     fn new() -> Option<Bench> {
         if let Some(why) = ready() {
-            zmem_bench::ci::skip(&format!("bench swap: {why}"));
+            zmem_testkit::ci::skip(&format!("bench swap: {why}"));
             return None;
         }
         let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());

@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use zmem_testkit::XorShift;
 
 const T: Duration = Duration::from_secs(120);
 
@@ -17,13 +18,10 @@ fn words_image(pages: usize, seed: u64) -> Vec<u8> {
         let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (0..11).map(|b| b'a' + ((h >> (b * 5)) % 26) as u8).collect::<Vec<u8>>()
     };
-    let mut x = seed | 1;
+    let mut r = XorShift::from_state(seed | 1);
     let mut out = Vec::with_capacity(pages * 4096);
     while out.len() < pages * 4096 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&word(x % 600));
+        out.extend_from_slice(&word(r.below(600)));
         out.push(b' ');
     }
     out.truncate(pages * 4096);

@@ -8,21 +8,15 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use zmem_testkit::XorShift;
 
 const T: Duration = Duration::from_secs(120);
 
 /// Pages of bytes from a 64-symbol alphabet: lz4 finds nothing to match
 /// (stored raw, zram's huge pages), zstd's entropy coder takes a quarter off.
 fn six_bit_image(bytes: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..bytes)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            b'0' + (x % 64) as u8
-        })
-        .collect()
+    let mut r = XorShift::from_state(seed | 1);
+    (0..bytes).map(|_| b'0' + r.below(64) as u8).collect()
 }
 
 #[test]

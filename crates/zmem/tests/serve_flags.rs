@@ -91,7 +91,7 @@ fn the_data_socket_is_private_whatever_the_umask() {
         let out = run_timeout(Command::new("runuser").args(["-u", "nobody", "--", "nbdinfo", &uri]), T);
         assert!(!out.status.success(), "user nobody read the device: {}", String::from_utf8_lossy(&out.stdout));
     } else {
-        zmem_bench::ci::skip("the_data_socket_is_private: needs root, runuser and nbdinfo to try it as nobody");
+        zmem_testkit::ci::skip("the_data_socket_is_private: needs root, runuser and nbdinfo to try it as nobody");
     }
     drop(_stop);
     let _ = wait_timeout(&mut child, Duration::from_secs(10));

@@ -96,17 +96,17 @@ fn alive(pid: u32) -> bool {
 
 fn usable() -> bool {
     if !is_root() {
-        zmem_bench::ci::skip("zmem swap needs root (loop devices, mount, swapon)");
+        zmem_testkit::ci::skip("zmem swap needs root (loop devices, mount, swapon)");
         return false;
     }
     for t in ["losetup", "mkswap", "swapon", "swapoff", "umount", "python3"] {
         if !have(t) {
-            zmem_bench::ci::skip(&format!("`{t}` is not installed"));
+            zmem_testkit::ci::skip(&format!("`{t}` is not installed"));
             return false;
         }
     }
     if !Path::new("/dev/fuse").exists() {
-        zmem_bench::ci::skip("/dev/fuse is missing");
+        zmem_testkit::ci::skip("/dev/fuse is missing");
         return false;
     }
     true
@@ -127,7 +127,7 @@ fn usable_with_cgroups() -> bool {
         return false;
     }
     if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
-        zmem_bench::ci::skip(&format!("memory cgroup v1 is not mounted at {CGROUP_V1}"));
+        zmem_testkit::ci::skip(&format!("memory cgroup v1 is not mounted at {CGROUP_V1}"));
         return false;
     }
     true
@@ -206,7 +206,7 @@ fn swap_over_io_uring_then_off() {
         return;
     }
     if !Path::new(FUSE_URING).exists() {
-        zmem_bench::ci::skip("this kernel has no FUSE over io_uring");
+        zmem_testkit::ci::skip("this kernel has no FUSE over io_uring");
         return;
     }
     let _turn = exclusive();

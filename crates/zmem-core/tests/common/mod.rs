@@ -1,20 +1,14 @@
 #![allow(dead_code)]
 //! Page generators shared by the integration tests.
 
+use zmem_testkit::XorShift;
+
 pub const PAGE: usize = 4096;
 
+/// Every seed gives its own stream ([`XorShift::new`] mixes it first).
 pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-    // splitmix64 of the seed, so every seed gives its own stream
-    let mut x = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x = (x ^ (x >> 31)) | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
+    let mut r = XorShift::new(seed);
+    move || r.next_u64()
 }
 
 /// Text-like page: compresses well but not to nothing.

@@ -3,28 +3,17 @@
 
 use std::path::Path;
 
-/// Deterministic xorshift PRNG (tests must not depend on a global RNG).
-pub struct Rng(u64);
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
+use zmem_testkit::XorShift;
+
+/// The generator for `seed` (tests must not depend on a global RNG).
+pub fn rng(seed: u64) -> XorShift {
+    XorShift::from_state(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
 }
 
 pub fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut r = Rng::new(seed);
-    (0..len).map(|_| r.next() as u8).collect()
+    let mut v = vec![0u8; len];
+    rng(seed).fill(&mut v);
+    v
 }
 
 /// Text-like data: words from a small vocabulary.
@@ -48,7 +37,7 @@ pub fn text(len: usize, seed: u64) -> Vec<u8> {
         "\t",
         "0x7fff ",
     ];
-    let mut r = Rng::new(seed);
+    let mut r = rng(seed);
     let mut v = Vec::with_capacity(len + 16);
     while v.len() < len {
         v.extend_from_slice(WORDS[r.below(WORDS.len() as u64) as usize].as_bytes());
@@ -60,13 +49,13 @@ pub fn text(len: usize, seed: u64) -> Vec<u8> {
 /// Repetitive data: short random patterns repeated, with occasional noise,
 /// and long-distance repeats (exercises M2, M3 and M4 and long lengths).
 pub fn repetitive(len: usize, seed: u64) -> Vec<u8> {
-    let mut r = Rng::new(seed);
+    let mut r = rng(seed);
     let mut v: Vec<u8> = Vec::with_capacity(len + 512);
     while v.len() < len {
         match r.below(5) {
             0 => {
                 let pl = 1 + r.below(12) as usize;
-                let pat: Vec<u8> = (0..pl).map(|_| r.next() as u8).collect();
+                let pat: Vec<u8> = (0..pl).map(|_| r.next_u64() as u8).collect();
                 let reps = 1 + r.below(64) as usize;
                 for _ in 0..reps {
                     v.extend_from_slice(&pat);
@@ -85,12 +74,12 @@ pub fn repetitive(len: usize, seed: u64) -> Vec<u8> {
             2 => {
                 let l = r.below(40) as usize;
                 for _ in 0..l {
-                    v.push(r.next() as u8);
+                    v.push(r.next_u64() as u8);
                 }
             }
             3 => {
                 let l = r.below(1000) as usize;
-                let b = r.next() as u8;
+                let b = r.next_u64() as u8;
                 v.resize(v.len() + l, b);
             }
             _ => v.extend_from_slice(b"struct page *page = alloc_page(GFP_KERNEL);\n"),

@@ -26,7 +26,7 @@ pub fn have(tool: &str) -> bool {
 macro_rules! skip {
     ($($t:tt)*) => {{
         // Fails instead under CI as root, where nothing may be missing.
-        zmem_bench::ci::skip(&format!($($t)*));
+        zmem_testkit::ci::skip(&format!($($t)*));
         return;
     }};
 }
@@ -242,12 +242,10 @@ impl Drop for Undo {
 
 /// Deterministic pseudo-random bytes that compress somewhat (text-like mix).
 pub fn test_data(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
+    let mut r = zmem_testkit::XorShift::from_state(seed | 1);
     let mut v = Vec::with_capacity(n);
     while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = r.next_u64();
         match (x >> 60) as u8 {
             0..=5 => v.extend_from_slice(b"the quick brown fox jumps over the lazy dog "),
             6..=9 => v.extend(std::iter::repeat_n(0u8, (x % 300) as usize)),
