@@ -58,9 +58,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::host::{self, cpu_secs, have, run_limited, run_tool, wait_for_file, wait_for_socket, zmem_stats, ChildGuard, Step, UnmountIfMounted};
 use crate::kernel_zram;
-use crate::shared_budget::rss_of;
+use crate::zmem_stats;
+use zmem_host::shared_budget::rss_of;
+use zmem_host::{self as host, cpu_secs, have, run_limited, run_tool, wait_for_file, wait_for_socket, ChildGuard, Step, UnmountIfMounted};
 
 /// Everything a run needs.
 #[derive(Debug, Clone)]

@@ -66,10 +66,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::host::{
-    self, have, run_limited, run_tool, wait_for_file, wait_for_socket, zmem_stats, ChildGuard, DiskStat, LoopDisk, MemCgroup, Step, Throttle, UnmountIfMounted,
+use crate::zmem_stats;
+use zmem_host::shared_budget::{rss_of, BudgetStats, SharedBudget};
+use zmem_host::{
+    self as host, have, run_limited, run_tool, wait_for_file, wait_for_socket, ChildGuard, DiskStat, LoopDisk, MemCgroup, Step, Throttle, UnmountIfMounted,
 };
-use crate::shared_budget::{rss_of, BudgetStats, SharedBudget};
 
 /// Everything a run needs.
 #[derive(Debug, Clone)]

@@ -146,8 +146,7 @@ fn device_is_free(dev: &str) -> Result<bool, Unavailable> {
         return Ok(false);
     }
     let node = format!("/dev/{dev}");
-    let swaps = fs::read_to_string("/proc/swaps").unwrap_or_default();
-    if swaps.lines().skip(1).any(|l| l.split_ascii_whitespace().next() == Some(node.as_str())) {
+    if zmem_host::swap_areas().iter().any(|a| a.name == node) {
         return Ok(false);
     }
     let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();

@@ -7,9 +7,6 @@
 //!   the anonymous memory of a live process, or a built-in default process.
 //! * [`kernel_zram`] — the kernel yardstick: push the same pages through a
 //!   real `/dev/zramN` device and report what the kernel achieved.
-//! * [`host`] — the machine as a benchmark changes it (cgroups, loop
-//!   disks, throttles, swap, zswap's parameters), every change undone on
-//!   drop.
 //! * [`store`] — `zmem bench store`: the engine's pool against the raw
 //!   compressor and kernel zram, on the same pages.
 //! * [`store_dict`] — `zmem bench store --dict`: the same pages in every
@@ -22,23 +19,27 @@
 //! * [`swap`] — `zmem bench swap`, the seed experiment: a workload under a
 //!   memory limit swapping to disk, zswap, zram and zmem; [`plot`] draws it;
 //!   [`kv`] is its second built-in workload (a key-value store's heap).
-//! * [`shared_budget`] — one memory budget for a memory cgroup and a
-//!   compressed pool outside it: the cgroup's limit follows the pool (used
-//!   by `zmem swap on --charge-to` and by `zmem bench swap`).
+//!
+//! The machine as a benchmark changes it (cgroups, loop disks, throttles,
+//! swap, zswap's parameters, every change undone on drop) is `zmem-host`,
+//! which the swap server uses too.
 
 #![deny(unsafe_code)]
 
 pub mod blockdev;
 pub mod cache;
-pub mod host;
 pub mod kernel_zram;
 pub mod kv;
 pub mod pages;
 pub mod plot;
-pub mod shared_budget;
 pub mod store;
 pub mod store_dict;
 pub mod swap;
+
+use anyhow::Context;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
 pub use kernel_zram::{Unavailable, ZramResult};
 pub use pages::{PageSet, PAGE_SIZE};
@@ -52,4 +53,11 @@ pub(crate) fn mix64(mut x: u64) -> u64 {
     x ^= x >> 27;
     x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
+}
+
+/// What `zmem serve` answers on its control socket at `ctl` (`zmem stat
+/// --json`); an error if it does not answer within 10 s.
+pub fn zmem_stats(zmem: &Path, ctl: &Path) -> anyhow::Result<serde_json::Value> {
+    let out = zmem_host::run_limited(Command::new(zmem).args(["stat", "--json", "--control"]).arg(ctl), Duration::from_secs(10))?;
+    serde_json::from_str(&out).context("parsing `zmem stat --json`")
 }

@@ -56,9 +56,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::host::{self, DiskStat, LoopDisk, MemCgroup, SwapOn, Throttle, ZswapParams};
 use crate::kernel_zram;
-use crate::shared_budget::{self, BudgetStats, SharedBudget};
+use zmem_host::shared_budget::{self, BudgetStats, SharedBudget};
+use zmem_host::{self as host, DiskStat, LoopDisk, MemCgroup, SwapOn, Throttle, ZswapParams};
 
 /// A system under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -328,7 +328,7 @@ impl DeadSampler {
             return;
         }
         self.next = Instant::now() + Self::EVERY;
-        let Ok(st) = host::zmem_stats(&self.zmem, &self.control) else { return };
+        let Ok(st) = crate::zmem_stats(&self.zmem, &self.control) else { return };
         let n = |k: &str| st["stats"][k].as_u64();
         let (Some(ram), Some(file)) = (n("stored_pages"), n("bd_count")) else { return };
         let areas = host::swap_areas();

@@ -12,10 +12,10 @@ use std::process::Command;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use zmem_bench::host::{FuseUringOn, FUSE_URING_PARAM as URING_PARAM};
 use zmem_core::{Pool, PoolConfig};
 use zmem_export::Export;
 use zmem_fuse::{mount, FuseConfig, Mounted};
+use zmem_host::{FuseUringOn, FUSE_URING_PARAM as URING_PARAM};
 use zmem_testkit::XorShift;
 
 const SIZE: u64 = 64 << 20;

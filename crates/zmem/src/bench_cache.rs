@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use zmem_bench::cache::{self, Config, Frontend};
-use zmem_bench::host::Throttle;
+use zmem_host::Throttle;
 
 use crate::util::parse_size;
 

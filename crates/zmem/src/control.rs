@@ -20,7 +20,7 @@ pub enum Frontend {
     Nbd { server: Arc<Server>, fuse: Option<Arc<zmem_fuse::FuseStats>> },
     /// The FUSE image's counters, what the server got of its protection
     /// from reclaim, and the budget it shares with a cgroup, if any.
-    Fuse { stats: Arc<zmem_fuse::FuseStats>, safety: serde_json::Value, budget: Option<Arc<zmem_bench::shared_budget::SharedBudget>> },
+    Fuse { stats: Arc<zmem_fuse::FuseStats>, safety: serde_json::Value, budget: Option<Arc<zmem_host::shared_budget::SharedBudget>> },
 }
 
 /// Everything the control socket reports.

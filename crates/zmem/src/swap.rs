@@ -458,7 +458,7 @@ fn charged_by_another(run_dir: &Path, me: &Path, cgroup: &Path) -> Option<String
 /// The budget of `--charge-to CGROUP` (its limit now), checked against the
 /// pool's cap: the processes must keep at least a quarter of it.
 fn charge_budget(cgroup: &Path, max_pool: u64) -> anyhow::Result<u64> {
-    let budget = zmem_bench::shared_budget::SharedBudget::budget_of(cgroup)?;
+    let budget = zmem_host::shared_budget::SharedBudget::budget_of(cgroup)?;
     if max_pool >= budget / 4 * 3 {
         bail!(
             "--max-pool ({}) must be below 3/4 of the budget of --charge-to {} ({}), or the pool could leave its processes next to nothing; give a smaller --max-pool",
@@ -483,7 +483,7 @@ fn read_state(dir: &Path) -> Option<State> {
 
 /// Whether `dev` is an active swap device (/proc/swaps).
 fn swap_active(dev: &str) -> bool {
-    !dev.is_empty() && std::fs::read_to_string("/proc/swaps").unwrap_or_default().lines().skip(1).any(|l| l.split_whitespace().next() == Some(dev))
+    !dev.is_empty() && zmem_host::swap_areas().iter().any(|a| a.name == dev)
 }
 
 /// Loop devices whose backing file is `file`.
@@ -500,30 +500,6 @@ fn loops_backed_by(file: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-/// Whether `path` is a mountpoint (/proc/self/mountinfo).
-fn mounted(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(&unescape(m)) == path))
-}
-
-/// Mount table fields escape spaces and the like as octal (\040).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        if let Some(v) = octal.map(|d| d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'))).filter(|&v| v <= 255) {
-            out.push(v as u8);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether `pid` is this device's server (and not a reused pid).
@@ -600,7 +576,7 @@ fn teardown(dir: &Path) -> anyhow::Result<()> {
         }
     }
     let mnt = dir.join("mnt");
-    if mounted(&mnt) {
+    if zmem_host::is_mounted(&mnt) {
         if tool(Command::new("umount").arg(&mnt)).is_err() {
             tool(Command::new("umount").arg("-l").arg(&mnt))?;
         }
@@ -676,11 +652,9 @@ fn status_of(dir: &Path, st: Option<&State>) -> Status {
     Status { name, state, stats, used }
 }
 
-/// Bytes used on swap device `dev` (/proc/swaps, in KiB).
+/// Bytes used on swap device `dev` (/proc/swaps).
 fn swap_used(dev: &str) -> Option<u64> {
-    let swaps = std::fs::read_to_string("/proc/swaps").ok()?;
-    let line = swaps.lines().skip(1).find(|l| l.split_whitespace().next() == Some(dev))?;
-    line.split_whitespace().nth(3)?.parse::<u64>().ok().map(|k| k * 1024)
+    zmem_host::swap_areas().into_iter().find(|a| a.name == dev).map(|a| a.used_bytes)
 }
 
 fn render_status(rows: &[Status]) -> String {
@@ -804,7 +778,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         Some(cg) => {
             let budget = charge_budget(cg, a.pool.max_pool)?;
             let me = std::process::id();
-            let keeper = zmem_bench::shared_budget::SharedBudget::start(cg, budget, budget / 4, move || zmem_bench::shared_budget::rss_of(me))?;
+            let keeper = zmem_host::shared_budget::SharedBudget::start(cg, budget, budget / 4, move || zmem_host::shared_budget::rss_of(me))?;
             eprintln!("zmem: counting the server's memory against {} (budget {})", cg.display(), human(budget));
             Some(Arc::new(keeper))
         }
@@ -902,13 +876,6 @@ mod tests {
             let e = parse_config(bad, run).err().unwrap_or_else(|| panic!("accepted {bad:?}"));
             assert!(e.contains(why), "{bad:?}: {e}");
         }
-    }
-
-    #[test]
-    fn mount_table_escapes() {
-        assert_eq!(unescape(r"/run/a\040b"), "/run/a b");
-        assert_eq!(unescape(r"/x\\y"), r"/x\\y");
-        assert_eq!(unescape("/plain"), "/plain");
     }
 
     #[test]

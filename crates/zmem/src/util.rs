@@ -22,7 +22,7 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     n.checked_mul(mult).with_context(|| format!("size `{s}` is too large"))
 }
 
-pub use zmem_bench::host::have;
+pub use zmem_host::have;
 
 /// Parse `on`/`off` (also true/false, yes/no, 1/0).
 pub fn parse_on_off(s: &str) -> anyhow::Result<bool> {

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use zmem_bench::host::{FuseUringOn, FUSE_URING_PARAM as FUSE_URING};
+use zmem_host::{FuseUringOn, FUSE_URING_PARAM as FUSE_URING};
 
 const T: Duration = Duration::from_secs(180);
 
@@ -426,7 +426,7 @@ fn charge_to_lends_the_cgroup_s_budget_and_off_gives_it_back() {
     let cgp = cg.0.to_str().unwrap();
     run.ok(&["swap", "on", "--name", "a", "--size", "64M", "--max-pool", "32M", "--charge-to", cgp]);
     let pid = run.server_pid("a");
-    let rss = || zmem_bench::shared_budget::rss_of(pid).expect("the server's RSS");
+    let rss = || zmem_host::shared_budget::rss_of(pid).expect("the server's RSS");
     let end = std::time::Instant::now() + Duration::from_secs(10);
     while cg.get("memory.limit_in_bytes") == BUDGET {
         assert!(std::time::Instant::now() < end, "the limit never made room for the server");

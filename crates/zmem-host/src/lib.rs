@@ -1,6 +1,9 @@
-//! The machine as a benchmark changes it: tools, memory cgroups, loop disks
-//! with an ext4 on them, blkio throttles, swap areas, zswap's parameters,
-//! and the counters the kernel keeps about all of them.
+//! The machine as zmem's servers and benchmarks change it: tools, memory
+//! cgroups, loop disks with an ext4 on them, blkio throttles, swap areas,
+//! zswap's parameters, the mount table, and the counters the kernel keeps
+//! about all of them; and [`shared_budget`], one memory budget for a
+//! cgroup and a pool outside it. Both the swap server and `zmem-bench`
+//! use these, so neither carries the other's code.
 //!
 //! Every change is a guard that undoes it on drop, in the reverse order of
 //! making it, so a run that fails half way, or is interrupted (the caller
@@ -14,6 +17,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+pub mod shared_budget;
 
 /// Whether `tool` is a file in a directory of PATH.
 pub fn have(tool: &str) -> bool {
@@ -59,17 +64,31 @@ pub fn is_mounted_under(dir: &Path) -> bool {
 
 /// The mount points of /proc/mounts (with its octal escapes undone).
 fn mounts() -> Vec<PathBuf> {
-    std::fs::read_to_string("/proc/mounts")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(1))
-        .map(|m| PathBuf::from(m.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")))
-        .collect()
+    std::fs::read_to_string("/proc/mounts").unwrap_or_default().lines().filter_map(|l| l.split(' ').nth(1)).map(|m| PathBuf::from(unescape(m))).collect()
+}
+
+/// The kernel's tables (/proc/mounts, /proc/swaps) escape spaces and the
+/// like in names as octal (\040).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        if let Some(v) = octal.map(|d| d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'))).filter(|&v| v <= 255) {
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Retry an undo a few times (a device is often briefly busy after its
 /// last user closed it); log it with the hand-made fix if it never works.
-pub(crate) fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>) {
+pub fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>) {
     let mut last = None;
     for _ in 0..50 {
         match f() {
@@ -182,7 +201,7 @@ fn parse_swaps(text: &str) -> Vec<SwapArea> {
         .filter_map(|l| {
             // Filename Type Size Used Priority
             let f: Vec<&str> = l.split_whitespace().collect();
-            Some(SwapArea { name: f.first()?.to_string(), used_bytes: f.get(3)?.parse::<u64>().ok()? * 1024 })
+            Some(SwapArea { name: unescape(f.first()?), used_bytes: f.get(3)?.parse::<u64>().ok()? * 1024 })
         })
         .collect()
 }
@@ -321,13 +340,6 @@ pub fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
         bail!("{c:?} failed ({status}): {}", std::fs::read_to_string(&ep).unwrap_or_default().trim());
     }
     Ok(out)
-}
-
-/// What `zmem serve` answers on its control socket at `ctl` (`zmem stat
-/// --json`); an error if it does not answer within 10 s.
-pub fn zmem_stats(zmem: &Path, ctl: &Path) -> anyhow::Result<serde_json::Value> {
-    let out = run_limited(Command::new(zmem).args(["stat", "--json", "--control"]).arg(ctl), Duration::from_secs(10))?;
-    serde_json::from_str(&out).context("parsing `zmem stat --json`")
 }
 
 // ---- memory cgroups ----------------------------------------------------
@@ -709,6 +721,14 @@ mod tests {
         std::hint::black_box(x);
         let t1 = cpu_secs(std::process::id()).unwrap();
         assert!(t1 - t0 >= 0.1, "300 ms of spinning counted as {} s", t1 - t0);
+    }
+
+    #[test]
+    fn mount_table_escapes() {
+        assert_eq!(unescape(r"/run/a\040b"), "/run/a b");
+        assert_eq!(unescape(r"/x\\y"), r"/x\\y");
+        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(parse_swaps("Filename Type Size Used Priority\n/var/a\\040b file 8 4 -2\n")[0].name, "/var/a b");
     }
 
     #[test]
