@@ -81,7 +81,7 @@ impl Recompress {
 }
 
 /// What a recompression pass did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecompressReport {
     /// Objects the filter picked (not marked, below the top priority).
     pub candidates: u64,

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Event counters that are not derived from the index (zswap's debugfs names).
 #[derive(Default)]
@@ -102,7 +102,7 @@ impl RateLimited {
 /// The first nine fields are zram's `mm_stat`, in its order; the zswap block
 /// uses zswap's debugfs names; `dup_data_size`/`meta_data_size` are the zram
 /// dedup patch's. All sizes are bytes, all `*_pages` are 4 KiB pages.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Stats {
     // zram mm_stat
     /// Uncompressed size of everything stored.

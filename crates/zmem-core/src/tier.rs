@@ -106,7 +106,8 @@ const BACKOFF: Duration = Duration::from_millis(100);
 
 /// What [`Pool::writeback`](crate::Pool::writeback) writes back (zram's
 /// `writeback` modes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WritebackMode {
     /// Pages not accessed for at least this many seconds.
     Idle(u32),

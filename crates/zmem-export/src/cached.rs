@@ -98,7 +98,7 @@ static SEEDS: AtomicU64 = AtomicU64::new(0x2545_F491_4F6C_DD1D);
 
 /// What the cache and its origin have done (`zmem stat`'s `cache:` and
 /// `origin:` lines).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OriginStats {
     /// Pages read from the pool, and pages that had to come from the origin.
     pub cache_hits: u64,

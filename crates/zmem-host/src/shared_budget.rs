@@ -48,7 +48,7 @@ const PAGE: u64 = 4096;
 const UNLIMITED: u64 = 1 << 60;
 
 /// What the keeper did, for a report.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BudgetStats {
     /// The budget for the cgroup and the pool together.
     pub budget: u64,

@@ -12,13 +12,10 @@
 //! * `zmem recompress` — zram's recompression with a stronger algorithm.
 //! * `zmem swap on|off|status` — zmem as a swap device (FUSE image + loop).
 
-#![deny(unsafe_code)]
-
 mod bench_blockdev;
 mod bench_cache;
 mod bench_store;
 mod bench_swap;
-mod control;
 mod pool_args;
 mod recompress;
 mod serve;

@@ -2,12 +2,11 @@
 //! `zmem swap on`), and building the pool from them.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use anyhow::Context;
 use zmem_compress::Compressor;
 use zmem_core::{DictConfig, DictSource, Pool, PoolConfig};
+use zmem_server::policy::{IdleRecompress, Policies};
 
 use crate::util::{parse_on_off, parse_pool_limit, parse_size};
 
@@ -99,8 +98,8 @@ pub fn parse_dict(s: &str) -> anyhow::Result<DictSource> {
 pub enum ExclusiveLoads {
     On,
     Off,
-    /// On while the system's swap is more than half full: see
-    /// [`follow_swap_fullness`].
+    /// On while the system's swap is more than half full (the
+    /// `zmem_server::policy` thread follows it).
     Auto,
 }
 
@@ -118,41 +117,8 @@ impl ExclusiveLoads {
         match self {
             ExclusiveLoads::On => true,
             ExclusiveLoads::Off => false,
-            ExclusiveLoads::Auto => swap_over_half_full(),
+            ExclusiveLoads::Auto => zmem_server::policy::swap_over_half_full(),
         }
-    }
-}
-
-/// The kernel's `vm_swap_full()`: free swap slots are fewer than half of
-/// all of them. While it holds, a swap-in frees its slot at once, even for
-/// a read fault (`should_try_to_free_swap` in mm/memory.c), and reclaim
-/// frees the slots of swap-cache pages it keeps; so a load is the last use
-/// of what the pool holds for that slot.
-fn swap_half_full(total: u64, free: u64) -> bool {
-    free.saturating_mul(2) < total
-}
-
-fn swap_over_half_full() -> bool {
-    let s = rustix::system::sysinfo();
-    swap_half_full(s.totalswap, s.freeswap)
-}
-
-/// `--recompress-idle`: the pool's idle recompression policy until `stop`
-/// (an error, such as no algorithm, is logged and ends it).
-fn recompress_idle(pool: &Pool, secs: u32, cpu_percent: u8, stop: &AtomicBool) {
-    match pool.recompress_idle_until(secs, cpu_percent, stop) {
-        Ok(r) => tracing::info!("idle recompression: {} pages rewritten, {} bytes saved", r.recompressed, r.saved_bytes),
-        Err(e) => tracing::warn!("idle recompression stopped: {e}"),
-    }
-}
-
-/// `--exclusive-loads auto`: every 100 ms, switch the pool's exclusive
-/// loads to whether the system's swap is more than half full, until `stop`.
-/// A switch changes only which pages are written back first.
-fn follow_swap_fullness(pool: &Pool, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        pool.set_exclusive_loads(swap_over_half_full());
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -160,7 +126,7 @@ impl PoolArgs {
     /// The pool these options describe (opening the backing store, if
     /// any), and its compressor.
     /// `default` is the command's default for --exclusive-loads; with
-    /// auto, the caller runs [`PoolArgs::spawn_policies`].
+    /// auto, the caller runs [`PoolArgs::policies`].
     pub fn build(&self, default: ExclusiveLoads) -> anyhow::Result<(Pool, Compressor)> {
         let (cfg, comp) = self.config(default)?;
         let pool = match &self.backing {
@@ -211,16 +177,12 @@ impl PoolArgs {
         Ok((Pool::with_cold_store(cfg, Box::new(zmem_core::DropCold))?, comp))
     }
 
-    /// Start the threads these options ask of a server's pool, in `scope`,
-    /// until `stop`: the exclusive-loads follower (auto, with `default` as
-    /// the command's default) and idle recompression.
-    pub fn spawn_policies<'s>(&self, scope: &'s std::thread::Scope<'s, '_>, pool: &'s Pool, stop: &'s AtomicBool, default: ExclusiveLoads) {
-        if self.exclusive_mode(default) == ExclusiveLoads::Auto {
-            scope.spawn(move || follow_swap_fullness(pool, stop));
-        }
-        if let Some(secs) = self.recompress_idle {
-            let cpu = self.recompress_cpu;
-            scope.spawn(move || recompress_idle(pool, secs, cpu, stop));
+    /// The policy threads these options ask of a server's pool, with
+    /// `default` as the command's default for --exclusive-loads.
+    pub fn policies(&self, default: ExclusiveLoads) -> Policies {
+        Policies {
+            follow_swap_fullness: self.exclusive_mode(default) == ExclusiveLoads::Auto,
+            recompress_idle: self.recompress_idle.map(|idle_secs| IdleRecompress { idle_secs, cpu_percent: self.recompress_cpu }),
         }
     }
 
@@ -270,17 +232,6 @@ impl PoolArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn half_full_is_the_kernels_vm_swap_full() {
-        // vm_swap_full(): nr_swap_pages * 2 < total_swap_pages.
-        assert!(!swap_half_full(0, 0), "no swap at all");
-        assert!(!swap_half_full(1000, 1000));
-        assert!(!swap_half_full(1000, 500), "exactly half free is not full");
-        assert!(swap_half_full(1000, 499));
-        assert!(swap_half_full(1000, 0));
-        assert!(!swap_half_full(u64::MAX, u64::MAX), "no overflow");
-    }
 
     #[test]
     fn exclusive_loads_parse_and_round_trip() {

@@ -10,8 +10,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
-use zmem_core::{Compressor, Recompress};
+use zmem_server::protocol::{self, Answer, RecompressRequest, Request};
+
+use crate::util::LONG_REQUEST;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -37,80 +38,21 @@ pub struct Args {
     pub control: Option<PathBuf>,
 }
 
-/// The control-socket command for these arguments.
-pub fn command(a: &Args) -> String {
-    let mut words = vec!["recompress".to_string()];
-    if let Some(s) = a.idle {
-        words.push(format!("idle {s}"));
-    }
-    if a.huge {
-        words.push("huge".into());
-    }
-    if let Some(t) = a.threshold {
-        words.push(format!("threshold {t}"));
-    }
-    if let Some(c) = &a.algo {
-        words.push(format!("algo {c}"));
-    }
-    if let Some(l) = a.limit {
-        words.push(format!("limit {l}"));
-    }
-    words.join(" ")
-}
-
-const USAGE: &str = "usage: recompress [idle SECONDS] [huge] [threshold BYTES] [algo NAME] [limit PAGES]";
-
-/// Parse a control-socket `recompress ...` line against the pool's
-/// recompression algorithms (`algo` names one of them).
-pub fn parse_command(cmd: &str, algos: &[Compressor]) -> Result<Recompress, String> {
-    let mut words = cmd.split_whitespace();
-    if words.next() != Some("recompress") {
-        return Err(USAGE.into());
-    }
-    let mut req = Recompress::default();
-    let num = |w: Option<&str>| -> Result<u64, String> {
-        let w = w.ok_or_else(|| format!("a number is missing; {USAGE}"))?;
-        w.parse().map_err(|_| format!("`{w}` is not a number; {USAGE}"))
-    };
-    while let Some(w) = words.next() {
-        match w {
-            "idle" => req.idle_secs = Some(num(words.next())?.min(u32::MAX as u64) as u32),
-            "huge" => req.huge = true,
-            "threshold" => req.min_size = Some(num(words.next())?.min(u32::MAX as u64) as u32),
-            "limit" => req.limit = Some(num(words.next())?),
-            "algo" => {
-                let name = words.next().ok_or_else(|| format!("algo needs a name; {USAGE}"))?;
-                let want: Compressor = name.parse().map_err(|e| format!("{e}"))?;
-                let i = algos.iter().position(|c| *c == want).ok_or_else(|| {
-                    let have: Vec<String> = algos.iter().map(|c| c.to_string()).collect();
-                    format!(
-                        "{want} is not one of this server's recompression algorithms ({}); start it with --recomp-algo {want}",
-                        if have.is_empty() { "none".into() } else { have.join(", ") }
-                    )
-                })?;
-                req.prio = Some(i as u8 + 1);
-            }
-            other => return Err(format!("unknown word `{other}`; {USAGE}")),
-        }
-    }
-    Ok(req)
+/// The control request for these arguments.
+pub fn request(a: &Args) -> Request {
+    Request::Recompress(RecompressRequest { idle_secs: a.idle, huge: a.huge, threshold: a.threshold, algo: a.algo.clone(), limit: a.limit })
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let path = a.control.clone().unwrap_or_else(crate::serve::default_control_path);
-    let v = crate::stat::request(&path, &command(&a))?;
-    if let Some(e) = v.get("error") {
-        bail!("server: {}", e.as_str().unwrap_or("unknown error"));
+    let req = request(&a);
+    match protocol::request(&path, &req, LONG_REQUEST)? {
+        Answer::Recompressed(r) => println!(
+            "{} pages recompressed, {} bytes saved; {} could not shrink (marked), {} changed meanwhile; {} picked",
+            r.recompressed, r.saved_bytes, r.marked, r.skipped, r.candidates
+        ),
+        other => protocol::expect(&path, &req, &other)?,
     }
-    let g = |k: &str| v["report"][k].as_u64().unwrap_or(0);
-    println!(
-        "{} pages recompressed, {} bytes saved; {} could not shrink (marked), {} changed meanwhile; {} picked",
-        g("recompressed"),
-        g("saved_bytes"),
-        g("marked"),
-        g("skipped"),
-        g("candidates")
-    );
     Ok(())
 }
 
@@ -119,17 +61,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn commands_round_trip_and_bad_ones_say_why() {
-        let algos: Vec<Compressor> = vec!["zstd:3".parse().unwrap(), "zstd:19".parse().unwrap()];
+    fn arguments_become_the_request() {
         let a = Args { idle: Some(300), huge: true, threshold: Some(3000), algo: Some("zstd:19".into()), limit: Some(5), control: None };
-        let req = parse_command(&command(&a), &algos).unwrap();
-        assert_eq!(req, Recompress { idle_secs: Some(300), huge: true, min_size: Some(3000), prio: Some(2), limit: Some(5) });
-        assert_eq!(parse_command("recompress", &algos).unwrap(), Recompress::default());
-        let e = parse_command("recompress algo zstd:9", &algos).unwrap_err();
-        assert!(e.contains("zstd:3, zstd:19") && e.contains("--recomp-algo zstd:9"), "{e}");
-        for bad in ["recompress idle", "recompress idle x", "recompress limit", "recompress sometimes", "recompress algo", "recompress algo brotli"] {
-            assert!(parse_command(bad, &algos).is_err(), "{bad}");
-        }
+        let want = RecompressRequest { idle_secs: Some(300), huge: true, threshold: Some(3000), algo: Some("zstd:19".into()), limit: Some(5) };
+        assert_eq!(request(&a), Request::Recompress(want));
     }
 
     #[test]

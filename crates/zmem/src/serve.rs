@@ -16,9 +16,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use zmem_nbd::{Export, Listener, Server, ServerConfig};
 
-use crate::control::{bind_unix, control_loop, Frontend, Info};
 use crate::pool_args::{ExclusiveLoads, PoolArgs};
 use crate::util::parse_size;
+use zmem_server::control::{bind_unix, control_loop, Frontend, Info};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -269,7 +269,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let info = &info;
             s.spawn(move || control_loop(l, info, stop()));
         }
-        a.pool.spawn_policies(s, server.export().pool(), stop(), ExclusiveLoads::Off);
+        a.pool.policies(ExclusiveLoads::Off).spawn(s, server.export().pool(), stop());
         let r = server.run(&listener, stop());
         stop().store(true, Ordering::SeqCst); // also ends the control thread on error
         r

@@ -5,13 +5,9 @@
 //! total memory used, ratio (data / total), same-filled, deduplicated and
 //! huge pages, connections; then zram's `mm_stat` and `io_stat` lines.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{bail, Context};
-use serde_json::Value;
+use zmem_server::protocol::{self, StatsReply};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -21,27 +17,6 @@ pub struct Args {
     /// Print the server's JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Ask the control socket at `path` for its stats.
-pub fn query(path: &std::path::Path) -> anyhow::Result<Value> {
-    request(path, "stats")
-}
-
-/// Send one command line to the control socket at `path`; return its JSON reply.
-pub fn request(path: &std::path::Path, cmd: &str) -> anyhow::Result<Value> {
-    let mut s = UnixStream::connect(path).with_context(|| format!("connecting to {} (is `zmem serve` running?)", path.display()))?;
-    // Writeback of a large pool can take a while.
-    s.set_read_timeout(Some(Duration::from_secs(600)))?;
-    s.set_write_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(format!("{cmd}\n").as_bytes())?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    let v: Value = serde_json::from_str(line.trim()).context("parsing the server's reply")?;
-    if let Some(e) = v.get("error") {
-        bail!("server: {e}");
-    }
-    Ok(v)
 }
 
 /// Sizes as zramctl prints them: 0B, 512B, 4K, 1.5M, 2G.
@@ -60,25 +35,35 @@ pub fn human(n: u64) -> String {
     }
 }
 
-/// The table (header, row) and the mm_stat line for a stats reply.
-pub fn render(v: &Value) -> String {
-    let st = &v["stats"];
-    let g = |k: &str| st[k].as_u64().unwrap_or(0);
-    let name = v["export"].as_str().unwrap_or("");
+/// The table (header, row) and the mm_stat line for a stats reply, then
+/// one line for each part the server has.
+pub fn render(v: &StatsReply) -> String {
+    let mut out = table(v);
+    out += &format!("mm_stat: {}\nio_stat: {}\n", v.mm_stat, v.io_stat);
+    for line in [origin_lines(v), fuse_line(v), pool_lines(v), writeback_lines(v)].into_iter().flatten() {
+        out += &line;
+    }
+    out
+}
+
+/// The zramctl-like header and row.
+fn table(v: &StatsReply) -> String {
+    let st = &v.stats;
+    let name = v.nbd.as_ref().map_or("", |n| n.export.as_str());
     let name = if name.is_empty() { "\"\"".to_string() } else { name.to_string() };
-    let ratio = if g("mem_used_total") == 0 { "-".to_string() } else { format!("{:.2}", g("orig_data_size") as f64 / g("mem_used_total") as f64) };
+    let ratio = if st.mem_used_total == 0 { "-".to_string() } else { format!("{:.2}", st.orig_data_size as f64 / st.mem_used_total as f64) };
     let cols = [
         ("EXPORT", name),
-        ("ALGORITHM", v["algorithm"].as_str().unwrap_or("?").to_string()),
-        ("DISKSIZE", human(v["disksize"].as_u64().unwrap_or(0))),
-        ("DATA", human(g("orig_data_size"))),
-        ("COMPR", human(g("compr_data_size"))),
-        ("TOTAL", human(g("mem_used_total"))),
+        ("ALGORITHM", v.algorithm.clone()),
+        ("DISKSIZE", human(v.disksize)),
+        ("DATA", human(st.orig_data_size)),
+        ("COMPR", human(st.compr_data_size)),
+        ("TOTAL", human(st.mem_used_total)),
         ("RATIO", ratio),
-        ("SAME", g("same_pages").to_string()),
-        ("DUP", g("dup_pages").to_string()),
-        ("HUGE", g("huge_pages").to_string()),
-        ("CONNS", v["connections"]["active"].as_u64().unwrap_or(0).to_string()),
+        ("SAME", st.same_pages.to_string()),
+        ("DUP", st.dup_pages.to_string()),
+        ("HUGE", st.huge_pages.to_string()),
+        ("CONNS", v.nbd.as_ref().map_or(0, |n| n.connections.active).to_string()),
     ];
     let mut head = String::new();
     let mut row = String::new();
@@ -93,113 +78,128 @@ pub fn render(v: &Value) -> String {
             row += &format!("{val:>w$}{sep}");
         }
     }
-    let mut out = format!("{head}\n{row}\nmm_stat: {}\n", v["mm_stat"].as_str().unwrap_or(""));
-    if let Some(io) = v["io_stat"].as_str() {
-        out += &format!("io_stat: {io}\n");
-    }
-    if let Some(o) = v.get("origin").filter(|o| o.is_object()) {
-        let n = |k: &str| o[k].as_u64().unwrap_or(0);
-        let looked = n("cache_hits") + n("cache_misses");
-        out += &format!(
-            "cache: {} hits, {} misses ({}), {} not kept (compress too poorly), {} not admitted (pool full), {} stale fetches dropped, {} pages dropped for room
+    format!("{head}\n{row}\n")
+}
+
+/// A caching device's `cache:` and `origin:` lines.
+fn origin_lines(v: &StatsReply) -> Option<String> {
+    let o = v.origin.as_ref()?;
+    let c = &o.counters;
+    let looked = c.cache_hits + c.cache_misses;
+    Some(format!(
+        "cache: {} hits, {} misses ({}), {} not kept (compress too poorly), {} not admitted (pool full), {} stale fetches dropped, {} pages dropped for room
 origin: {}: {} reads ({}), {} writes ({}), {} flushes, {} trims, {} zeroings, {} errors
 ",
-            n("cache_hits"),
-            n("cache_misses"),
-            if looked == 0 { "no reads yet".to_string() } else { format!("hit rate {:.1}%", 100.0 * n("cache_hits") as f64 / looked as f64) },
-            n("cache_refused"),
-            n("cache_not_admitted"),
-            n("cache_stale"),
-            n("evicted_pages"),
-            o["origin"].as_str().unwrap_or("?"),
-            n("origin_reads"),
-            human(n("origin_read_bytes")),
-            n("origin_writes"),
-            human(n("origin_write_bytes")),
-            n("origin_flushes"),
-            n("origin_trims"),
-            n("origin_zeroes"),
-            n("origin_errors"),
-        );
-    }
-    if let Some(f) = v.get("fuse").filter(|f| f.is_object()) {
-        let n = |k: &str| f[k].as_u64().unwrap_or(0);
-        out += &format!(
-            "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}\n",
-            n("reads"),
-            human(n("bytes_read")),
-            n("writes"),
-            human(n("bytes_written")),
-            n("discards"),
-            n("errors"),
-            if n("uring_requests") > 0 { format!("; {} requests over io_uring", n("uring_requests")) } else { String::new() }
-        );
-    }
-    if g("recompressed_pages") + g("recompress_marked") > 0 {
+        c.cache_hits,
+        c.cache_misses,
+        if looked == 0 { "no reads yet".to_string() } else { format!("hit rate {:.1}%", 100.0 * c.cache_hits as f64 / looked as f64) },
+        c.cache_refused,
+        c.cache_not_admitted,
+        c.cache_stale,
+        o.evicted_pages,
+        o.origin,
+        c.origin_reads,
+        human(c.origin_read_bytes),
+        c.origin_writes,
+        human(c.origin_write_bytes),
+        c.origin_flushes,
+        c.origin_trims,
+        c.origin_zeroes,
+        c.origin_errors,
+    ))
+}
+
+/// The FUSE file's `fuse:` line.
+fn fuse_line(v: &StatsReply) -> Option<String> {
+    let f = v.fuse.as_ref()?;
+    Some(format!(
+        "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}\n",
+        f.reads,
+        human(f.bytes_read),
+        f.writes,
+        human(f.bytes_written),
+        f.discards,
+        f.errors,
+        if f.uring_requests > 0 { format!("; {} requests over io_uring", f.uring_requests) } else { String::new() }
+    ))
+}
+
+/// The pool's optional parts: recompression, dedup, dictionaries, failed
+/// frees, max_pool.
+fn pool_lines(v: &StatsReply) -> Option<String> {
+    let st = &v.stats;
+    let mut out = String::new();
+    if st.recompressed_pages + st.recompress_marked > 0 {
         out += &format!(
             "recompress: {} pages rewritten smaller, {} saved, {} beyond it (marked)\n",
-            g("recompressed_pages"),
-            human(g("recompress_saved_bytes")),
-            g("recompress_marked")
+            st.recompressed_pages,
+            human(st.recompress_saved_bytes),
+            st.recompress_marked
         );
     }
-    if v["dedup"].as_bool() == Some(true) {
+    if v.dedup {
         out += &format!(
             "dedup: {} ({} switches), dup_data_size {}, meta_data_size {}\n",
-            if st["dedup_full"].as_bool() == Some(true) { "full" } else { "sampling 1/32 (twins did not pay for records)" },
-            g("dedup_switches"),
-            human(g("dup_data_size")),
-            human(g("meta_data_size"))
+            if st.dedup_full { "full" } else { "sampling 1/32 (twins did not pay for records)" },
+            st.dedup_switches,
+            human(st.dup_data_size),
+            human(st.meta_data_size)
         );
     }
-    if g("dict_installs") + g("dict_count") > 0 {
+    if st.dict_installs + st.dict_count > 0 {
         out += &format!(
             "dict: id {} on {} pages, {} dictionaries alive holding {} (with the sample ring), {} trained, {} installed, {} freed\n",
-            g("dict_id"),
-            g("dict_pages"),
-            g("dict_count"),
-            human(g("dict_bytes")),
-            g("dict_trainings"),
-            g("dict_installs"),
-            g("dict_retired")
+            st.dict_id,
+            st.dict_pages,
+            st.dict_count,
+            human(st.dict_bytes),
+            st.dict_trainings,
+            st.dict_installs,
+            st.dict_retired
         );
     }
-    if g("free_fail") > 0 {
-        out += &format!("free_fail: {} (frees that failed: a bug, see the server's log)\n", g("free_fail"));
+    if st.free_fail > 0 {
+        out += &format!("free_fail: {} (frees that failed: a bug, see the server's log)\n", st.free_fail);
     }
-    if g("max_pool_bytes") > 0 {
+    if st.max_pool_bytes > 0 {
         out += &format!(
             "max_pool: {} used of {} (pages and tables; accept below {}%), pool_limit_hit {}, reject_reclaim_fail {}\n",
-            human(g("max_pool_used_bytes")),
-            human(g("max_pool_bytes")),
-            g("accept_threshold_percent"),
-            g("pool_limit_hit"),
-            g("reject_reclaim_fail")
+            human(st.max_pool_used_bytes),
+            human(st.max_pool_bytes),
+            st.accept_threshold_percent,
+            st.pool_limit_hit,
+            st.reject_reclaim_fail
         );
     }
-    if st.get("backing_file_bytes").is_some() && (g("bd_writes") > 0 || v["backing"].is_string()) {
-        out += &format!(
+    Some(out)
+}
+
+/// zram's `bd_stat` and the writeback tier's lines, for a server with a
+/// backing file (or one that has written back).
+fn writeback_lines(v: &StatsReply) -> Option<String> {
+    let st = &v.stats;
+    (st.bd_writes > 0 || v.backing.is_some()).then(|| {
+        format!(
             "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads, file {} ({} live), {} pages brought back\nexclusive loads: {} now, {} loaded pages queued at the cold end\n",
-            g("bd_count"),
-            g("bd_reads"),
-            g("bd_writes"),
-            g("written_back_pages"),
-            human(g("backing_bytes_written")),
-            human(g("backing_bytes_read")),
-            g("backing_read_ops"),
-            human(g("backing_file_bytes")),
-            human(g("backing_live_bytes")),
-            g("promoted_pages"),
-            if st.get("exclusive_loads").and_then(serde_json::Value::as_bool) == Some(true) { "on" } else { "off" },
-            g("cold_queued_pages")
-        );
-    }
-    out
+            st.bd_count,
+            st.bd_reads,
+            st.bd_writes,
+            st.written_back_pages,
+            human(st.backing_bytes_written),
+            human(st.backing_bytes_read),
+            st.backing_read_ops,
+            human(st.backing_file_bytes),
+            human(st.backing_live_bytes),
+            st.promoted_pages,
+            if st.exclusive_loads { "on" } else { "off" },
+            st.cold_queued_pages
+        )
+    })
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let path = a.control.unwrap_or_else(crate::serve::default_control_path);
-    let v = query(&path)?;
+    let v = protocol::stats(&path)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -223,14 +223,10 @@ mod tests {
 
     #[test]
     fn renders_a_row() {
-        let v = serde_json::json!({
-            "export": "", "algorithm": "lz4", "disksize": 1u64 << 30,
-            "connections": {"active": 2},
-            "mm_stat": "1 2 3",
-            "io_stat": "0 1 2 3",
-            "stats": {"orig_data_size": 8192, "compr_data_size": 100, "mem_used_total": 4096,
-                      "same_pages": 1, "dup_pages": 0, "huge_pages": 0}
-        });
+        let mut v = StatsReply { algorithm: "lz4".into(), disksize: 1 << 30, mm_stat: "1 2 3".into(), io_stat: "0 1 2 3".into(), ..Default::default() };
+        v.nbd =
+            Some(zmem_server::protocol::NbdReply { connections: zmem_server::protocol::Connections { active: 2, ..Default::default() }, ..Default::default() });
+        (v.stats.orig_data_size, v.stats.compr_data_size, v.stats.mem_used_total, v.stats.same_pages) = (8192, 100, 4096, 1);
         let out = render(&v);
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[0].starts_with("EXPORT"));

@@ -33,10 +33,11 @@ use anyhow::{bail, Context};
 use serde_json::json;
 use zmem_export::Export;
 
-use crate::control::{bind_unix, control_loop, Frontend, Info};
 use crate::pool_args::{ExclusiveLoads, PoolArgs};
 use crate::stat::human;
 use crate::util::{have, parse_size};
+use zmem_server::control::{bind_unix, control_loop, Frontend, Info};
+use zmem_server::protocol::StatsReply;
 
 const IMAGE: &str = "image";
 const DEFAULT_RUN_DIR: &str = "/run/zmem/swap";
@@ -640,13 +641,13 @@ fn proc_stat(pid: u32) -> Option<ProcStat> {
 struct Status {
     name: String,
     state: Option<State>,
-    stats: Option<serde_json::Value>,
+    stats: Option<StatsReply>,
     used: Option<u64>,
 }
 
 fn status_of(dir: &Path, st: Option<&State>) -> Status {
     let state = st.cloned().or_else(|| read_state(dir));
-    let stats = crate::stat::query(&dir.join("control.sock")).ok();
+    let stats = zmem_server::protocol::stats(&dir.join("control.sock")).ok();
     let used = state.as_ref().and_then(|s| swap_used(&s.loop_dev));
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     Status { name, state, stats, used }
@@ -661,8 +662,7 @@ fn render_status(rows: &[Status]) -> String {
     let head = ["NAME", "DEVICE", "DISKSIZE", "DATA", "COMPR", "TOTAL", "ALGORITHM", "PRIO", "USED", "STATE"];
     let mut table: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in rows {
-        let g = |k: &str| r.stats.as_ref().and_then(|v| v["stats"][k].as_u64());
-        let h = |k: &str| g(k).map_or("-".to_string(), human);
+        let h = |k: fn(&zmem_core::Stats) -> u64| r.stats.as_ref().map_or("-".to_string(), |v| human(k(&v.stats)));
         let state = match (&r.state, &r.stats, r.used) {
             (Some(_), Some(_), Some(_)) => "swap",
             (Some(_), Some(_), None) => "no swap",
@@ -673,10 +673,10 @@ fn render_status(rows: &[Status]) -> String {
             r.name.clone(),
             r.state.as_ref().map_or("-".into(), |s| s.loop_dev.clone()),
             r.state.as_ref().map_or("-".into(), |s| human(s.size)),
-            h("orig_data_size"),
-            h("compr_data_size"),
-            h("mem_used_total"),
-            r.stats.as_ref().and_then(|v| v["algorithm"].as_str().map(String::from)).unwrap_or("-".into()),
+            h(|s| s.orig_data_size),
+            h(|s| s.compr_data_size),
+            h(|s| s.mem_used_total),
+            r.stats.as_ref().map_or("-".into(), |v| v.algorithm.clone()),
             r.state.as_ref().map_or("-".into(), |s| s.priority.to_string()),
             r.used.map_or("-".into(), human),
             state.into(),
@@ -711,54 +711,8 @@ fn status(a: StatusArgs) -> anyhow::Result<()> {
 
 // ---- the server ------------------------------------------------------------
 
-/// What the server got of its protection from reclaim (see the module
-/// doc); reported on its control socket.
-#[derive(Debug, Clone, serde::Serialize)]
-struct ReclaimSafety {
-    mlockall: bool,
-    /// malloc tuned to give freed memory back under mlockall.
-    malloc_tuned: bool,
-    io_flusher: Option<String>,
-    oom_score_adj: String,
-}
-
-/// Keep the server out of reclaim's way. `mlockall` is required (without it
-/// the pool can be swapped into itself). `PR_SET_IO_FLUSHER` and a negative
-/// `oom_score_adj` need `CAP_SYS_RESOURCE`, which some containers and VMs
-/// withhold even from root: then the server says so and runs without them.
-fn reclaim_safety() -> anyhow::Result<ReclaimSafety> {
-    use rustix::mm::{mlockall, MlockAllFlags};
-    let malloc_tuned = crate::sys::malloc_for_mlock();
-    if !malloc_tuned {
-        eprintln!("zmem: warning: could not tune malloc for mlockall: memory the server frees may stay resident");
-    }
-    // What is mapped now (the binary's code and data) is faulted in and
-    // locked, so no code path is first read from disk in a swap storm;
-    // what is mapped later (pool spans, malloc's heap, thread stacks, fuser's
-    // buffers) is locked as it is touched. MCL_FUTURE alone keeps the
-    // current mappings locked.
-    let hint = "mlockall: a swap server must never be swapped into itself (needs root or a large RLIMIT_MEMLOCK)";
-    mlockall(MlockAllFlags::CURRENT).context(hint)?;
-    mlockall(MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT).context(hint)?;
-    let io_flusher = match rustix::process::configure_io_flusher_behavior(true) {
-        Ok(()) => None,
-        Err(e) => {
-            eprintln!("zmem: warning: PR_SET_IO_FLUSHER refused ({e}; it needs CAP_SYS_RESOURCE): the server's allocations may enter I/O reclaim");
-            Some(e.to_string())
-        }
-    };
-    let oom_score_adj = match std::fs::write("/proc/self/oom_score_adj", "-1000") {
-        Ok(()) => "-1000".to_string(),
-        Err(e) => {
-            eprintln!("zmem: warning: oom_score_adj -1000 refused ({e}; it needs CAP_SYS_RESOURCE): the OOM killer may pick the server");
-            std::fs::read_to_string("/proc/self/oom_score_adj").unwrap_or_default().trim().to_string()
-        }
-    };
-    Ok(ReclaimSafety { mlockall: true, malloc_tuned, io_flusher, oom_score_adj })
-}
-
 fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    let safety = reclaim_safety()?;
+    let safety = zmem_server::reclaim::protect()?;
     if let (Some(cg), Some(why)) = (&a.cgroup, &safety.io_flusher) {
         // Seen here: with the server charged to the same memory cgroup as
         // the processes that swap to it, a page fault of the server at the
@@ -802,7 +756,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
     let info = Info {
         export: Arc::clone(&export),
-        frontend: Frontend::Fuse { stats: Arc::clone(mounted.stats()), safety: serde_json::to_value(&safety)?, budget },
+        frontend: Frontend::Fuse { stats: Arc::clone(mounted.stats()), safety, budget },
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
         endpoint: mnt.join(IMAGE).display().to_string(),
@@ -813,7 +767,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let image = mnt.join(IMAGE);
     std::thread::scope(|s| {
         s.spawn(|| control_loop(control, &info, stop));
-        a.pool.spawn_policies(s, export.pool(), stop, EXCLUSIVE_LOADS);
+        a.pool.policies(EXCLUSIVE_LOADS).spawn(s, export.pool(), stop);
         loop {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));
@@ -881,7 +835,8 @@ mod tests {
     #[test]
     fn status_table_has_a_row_per_device() {
         let st = State { name: "zmem0".into(), pid: 1, loop_dev: "/dev/loop7".into(), size: 8 << 30, priority: 100, algorithm: "lz4".into(), charge_to: None };
-        let stats = json!({"algorithm": "lz4", "stats": {"orig_data_size": 1u64 << 30, "compr_data_size": 300u64 << 20, "mem_used_total": 310u64 << 20}});
+        let mut stats = StatsReply { algorithm: "lz4".into(), ..Default::default() };
+        (stats.stats.orig_data_size, stats.stats.compr_data_size, stats.stats.mem_used_total) = (1 << 30, 300 << 20, 310 << 20);
         let out = render_status(&[Status { name: "zmem0".into(), state: Some(st), stats: Some(stats), used: Some(1 << 30) }]);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 2);

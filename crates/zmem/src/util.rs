@@ -24,6 +24,10 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 
 pub use zmem_host::have;
 
+/// How long a writeback or recompression of a large pool may take to
+/// answer.
+pub const LONG_REQUEST: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Parse `on`/`off` (also true/false, yes/no, 1/0).
 pub fn parse_on_off(s: &str) -> anyhow::Result<bool> {
     match s.to_ascii_lowercase().as_str() {

@@ -9,7 +9,10 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
+use zmem_core::WritebackMode;
+use zmem_server::protocol::{self, Answer, Request};
+
+use crate::util::LONG_REQUEST;
 
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("mode").required(true).args(["idle", "huge", "incompressible", "all"])))]
@@ -34,26 +37,23 @@ pub struct Args {
     pub control: Option<PathBuf>,
 }
 
-/// The control-socket command for these arguments.
-pub fn command(a: &Args) -> String {
+/// The control request for these arguments.
+pub fn request(a: &Args) -> Request {
     let mode = match (a.idle, a.huge, a.incompressible) {
-        (Some(s), _, _) => format!("idle {s}"),
-        (None, true, _) => "huge".into(),
-        (None, false, true) => "incompressible".into(),
-        _ => "all".into(),
+        (Some(s), _, _) => WritebackMode::Idle(s),
+        (None, true, _) => WritebackMode::Huge,
+        (None, false, true) => WritebackMode::Incompressible,
+        _ => WritebackMode::All,
     };
-    match a.limit {
-        Some(l) => format!("writeback {mode} {l}"),
-        None => format!("writeback {mode}"),
-    }
+    Request::Writeback { mode, limit: a.limit }
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let path = a.control.clone().unwrap_or_else(crate::serve::default_control_path);
-    let v = crate::stat::request(&path, &command(&a))?;
-    if let Some(e) = v.get("error") {
-        bail!("server: {}", e.as_str().unwrap_or("unknown error"));
+    let req = request(&a);
+    match protocol::request(&path, &req, LONG_REQUEST)? {
+        Answer::WrittenBack { written_back_pages } => println!("{written_back_pages} pages written back"),
+        other => protocol::expect(&path, &req, &other)?,
     }
-    println!("{} pages written back", v["written_back_pages"].as_u64().unwrap_or(0));
     Ok(())
 }

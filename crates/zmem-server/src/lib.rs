@@ -1,0 +1,23 @@
+//! What every zmem server runs beside its frontend: the control socket and
+//! its typed protocol, the policy threads, and a swap server's protection
+//! from reclaim.
+//!
+//! * [`protocol`] — the control requests and replies, one JSON line each
+//!   way, typed on both ends (the server and `zmem stat`, `zmem
+//!   writeback`, `zmem recompress`), and the client call.
+//! * [`control`] — the socket: binding it safely, the loop that answers it,
+//!   and what a server reports ([`control::Info`]).
+//! * [`policy`] — threads that follow the system's swap fullness and
+//!   recompress idle pages.
+//! * [`reclaim`] — `mlockall`, `PR_SET_IO_FLUSHER`, `oom_score_adj` and
+//!   malloc's tuning under `mlockall` (the crate's only `unsafe`, in
+//!   `malloc.rs`).
+//!
+//! The frontends themselves are crates of their own (`zmem-nbd`,
+//! `zmem-fuse`, `zmem-swap`); this crate links no benchmark code.
+
+pub mod control;
+mod malloc;
+pub mod policy;
+pub mod protocol;
+pub mod reclaim;

@@ -1,0 +1,63 @@
+//! Keeping a swap server out of reclaim's way.
+//!
+//! The kernel may need a swap server to finish a swap-out before it can
+//! free memory, so the server must never wait on reclaim itself:
+//! `mlockall(MCL_CURRENT)` then `mlockall(MCL_FUTURE | MCL_ONFAULT)` (the
+//! pool is never swapped into itself; later mappings cost only the pages
+//! touched; the allocator still gives emptied spans back),
+//! `PR_SET_IO_FLUSHER` (its allocations do not recurse into I/O reclaim),
+//! and `oom_score_adj -1000`. Only `mlockall` is required: the other two
+//! need `CAP_SYS_RESOURCE`, which some containers and VMs withhold even
+//! from root, and the server then says so and runs without them.
+
+use rustix::mm::{mlockall, MlockAllFlags};
+use serde::{Deserialize, Serialize};
+
+/// What the server got of its protection from reclaim; reported on its
+/// control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimSafety {
+    pub mlockall: bool,
+    /// malloc tuned to give freed memory back under mlockall.
+    pub malloc_tuned: bool,
+    /// Why `PR_SET_IO_FLUSHER` was refused, if it was.
+    pub io_flusher: Option<String>,
+    /// The server's `oom_score_adj` now.
+    pub oom_score_adj: String,
+}
+
+/// `mlockall` failed: the server must not run.
+#[derive(Debug, thiserror::Error)]
+#[error("mlockall failed ({0}): a swap server must never be swapped into itself (run it as root, or raise RLIMIT_MEMLOCK)")]
+pub struct LockError(#[source] rustix::io::Errno);
+
+/// Protect this process from reclaim (see the module doc). Warnings for
+/// what it could not get go to stderr, and into the result.
+pub fn protect() -> Result<ReclaimSafety, LockError> {
+    let malloc_tuned = crate::malloc::for_mlock();
+    if !malloc_tuned {
+        eprintln!("zmem: warning: could not tune malloc for mlockall: memory the server frees may stay resident");
+    }
+    // What is mapped now (the binary's code and data) is faulted in and
+    // locked, so no code path is first read from disk in a swap storm;
+    // what is mapped later (pool spans, malloc's heap, thread stacks, fuser's
+    // buffers) is locked as it is touched. MCL_FUTURE alone keeps the
+    // current mappings locked.
+    mlockall(MlockAllFlags::CURRENT).map_err(LockError)?;
+    mlockall(MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT).map_err(LockError)?;
+    let io_flusher = match rustix::process::configure_io_flusher_behavior(true) {
+        Ok(()) => None,
+        Err(e) => {
+            eprintln!("zmem: warning: PR_SET_IO_FLUSHER refused ({e}; it needs CAP_SYS_RESOURCE): the server's allocations may enter I/O reclaim");
+            Some(e.to_string())
+        }
+    };
+    let oom_score_adj = match std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        Ok(()) => "-1000".to_string(),
+        Err(e) => {
+            eprintln!("zmem: warning: oom_score_adj -1000 refused ({e}; it needs CAP_SYS_RESOURCE): the OOM killer may pick the server");
+            std::fs::read_to_string("/proc/self/oom_score_adj").unwrap_or_default().trim().to_string()
+        }
+    };
+    Ok(ReclaimSafety { mlockall: true, malloc_tuned, io_flusher, oom_score_adj })
+}
