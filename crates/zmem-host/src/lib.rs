@@ -20,6 +20,22 @@ use anyhow::{bail, Context};
 
 pub mod shared_budget;
 
+/// Sizes as zramctl prints them: 0B, 512B, 4K, 1.5M, 2G.
+pub fn human_size(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 || (v - v.round()).abs() < 0.05 {
+        format!("{}{}", v.round() as u64, UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
 /// Whether `tool` is a file in a directory of PATH.
 pub fn have(tool: &str) -> bool {
     std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file())).unwrap_or(false)
@@ -721,6 +737,15 @@ mod tests {
         std::hint::black_box(x);
         let t1 = cpu_secs(std::process::id()).unwrap();
         assert!(t1 - t0 >= 0.1, "300 ms of spinning counted as {} s", t1 - t0);
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human_size(0), "0B");
+        assert_eq!(human_size(512), "512B");
+        assert_eq!(human_size(4096), "4K");
+        assert_eq!(human_size(1536 << 10), "1.5M");
+        assert_eq!(human_size(1 << 30), "1G");
     }
 
     #[test]

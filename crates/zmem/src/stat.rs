@@ -19,21 +19,7 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Sizes as zramctl prints them: 0B, 512B, 4K, 1.5M, 2G.
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 || (v - v.round()).abs() < 0.05 {
-        format!("{}{}", v.round() as u64, UNITS[u])
-    } else {
-        format!("{v:.1}{}", UNITS[u])
-    }
-}
+pub use zmem_host::human_size as human;
 
 /// The table (header, row) and the mm_stat line for a stats reply, then
 /// one line for each part the server has.
@@ -211,15 +197,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human(0), "0B");
-        assert_eq!(human(512), "512B");
-        assert_eq!(human(4096), "4K");
-        assert_eq!(human(1536 << 10), "1.5M");
-        assert_eq!(human(1 << 30), "1G");
-    }
 
     #[test]
     fn renders_a_row() {

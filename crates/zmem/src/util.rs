@@ -22,8 +22,6 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     n.checked_mul(mult).with_context(|| format!("size `{s}` is too large"))
 }
 
-pub use zmem_host::have;
-
 /// How long a writeback or recompression of a large pool may take to
 /// answer.
 pub const LONG_REQUEST: std::time::Duration = std::time::Duration::from_secs(600);
