@@ -6,8 +6,9 @@
 //! device) and zcache (a compressed second-chance page cache). All three need
 //! the same engine: take a 4 KiB page, drop it if it is one repeated word,
 //! compress it, pack the result tightly into memory, find it again by key.
-//! This crate is that engine, in userspace, so a block device (NBD), a process
-//! pager (userfaultfd) and a cache API can all sit on it.
+//! This crate is that engine, in userspace, so that a block device (NBD or a
+//! FUSE file: `zmem-nbd`, `zmem-fuse`), a swap device (`zmem-swap`) and a
+//! clean-page cache (`zmem-cache`) all sit on it.
 //!
 //! # The contract (frontswap/cleancache)
 //! [`Pool::store`] puts a 4096-byte page under a 64-bit key (replacing what was

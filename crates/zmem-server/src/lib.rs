@@ -7,6 +7,8 @@
 //!   writeback`, `zmem recompress`), and the client call.
 //! * [`control`] — the socket: binding it safely, the loop that answers it,
 //!   and what a server reports ([`control::Info`]).
+//! * [`device`] — `zmem serve`'s server: an export over NBD, optionally
+//!   also as a FUSE file, with its control socket and policy threads.
 //! * [`policy`] — threads that follow the system's swap fullness and
 //!   recompress idle pages.
 //! * [`reclaim`] — `mlockall`, `PR_SET_IO_FLUSHER`, `oom_score_adj` and
@@ -17,6 +19,7 @@
 //! `zmem-fuse`, `zmem-swap`); this crate links no benchmark code.
 
 pub mod control;
+pub mod device;
 mod malloc;
 pub mod policy;
 pub mod protocol;

@@ -3,22 +3,21 @@
 //! (zcache's role): misses come from the origin, writes go through to it.
 //!
 //! One pool, one export, served on a Unix socket (default) or loopback TCP,
-//! with a control socket (mode 0600) that answers `stats` with one JSON line
-//! for `zmem stat`. SIGINT/SIGTERM stop accepting, let in-flight requests
-//! finish, and remove the socket files.
+//! with a control socket (mode 0600) for `zmem stat`. SIGINT/SIGTERM stop
+//! accepting, let in-flight requests finish, and remove the socket files.
+//! This file turns the arguments into the export and a
+//! `zmem_server::device::DeviceConfig`; that crate serves it.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use zmem_nbd::{Export, Listener, Server, ServerConfig};
+use zmem_nbd::{Export, ServerConfig};
+use zmem_server::device::{DeviceConfig, Endpoint};
 
 use crate::pool_args::{ExclusiveLoads, PoolArgs};
 use crate::util::parse_size;
-use zmem_server::control::{bind_unix, control_loop, Frontend, Info};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -138,10 +137,6 @@ pub fn default_control_path() -> PathBuf {
     runtime_dir().join("zmem.ctl")
 }
 
-fn stop() -> &'static AtomicBool {
-    crate::sys::stop_flag()
-}
-
 fn parse_listen(s: &str) -> anyhow::Result<String> {
     if s.parse::<u16>().is_ok() {
         return Ok(format!("127.0.0.1:{s}"));
@@ -190,7 +185,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.max_inflight < 1 << 20 {
         bail!("--max-inflight must be at least 1M, got {}", a.max_inflight);
     }
-    let cfg = ServerConfig {
+    let nbd = ServerConfig {
         workers_per_conn: a.workers.into(),
         max_connections: a.max_connections as usize,
         handshake_timeout: Duration::from_secs(a.handshake_timeout.into()),
@@ -199,92 +194,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_inflight_bytes: a.max_inflight.min(64 << 20),
         ..Default::default()
     };
-    let server = Arc::new(Server::new(export, a.export_name.clone(), cfg));
-    // Mounted before the sockets are made, so that a refused mount leaves
-    // nothing behind (a mount made is undone when `fuse` drops).
-    let fuse = match &a.fuse {
-        Some(dir) => {
-            // The file is `image`, as for `zmem swap`.
-            let cfg = zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), uring: a.fuse_uring, ..Default::default() };
-            let m = zmem_fuse::mount(Arc::clone(server.export()), dir, &cfg).with_context(|| format!("mounting the FUSE file at {}", dir.display()))?;
-            eprintln!("zmem: also serving the device as {}", dir.join(&cfg.file_name).display());
-            Some(m)
-        }
-        None => None,
+    let endpoint = match &a.listen {
+        Some(l) => Endpoint::Tcp(parse_listen(l)?),
+        None => Endpoint::Unix { path: a.socket.clone().unwrap_or_else(|| runtime_dir().join("zmem.sock")), group: a.group },
     };
-
-    let mut cleanup: Vec<PathBuf> = Vec::new();
-    let (listener, endpoint) = match &a.listen {
-        Some(l) => {
-            let addr = parse_listen(l)?;
-            let t = TcpListener::bind(&addr).with_context(|| format!("listening on {addr}"))?;
-            let local = t.local_addr()?;
-            if !local.ip().is_loopback() {
-                eprintln!("zmem: warning: NBD on {local} has no authentication or encryption");
-            }
-            (Listener::Tcp(t), format!("nbd://{local}/{}", a.export_name))
-        }
-        None => {
-            let path = a.socket.clone().unwrap_or_else(|| runtime_dir().join("zmem.sock"));
-            let mode = if a.group.is_some() { 0o660 } else { 0o600 };
-            let u = bind_unix(&path, mode, a.group)?;
-            cleanup.push(path.clone());
-            (Listener::Unix(u), format!("nbd+unix:///{}?socket={}", a.export_name, path.display()))
-        }
-    };
-    let control_path = match &a.control {
-        Some(p) if p.as_os_str() == "none" => None,
-        Some(p) => Some(p.clone()),
-        None => Some(default_control_path()),
-    };
-    let control = match &control_path {
-        Some(p) => {
-            let l = bind_unix(p, 0o600, None)?;
-            cleanup.push(p.clone());
-            Some(l)
-        }
-        None => None,
-    };
-    crate::sys::stop_on_signals().context("installing signal handlers")?;
-
-    let info = Info {
-        export: Arc::clone(server.export()),
-        frontend: Frontend::Nbd { server: server.clone(), fuse: fuse.as_ref().map(|m| Arc::clone(m.stats())) },
+    let cfg = DeviceConfig {
+        export_name: a.export_name.clone(),
+        endpoint,
+        control: match &a.control {
+            Some(p) if p.as_os_str() == "none" => None,
+            Some(p) => Some(p.clone()),
+            None => Some(default_control_path()),
+        },
+        nbd,
+        // The file is `image`, as for `zmem swap`.
+        fuse: a.fuse.clone().map(|dir| (dir, zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), uring: a.fuse_uring, ..Default::default() })),
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
-        endpoint: endpoint.clone(),
         backing: a.pool.backing.as_ref().map(|p| p.display().to_string()),
+        policies: a.pool.policies(ExclusiveLoads::Off),
     };
-    eprintln!(
-        "zmem: serving export {:?} ({} bytes, {}{}{}) at {endpoint}{}",
-        a.export_name,
-        server.export().size(),
-        comp,
-        if a.pool.dedup { ", dedup" } else { "" },
-        server.export().origin_description().map(|d| format!(", caching {d}")).unwrap_or_default(),
-        control_path.as_ref().map(|p| format!(", control {}", p.display())).unwrap_or_default()
-    );
-    let res = std::thread::scope(|s| {
-        if let Some(l) = control {
-            let info = &info;
-            s.spawn(move || control_loop(l, info, stop()));
-        }
-        a.pool.policies(ExclusiveLoads::Off).spawn(s, server.export().pool(), stop());
-        let r = server.run(&listener, stop());
-        stop().store(true, Ordering::SeqCst); // also ends the control thread on error
-        r
-    });
-    if let Some(m) = fuse {
-        if let Err(e) = m.unmount() {
-            eprintln!("zmem: unmounting the FUSE file failed: {e}");
-        }
-    }
-    for p in &cleanup {
-        let _ = std::fs::remove_file(p);
-    }
-    let st = server.export().pool().stats();
-    eprintln!("zmem: stopped; mm_stat {}", st.mm_stat().split_whitespace().collect::<Vec<_>>().join(" "));
-    res.context("serving")
+    let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
+    Ok(zmem_server::device::serve(export, &cfg, stop)?)
 }
 
 #[cfg(test)]

@@ -25,11 +25,6 @@ pub fn stop_on_signals() -> std::io::Result<&'static Arc<AtomicBool>> {
     Ok(stop_arc())
 }
 
-/// The flag [`stop_on_signals`] sets (also settable by the program itself).
-pub fn stop_flag() -> &'static AtomicBool {
-    stop_arc()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
