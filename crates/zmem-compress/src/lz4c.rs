@@ -1,11 +1,10 @@
 //! lz4 through the C library (liblz4 1.10, BSD-2-Clause, built from source
 //! by `lz4-sys`, MIT): the only unsafe code of this crate.
 //!
-//! Why C and not `lz4_flex`: on the pages of `/usr/lib/x86_64-linux-gnu`
-//! liblz4 decodes 1.29 × as fast as lz4_flex 0.11's safe decoder (3,415
-//! against 2,654 MB/s; lz4_flex 0.14's unsafe decoder with bounds checks
-//! was no faster, 2,552) and encodes 1.11 × as fast (613 against 554):
-//! `cargo bench -p zmem-compress --bench lz4`. It is the code the kernel's
+//! Why C and not `lz4_flex`: liblz4 decodes and encodes faster than both
+//! of lz4_flex's decoders, safe and unsafe with bounds checks (`cargo bench
+//! -p zmem-compress --bench lz4` measures it; the README's layout table
+//! gives the figures). It is the code the kernel's
 //! zram runs, and `LZ4_decompress_safe` is made for untrusted input: it
 //! never reads past the source nor writes past the destination, whatever
 //! the stream says, and reports a corrupt one as a negative length.

@@ -143,17 +143,13 @@ pub struct PoolConfig {
     /// Shared (deduplicated) objects keep their second chance: a load
     /// through one key says nothing about the others.
     ///
-    /// It pays only where loads are mostly last uses. A swap storm that
-    /// writes every page it reads (the kernel frees the slot on the write
-    /// fault) read 7 % fewer pages from the file with it. A build under
-    /// memory pressure (`zmem bench swap`'s default workload) faults most
-    /// pages in for reading: the kernel keeps their slots, evicts them
-    /// clean and reads them again, so writing them back first read 27 %
-    /// more pages from the file (1.30 M read operations against 1.02 M)
-    /// and ran 20 % longer (531 s against 445 s). Except when the swap
-    /// device is more than half full: then the kernel frees the slot at
-    /// every swap-in (`vm_swap_full()`), and on an 800 MiB device the same
-    /// build read 19 % fewer operations with them (0.77 M against 0.94 M).
+    /// It pays only where loads are mostly last uses: a workload that
+    /// writes every page it reads, or swap while the device is more than
+    /// half full (then the kernel frees the slot at every swap-in,
+    /// `vm_swap_full()`). Where most loads are read faults whose pages the
+    /// kernel keeps the slots of, evicts clean and reads again, writing
+    /// them back first costs more reads from the file than it saves (the
+    /// README's "Writeback to a backing file" gives the measurements).
     /// Off by default; [`Pool::set_exclusive_loads`] switches them at run
     /// time (`zmem swap on` does, following the swap's fullness).
     pub exclusive_loads: bool,

@@ -61,11 +61,10 @@
 //! the copy must stay) a load does the opposite: the first load of an
 //! object queues a second item for it at the cold end, marked by the same
 //! bit so it is queued once, and the shrinker writes it back before any
-//! object not yet loaded. On a swap storm that writes every page it reads
-//! that holds more unread pages in RAM: 7 % fewer pages read from the
-//! file, 8 % fewer bytes. On a build it read 27 % more, since most of its
-//! swap-ins are read faults whose pages the kernel evicts clean and reads
-//! again; so it is an option, switched at run time
+//! object not yet loaded. That holds more unread pages in RAM where loads
+//! are last uses, and reads more from the file where the kernel evicts
+//! pages clean and reads them again (read faults on swap), so it is an
+//! option, switched at run time
 //! ([`Pool::set_exclusive_loads`](crate::Pool::set_exclusive_loads)):
 //! `zmem swap on` follows the kernel's own rule by default
 //! (`--exclusive-loads auto`: on while the system's swap is more than half

@@ -10,12 +10,9 @@ use zmem_swap::{Device, Discard, ServerConfig};
 use crate::pool_args::{ExclusiveLoads, PoolArgs};
 use crate::util::parse_size;
 
-/// `--exclusive-loads` for a swap device unless given.
-/// Auto: the kernel's own rule. On a build (`zmem bench swap`, throttled
-/// disk, 446 MiB budget, 89 MiB cap) with an 800 MiB device, which the
-/// build fills past half: auto 406 s and 0.77 M disk reads, on 403 s and
-/// 0.81 M, off 425 s and 0.94 M. A 4 GiB device is never half full, so
-/// auto is off there (off 445 s against on 488-531 s).
+/// `--exclusive-loads` for a swap device unless given. Auto: the kernel's
+/// own rule, on while the system's swap is more than half full (the README's
+/// "Writeback to a backing file" gives the measurements behind it).
 const EXCLUSIVE_LOADS: ExclusiveLoads = ExclusiveLoads::Auto;
 
 #[derive(clap::Subcommand, Debug)]
