@@ -15,11 +15,29 @@
 //! the queue, so the shrinker (which makes room) never needs room itself.
 
 use std::collections::VecDeque;
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use zmem_alloc::{AllocError, Budget};
 
-use crate::pool::KeyHasher;
+/// A fast, well-mixed hasher for the u64 keys of the index (a folded
+/// 128-bit multiply: every key bit reaches the low bits hashbrown uses).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        let m = ((self.0 ^ n) as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_u128);
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 /// The maps of the engine: u64 keys, a fast multiplicative hash.
 pub(crate) type Map<V> = hashbrown::HashMap<u64, V, BuildHasherDefault<KeyHasher>>;

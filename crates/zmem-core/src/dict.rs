@@ -67,10 +67,7 @@ use parking_lot::{Mutex, RwLock};
 use zmem_alloc::Budget;
 use zmem_compress::{Algorithm, CompressError, Compressor, Dictionary};
 
-use crate::entry::PAGE_SIZE;
-
-/// Dictionary slots a pool has (entry tags 3..=12).
-pub(crate) const DICT_SLOTS: usize = 5;
+use crate::entry::{DICT_SLOTS, PAGE_SIZE};
 
 /// Where a pool's dictionary comes from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

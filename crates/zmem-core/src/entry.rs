@@ -16,6 +16,9 @@ use zmem_alloc::Handle;
 use zmem_compress::Algorithm;
 
 pub(crate) const PAGE_SIZE: usize = 4096;
+/// Dictionary slots a pool has: the tags from `TAG_DICT` on name a slot
+/// and lz4 or zstd (tags 3..=12). `dict.rs` keeps the dictionaries.
+pub(crate) const DICT_SLOTS: usize = 5;
 /// Algorithm tag meaning "stored uncompressed as a whole page" (zram's huge)
 /// because it compressed to at least the huge threshold.
 pub(crate) const TAG_RAW: u8 = 0xF;
@@ -71,14 +74,14 @@ impl ObjInfo {
     }
     /// Written by `alg` (lz4 or zstd) with the dictionary in `slot`.
     pub fn with_dict(slot: usize, alg: Algorithm, len: usize) -> ObjInfo {
-        debug_assert!(slot < crate::dict::DICT_SLOTS && alg != Algorithm::Lzo);
+        debug_assert!(slot < DICT_SLOTS && alg != Algorithm::Lzo);
         let tag = TAG_DICT + 2 * slot as u8 + (alg == Algorithm::Zstd) as u8;
         ObjInfo { tag, len: len as u16 }
     }
     /// The dictionary slot and algorithm of an object written with one.
     pub fn dict(self) -> Option<(usize, Algorithm)> {
         let off = self.tag.checked_sub(TAG_DICT)?;
-        if off as usize >= 2 * crate::dict::DICT_SLOTS {
+        if off as usize >= 2 * DICT_SLOTS {
             return None;
         }
         Some(((off / 2) as usize, if off % 2 == 0 { Algorithm::Lz4 } else { Algorithm::Zstd }))
@@ -220,7 +223,7 @@ mod tests {
         assert_eq!(r.slot(), b.slot(), "the recompression bits leave the payload alone");
         assert!(!r.is_empty(), "a marked entry is never the empty one");
         assert_eq!((b.prio(), b.no_recomp()), (0, false));
-        for slot in 0..crate::dict::DICT_SLOTS {
+        for slot in 0..DICT_SLOTS {
             for alg in [Algorithm::Lz4, Algorithm::Zstd] {
                 let i = ObjInfo::with_dict(slot, alg, 1234);
                 assert_eq!(i.dict(), Some((slot, alg)));

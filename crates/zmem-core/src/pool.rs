@@ -60,7 +60,6 @@
 //!   for writeback and recompression whether or not there is a backing file.
 
 use std::cell::RefCell;
-use std::hash::Hasher;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -75,8 +74,8 @@ use zmem_compress::{Algorithm, CompressError, Compressor};
 
 pub(crate) use crate::charged::LruItem;
 use crate::charged::{map_bytes, map_insert_new, Lru, Map};
-use crate::dict::{DictConfig, DictRef, DictSource, Dicts, TrainReport, DICT_SLOTS};
-use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE, TAG_RAW, TAG_RAW_INCOMP};
+use crate::dict::{DictConfig, DictRef, DictSource, Dicts, TrainReport};
+use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE, TAG_RAW, TAG_RAW_INCOMP};
 use crate::error::{Result, ZmemError};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
 use crate::recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
@@ -191,26 +190,6 @@ impl Default for PoolConfig {
             recomp_algorithms: Vec::new(),
             dict: DictConfig::default(),
         }
-    }
-}
-
-/// A fast, well-mixed hasher for the u64 keys of the index (a folded
-/// 128-bit multiply: every key bit reaches the low bits hashbrown uses).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        let m = ((self.0 ^ n) as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_u128);
-        self.0 = (m as u64) ^ ((m >> 64) as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
