@@ -104,125 +104,155 @@ impl<'a> Negotiation<'a> {
         if self.state != HsState::Options {
             return Err(ProtoError::Io(std::io::Error::other("option outside option haggling")));
         }
-        let err = |out: &mut Vec<u8>, code: u32, msg: &str| {
-            put_option_reply(out, opt, code, truncate_utf8(msg, 1024).as_bytes());
-            Ok(Step::Continue)
-        };
         if self.shutting_down && opt != OPT_ABORT {
-            if opt == OPT_EXPORT_NAME {
-                self.state = HsState::Done;
-                return Err(ProtoError::Io(std::io::Error::other("server is shutting down")));
-            }
-            return err(out, REP_ERR_SHUTDOWN, "server is shutting down");
+            return self.refuse_shutting_down(opt, out);
         }
         match opt {
-            OPT_EXPORT_NAME => {
-                // No way to answer an error here: an unknown name ends the session.
-                let name = parse_string(data).unwrap_or_else(|_| String::from_utf8_lossy(data).into_owned());
-                if name != self.export.name {
-                    self.state = HsState::Done;
-                    return Err(ProtoError::UnknownExport(name));
-                }
-                let s = self.session();
-                out.extend_from_slice(&s.size.to_be_bytes());
-                out.extend_from_slice(&s.flags.to_be_bytes());
-                if self.client_flags & FLAG_C_NO_ZEROES == 0 {
-                    out.extend_from_slice(&[0u8; 124]);
-                }
-                self.state = HsState::Done;
-                Ok(Step::Transmission(s))
-            }
-            OPT_ABORT => {
-                put_option_reply(out, opt, REP_ACK, &[]);
-                self.state = HsState::Done;
-                Ok(Step::Abort)
-            }
-            OPT_LIST => {
-                if !data.is_empty() {
-                    return err(out, REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
-                }
-                let mut d = (self.export.name.len() as u32).to_be_bytes().to_vec();
-                d.extend_from_slice(self.export.name.as_bytes());
-                put_option_reply(out, opt, REP_SERVER, &d);
-                put_option_reply(out, opt, REP_ACK, &[]);
-                Ok(Step::Continue)
-            }
-            OPT_STRUCTURED_REPLY => {
-                if !data.is_empty() {
-                    return err(out, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");
-                }
-                self.structured = true;
-                put_option_reply(out, opt, REP_ACK, &[]);
-                Ok(Step::Continue)
-            }
-            OPT_INFO | OPT_GO => {
-                let req = match parse_info_request(data) {
-                    Ok(r) => r,
-                    Err(e) => return err(out, REP_ERR_INVALID, &format!("malformed INFO/GO: {e}")),
-                };
-                if req.name != self.export.name {
-                    return err(out, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.name));
-                }
-                let s = self.session();
-                let mut d = INFO_EXPORT.to_be_bytes().to_vec();
-                d.extend_from_slice(&s.size.to_be_bytes());
-                d.extend_from_slice(&s.flags.to_be_bytes());
-                put_option_reply(out, opt, REP_INFO, &d);
-                let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
-                for v in [MIN_BLOCK, PREFERRED_BLOCK, MAX_PAYLOAD] {
-                    d.extend_from_slice(&v.to_be_bytes());
-                }
-                put_option_reply(out, opt, REP_INFO, &d);
-                if req.requests.contains(&INFO_NAME) {
-                    let mut d = INFO_NAME.to_be_bytes().to_vec();
-                    d.extend_from_slice(self.export.name.as_bytes());
-                    put_option_reply(out, opt, REP_INFO, &d);
-                }
-                if let (true, Some(desc)) = (req.requests.contains(&INFO_DESCRIPTION), &self.export.description) {
-                    let mut d = INFO_DESCRIPTION.to_be_bytes().to_vec();
-                    d.extend_from_slice(truncate_utf8(desc, MAX_STRING).as_bytes());
-                    put_option_reply(out, opt, REP_INFO, &d);
-                }
-                put_option_reply(out, opt, REP_ACK, &[]);
-                if opt == OPT_GO {
-                    self.state = HsState::Done;
-                    Ok(Step::Transmission(s))
-                } else {
-                    Ok(Step::Continue)
-                }
-            }
-            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                if !self.structured {
-                    return err(out, REP_ERR_INVALID, "negotiate NBD_OPT_STRUCTURED_REPLY first");
-                }
-                let q = match parse_meta_query(data) {
-                    Ok(q) => q,
-                    Err(e) => return err(out, REP_ERR_INVALID, &format!("malformed meta context query: {e}")),
-                };
-                if q.export != self.export.name {
-                    return err(out, REP_ERR_UNKNOWN, &format!("no export named {:?}", q.export));
-                }
-                let matched = if opt == OPT_LIST_META_CONTEXT {
-                    q.queries.is_empty() || q.queries.iter().any(|s| s == "base:" || s == META_BASE_ALLOCATION)
-                } else {
-                    q.queries.iter().any(|s| s == META_BASE_ALLOCATION)
-                };
-                if opt == OPT_SET_META_CONTEXT {
-                    self.base_allocation = matched;
-                }
-                if matched {
-                    let id = if opt == OPT_SET_META_CONTEXT { META_BASE_ALLOCATION_ID } else { 0 };
-                    let mut d = id.to_be_bytes().to_vec();
-                    d.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
-                    put_option_reply(out, opt, REP_META_CONTEXT, &d);
-                }
-                put_option_reply(out, opt, REP_ACK, &[]);
-                Ok(Step::Continue)
-            }
-            OPT_STARTTLS => err(out, REP_ERR_UNSUP, "TLS is not supported by this server"),
-            _ => err(out, REP_ERR_UNSUP, &format!("option {opt} is not supported")),
+            OPT_EXPORT_NAME => self.export_name(data, out),
+            OPT_ABORT => self.abort(out),
+            OPT_LIST => self.list(data, out),
+            OPT_STRUCTURED_REPLY => self.structured_reply(data, out),
+            OPT_INFO | OPT_GO => self.info_or_go(opt, data, out),
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.meta_context(opt, data, out),
+            OPT_STARTTLS => option_error(out, opt, REP_ERR_UNSUP, "TLS is not supported by this server"),
+            _ => option_error(out, opt, REP_ERR_UNSUP, &format!("option {opt} is not supported")),
         }
     }
+
+    /// While shutting down: EXPORT_NAME (which cannot be answered with an error) ends the session, anything else gets NBD_REP_ERR_SHUTDOWN.
+    fn refuse_shutting_down(&mut self, opt: u32, out: &mut Vec<u8>) -> Result<Step, ProtoError> {
+        if opt == OPT_EXPORT_NAME {
+            self.state = HsState::Done;
+            return Err(ProtoError::Io(std::io::Error::other("server is shutting down")));
+        }
+        option_error(out, opt, REP_ERR_SHUTDOWN, "server is shutting down")
+    }
+
+    /// NBD_OPT_EXPORT_NAME: the old way into transmission (size, flags, and 124 zeroes unless NO_ZEROES).
+    fn export_name(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<Step, ProtoError> {
+        // No way to answer an error here: an unknown name ends the session.
+        let name = parse_string(data).unwrap_or_else(|_| String::from_utf8_lossy(data).into_owned());
+        if name != self.export.name {
+            self.state = HsState::Done;
+            return Err(ProtoError::UnknownExport(name));
+        }
+        let s = self.session();
+        out.extend_from_slice(&s.size.to_be_bytes());
+        out.extend_from_slice(&s.flags.to_be_bytes());
+        if self.client_flags & FLAG_C_NO_ZEROES == 0 {
+            out.extend_from_slice(&[0u8; 124]);
+        }
+        self.state = HsState::Done;
+        Ok(Step::Transmission(s))
+    }
+
+    /// NBD_OPT_ABORT: acknowledged, and the session ends.
+    fn abort(&mut self, out: &mut Vec<u8>) -> Result<Step, ProtoError> {
+        put_option_reply(out, OPT_ABORT, REP_ACK, &[]);
+        self.state = HsState::Done;
+        Ok(Step::Abort)
+    }
+
+    /// NBD_OPT_LIST: the one export's name, then an ACK.
+    fn list(&self, data: &[u8], out: &mut Vec<u8>) -> Result<Step, ProtoError> {
+        if !data.is_empty() {
+            return option_error(out, OPT_LIST, REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
+        }
+        let mut d = (self.export.name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(self.export.name.as_bytes());
+        put_option_reply(out, OPT_LIST, REP_SERVER, &d);
+        put_option_reply(out, OPT_LIST, REP_ACK, &[]);
+        Ok(Step::Continue)
+    }
+
+    /// NBD_OPT_STRUCTURED_REPLY: structured replies from now on.
+    fn structured_reply(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<Step, ProtoError> {
+        if !data.is_empty() {
+            return option_error(out, OPT_STRUCTURED_REPLY, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");
+        }
+        self.structured = true;
+        put_option_reply(out, OPT_STRUCTURED_REPLY, REP_ACK, &[]);
+        Ok(Step::Continue)
+    }
+
+    /// NBD_OPT_INFO and NBD_OPT_GO: the export's details; GO then enters transmission.
+    fn info_or_go(&mut self, opt: u32, data: &[u8], out: &mut Vec<u8>) -> Result<Step, ProtoError> {
+        let req = match parse_info_request(data) {
+            Ok(r) => r,
+            Err(e) => return option_error(out, opt, REP_ERR_INVALID, &format!("malformed INFO/GO: {e}")),
+        };
+        if req.name != self.export.name {
+            return option_error(out, opt, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.name));
+        }
+        let s = self.session();
+        self.put_info(opt, &req.requests, &s, out);
+        put_option_reply(out, opt, REP_ACK, &[]);
+        if opt == OPT_GO {
+            self.state = HsState::Done;
+            Ok(Step::Transmission(s))
+        } else {
+            Ok(Step::Continue)
+        }
+    }
+
+    /// The NBD_REP_INFO replies: export and block size always, name and description when asked for.
+    fn put_info(&self, opt: u32, requests: &[u16], s: &Session, out: &mut Vec<u8>) {
+        let mut d = INFO_EXPORT.to_be_bytes().to_vec();
+        d.extend_from_slice(&s.size.to_be_bytes());
+        d.extend_from_slice(&s.flags.to_be_bytes());
+        put_option_reply(out, opt, REP_INFO, &d);
+        let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+        for v in [MIN_BLOCK, PREFERRED_BLOCK, MAX_PAYLOAD] {
+            d.extend_from_slice(&v.to_be_bytes());
+        }
+        put_option_reply(out, opt, REP_INFO, &d);
+        if requests.contains(&INFO_NAME) {
+            let mut d = INFO_NAME.to_be_bytes().to_vec();
+            d.extend_from_slice(self.export.name.as_bytes());
+            put_option_reply(out, opt, REP_INFO, &d);
+        }
+        if let (true, Some(desc)) = (requests.contains(&INFO_DESCRIPTION), &self.export.description) {
+            let mut d = INFO_DESCRIPTION.to_be_bytes().to_vec();
+            d.extend_from_slice(truncate_utf8(desc, MAX_STRING).as_bytes());
+            put_option_reply(out, opt, REP_INFO, &d);
+        }
+    }
+
+    /// NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT: `base:allocation`, after structured replies; SET selects it.
+    fn meta_context(&mut self, opt: u32, data: &[u8], out: &mut Vec<u8>) -> Result<Step, ProtoError> {
+        if !self.structured {
+            return option_error(out, opt, REP_ERR_INVALID, "negotiate NBD_OPT_STRUCTURED_REPLY first");
+        }
+        let q = match parse_meta_query(data) {
+            Ok(q) => q,
+            Err(e) => return option_error(out, opt, REP_ERR_INVALID, &format!("malformed meta context query: {e}")),
+        };
+        if q.export != self.export.name {
+            return option_error(out, opt, REP_ERR_UNKNOWN, &format!("no export named {:?}", q.export));
+        }
+        let matched = if opt == OPT_LIST_META_CONTEXT {
+            q.queries.is_empty() || q.queries.iter().any(|s| s == "base:" || s == META_BASE_ALLOCATION)
+        } else {
+            q.queries.iter().any(|s| s == META_BASE_ALLOCATION)
+        };
+        if opt == OPT_SET_META_CONTEXT {
+            self.base_allocation = matched;
+        }
+        if matched {
+            let id = if opt == OPT_SET_META_CONTEXT { META_BASE_ALLOCATION_ID } else { 0 };
+            let mut d = id.to_be_bytes().to_vec();
+            d.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+            put_option_reply(out, opt, REP_META_CONTEXT, &d);
+        }
+        put_option_reply(out, opt, REP_ACK, &[]);
+        Ok(Step::Continue)
+    }
+}
+
+/// An error reply to option `opt` (its message cut to 1024 bytes); haggling goes on.
+fn option_error(out: &mut Vec<u8>, opt: u32, code: u32, msg: &str) -> Result<Step, ProtoError> {
+    put_option_reply(out, opt, code, truncate_utf8(msg, 1024).as_bytes());
+    Ok(Step::Continue)
 }
 
 /// Run the handshake on `s`. Returns the session for transmission, or `None`

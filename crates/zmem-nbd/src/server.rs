@@ -347,6 +347,145 @@ impl RequestClock {
     }
 }
 
+/// The reader side of one connection in transmission: what the phases of
+/// [`Server::read_loop`] share.
+struct Reader<'a> {
+    server: &'a Server,
+    r: &'a mut BufReader<Stream>,
+    clock: RequestClock,
+    tx: &'a crossbeam_channel::Sender<Job>,
+    recycled: &'a crossbeam_channel::Receiver<Vec<u8>>,
+    /// The connection's bytes in flight at the workers.
+    budget: &'a Budget,
+    dead: &'a AtomicBool,
+    writer: &'a Mutex<Stream>,
+    session: &'a Session,
+    /// Replies of inline requests not yet sent.
+    batch: &'a mut Vec<u8>,
+    /// The payload of an inline WRITE not wholly in the read buffer.
+    payload_buf: &'a mut Vec<u8>,
+    /// Requests up to this length run inline (`u32::MAX` without workers).
+    inline_max: u32,
+}
+
+impl Reader<'_> {
+    /// Writes the batched replies.
+    fn flush(&mut self) {
+        self.server.flush_batch(self.batch, self.writer, self.dead);
+    }
+
+    /// Waits, as long as the client likes, for a request to begin (replies sent first); false once the connection ends.
+    fn await_request(&mut self) -> Result<bool, ProtoError> {
+        if self.dead.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        // About to block for the next request: send the replies first.
+        if self.r.buffer().len() < REQUEST_LEN || self.batch.len() >= BATCH_MAX {
+            self.flush();
+        }
+        // Between requests a client may be idle as long as it likes.
+        if self.r.buffer().is_empty() && !self.clock.wait_for_request(self.r, self.dead)? {
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Reads a request header by `deadline`; `None` if the client closed, or the connection had already failed.
+    fn read_header(&mut self, deadline: &mut Option<Instant>) -> Result<Option<[u8; REQUEST_LEN]>, ProtoError> {
+        let mut hb = [0u8; REQUEST_LEN];
+        match self.clock.read_by(self.r, &mut hb, deadline, "a request header") {
+            Ok(()) => Ok(Some(hb)),
+            // A client may simply close instead of sending NBD_CMD_DISC.
+            Err(ProtoError::Eof(_)) => Ok(None),
+            Err(e) if self.dead.load(Ordering::Relaxed) => {
+                tracing::debug!("nbd: read after connection failure: {e}");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the reader runs `req` itself: small, and not one that may wait for an origin while workers exist.
+    fn runs_inline(&self, req: &Request) -> bool {
+        req.len <= self.inline_max && !(self.inline_max < u32::MAX && self.server.may_wait(req))
+    }
+
+    /// Runs a request on the reader thread, its reply into the batch; false if it panicked (the connection is then dead).
+    fn run_inline(&mut self, req: &Request, plen: u32, deadline: &mut Option<Instant>) -> Result<bool, ProtoError> {
+        let server = self.server;
+        let plen = plen as usize;
+        // Only a connection without workers runs big requests here:
+        // their buffers count against the server's budget.
+        let cost = if req.len > INLINE_MAX { req.len.min(MAX_PAYLOAD) as u64 } else { 0 };
+        if cost > 0 {
+            server.inflight.acquire(cost);
+        }
+        let _give_back = GiveBack(&server.inflight, cost);
+        // A payload already in the read buffer is used in place.
+        let in_place = self.r.buffer().len() >= plen;
+        if !in_place {
+            self.flush();
+            self.payload_buf.resize(plen, 0);
+            self.clock.read_by(self.r, self.payload_buf, deadline, "a WRITE payload")?;
+        }
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let payload = if in_place { &self.r.buffer()[..plen] } else { &self.payload_buf[..] };
+            server.execute(req, payload, self.session, self.batch)
+        }));
+        if in_place {
+            self.r.consume(plen);
+        }
+        if ran.is_err() {
+            server.panics.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("nbd: internal error (panic) executing {req:?}; dropping this connection");
+            self.batch.clear();
+            self.dead.store(true, Ordering::Relaxed);
+            let _ = self.writer.lock().shutdown(Shutdown::Both);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Admits a request to the byte budgets, reads its payload and queues it for the workers; false once they are gone.
+    fn queue_for_workers(&mut self, req: Request, plen: u32, deadline: &mut Option<Instant>) -> Result<bool, ProtoError> {
+        let (server, budget) = (self.server, self.budget);
+        // A big request: to the workers. Waiting for budget or queue
+        // room may take a while; send what we have first.
+        self.flush();
+        let cost = match req.typ {
+            CMD_READ => req.len.min(MAX_PAYLOAD) as u64,
+            _ => plen as u64,
+        };
+        // The connection's budget first, then the server's: every holder
+        // of the server's budget gives it back within io_timeout (a
+        // payload that does not arrive, a reply nobody reads, both drop
+        // their connection), so waiting here is bounded.
+        // The request's clock runs while it waits for budget, too: a
+        // client that stalls mid-payload cannot hold its place longer.
+        deadline.get_or_insert_with(|| Instant::now() + server.cfg.io_timeout);
+        budget.acquire(cost);
+        server.inflight.acquire(cost);
+        let release = || {
+            budget.release(cost);
+            server.inflight.release(cost);
+        };
+        let mut payload = Vec::new();
+        if plen > 0 {
+            payload = self.recycled.try_recv().unwrap_or_default();
+            payload.resize(plen as usize, 0);
+        }
+        if let Err(e) = self.clock.read_by(self.r, &mut payload, deadline, "a WRITE payload") {
+            release();
+            return Err(e);
+        }
+        if self.tx.send(Job { req, payload, cost }).is_err() {
+            release();
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
 /// Buffers up to this capacity are kept for reuse; larger ones are freed.
 const KEEP_BUFFER: usize = 4 << 20;
 /// Requests whose length is at most this are executed by the connection's
@@ -722,6 +861,9 @@ impl Server {
     /// (or when the batch is large). Big requests go to the workers, so they
     /// proceed concurrently with each other and with the small ones.
     /// `batch` collects replies not yet sent; the caller flushes it after.
+    /// Each turn: [`Reader::await_request`], [`Reader::read_header`],
+    /// [`Server::check_request`], then [`Reader::run_inline`] or
+    /// [`Reader::queue_for_workers`].
     #[allow(clippy::too_many_arguments)]
     fn read_loop(
         &self,
@@ -736,109 +878,40 @@ impl Server {
         payload_buf: &mut Vec<u8>,
         inline_max: u32,
     ) -> Result<(), ProtoError> {
-        let mut clock = RequestClock { io_timeout: self.cfg.io_timeout, short: false };
+        let clock = RequestClock { io_timeout: self.cfg.io_timeout, short: false };
+        let mut rd = Reader { server: self, r, clock, tx, recycled, budget, dead, writer, session, batch, payload_buf, inline_max };
         loop {
-            if dead.load(Ordering::Relaxed) {
-                return Ok(());
-            }
-            // About to block for the next request: send the replies first.
-            if r.buffer().len() < REQUEST_LEN || batch.len() >= BATCH_MAX {
-                self.flush_batch(batch, writer, dead);
-            }
-            // Between requests a client may be idle as long as it likes.
-            if r.buffer().is_empty() && !clock.wait_for_request(r, dead)? {
+            if !rd.await_request()? {
                 return Ok(());
             }
             // Once a request begins, all of it must arrive in io_timeout
             // (the clock starts at the first read that has to wait).
             let mut deadline = None;
-            let mut hb = [0u8; REQUEST_LEN];
-            match clock.read_by(r, &mut hb, &mut deadline, "a request header") {
-                Ok(()) => {}
-                // A client may simply close instead of sending NBD_CMD_DISC.
-                Err(ProtoError::Eof(_)) => return Ok(()),
-                Err(e) if dead.load(Ordering::Relaxed) => {
-                    tracing::debug!("nbd: read after connection failure: {e}");
-                    return Ok(());
-                }
-                Err(e) => return Err(e),
-            }
-            let req = parse_request(&hb)?;
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            if req.typ == CMD_DISC {
+            let Some(header) = rd.read_header(&mut deadline)? else {
                 return Ok(());
-            }
-            let plen = req.payload_len();
-            if plen > MAX_PAYLOAD {
-                return Err(ProtoError::PayloadTooLarge { len: plen });
-            }
-            if req.len <= inline_max && !(inline_max < u32::MAX && self.may_wait(&req)) {
-                let plen = plen as usize;
-                // Only a connection without workers runs big requests here:
-                // their buffers count against the server's budget.
-                let cost = if req.len > INLINE_MAX { req.len.min(MAX_PAYLOAD) as u64 } else { 0 };
-                if cost > 0 {
-                    self.inflight.acquire(cost);
-                }
-                let _give_back = GiveBack(&self.inflight, cost);
-                // A payload already in the read buffer is used in place.
-                let in_place = r.buffer().len() >= plen;
-                if !in_place {
-                    self.flush_batch(batch, writer, dead);
-                    payload_buf.resize(plen, 0);
-                    clock.read_by(r, payload_buf, &mut deadline, "a WRITE payload")?;
-                }
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let payload = if in_place { &r.buffer()[..plen] } else { &payload_buf[..] };
-                    self.execute(&req, payload, session, batch)
-                }));
-                if in_place {
-                    r.consume(plen);
-                }
-                if ran.is_err() {
-                    self.panics.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!("nbd: internal error (panic) executing {req:?}; dropping this connection");
-                    batch.clear();
-                    dead.store(true, Ordering::Relaxed);
-                    let _ = writer.lock().shutdown(Shutdown::Both);
-                    return Ok(());
-                }
-                continue;
-            }
-            // A big request: to the workers. Waiting for budget or queue
-            // room may take a while; send what we have first.
-            self.flush_batch(batch, writer, dead);
-            let cost = match req.typ {
-                CMD_READ => req.len.min(MAX_PAYLOAD) as u64,
-                _ => plen as u64,
             };
-            // The connection's budget first, then the server's: every holder
-            // of the server's budget gives it back within io_timeout (a
-            // payload that does not arrive, a reply nobody reads, both drop
-            // their connection), so waiting here is bounded.
-            // The request's clock runs while it waits for budget, too: a
-            // client that stalls mid-payload cannot hold its place longer.
-            deadline.get_or_insert_with(|| Instant::now() + self.cfg.io_timeout);
-            budget.acquire(cost);
-            self.inflight.acquire(cost);
-            let release = || {
-                budget.release(cost);
-                self.inflight.release(cost);
+            let Some((req, plen)) = self.check_request(&header)? else {
+                return Ok(());
             };
-            let mut payload = Vec::new();
-            if plen > 0 {
-                payload = recycled.try_recv().unwrap_or_default();
-                payload.resize(plen as usize, 0);
-            }
-            if let Err(e) = clock.read_by(r, &mut payload, &mut deadline, "a WRITE payload") {
-                release();
-                return Err(e);
-            }
-            if tx.send(Job { req, payload, cost }).is_err() {
-                release();
+            let carry_on = if rd.runs_inline(&req) { rd.run_inline(&req, plen, &mut deadline)? } else { rd.queue_for_workers(req, plen, &mut deadline)? };
+            if !carry_on {
                 return Ok(());
             }
         }
+    }
+
+    /// Parses a request header and counts the request: `None` for NBD_CMD_DISC, an error for a WRITE over MAX_PAYLOAD.
+    fn check_request(&self, header: &[u8; REQUEST_LEN]) -> Result<Option<(Request, u32)>, ProtoError> {
+        let req = parse_request(header)?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if req.typ == CMD_DISC {
+            return Ok(None);
+        }
+        let plen = req.payload_len();
+        if plen > MAX_PAYLOAD {
+            return Err(ProtoError::PayloadTooLarge { len: plen });
+        }
+        Ok(Some((req, plen)))
     }
 
     /// Whether a request may wait for a cache's origin (a read that
