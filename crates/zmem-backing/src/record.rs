@@ -51,11 +51,48 @@ pub(crate) fn is_record_start(buf: &[u8]) -> bool {
 /// Check a record's header against what the table says; returns
 /// `(key, payload)`.
 pub(crate) fn verify(rec: &[u8], len: u16, key: Option<u64>) -> Option<(u64, &[u8])> {
-    let field = |r: Range<usize>| &rec[r];
-    let magic = u16::from_le_bytes(field(0..2).try_into().ok()?);
-    let hlen = u16::from_le_bytes(field(2..4).try_into().ok()?);
-    let hkey = u64::from_le_bytes(field(4..12).try_into().ok()?);
-    let sum = u32::from_le_bytes(field(12..16).try_into().ok()?);
+    // Any of it may be missing (a short file): a field that is not there
+    // is no record, never an out-of-range slice.
+    let field = |r: Range<usize>| rec.get(r);
+    let magic = u16::from_le_bytes(field(0..2)?.try_into().ok()?);
+    let hlen = u16::from_le_bytes(field(2..4)?.try_into().ok()?);
+    let hkey = u64::from_le_bytes(field(4..12)?.try_into().ok()?);
+    let sum = u32::from_le_bytes(field(12..16)?.try_into().ok()?);
     let payload = rec.get(RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + len as usize)?;
     (magic == RECORD_MAGIC && hlen == len && key.is_none_or(|k| k == hkey) && sum == checksum(hkey, payload)).then_some((hkey, payload))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of 4 to 15 bytes whose length field reads as a page or less
+    /// was sliced past its end (the header's key at 4..12).
+    #[test]
+    fn short_headers_are_no_record_and_no_panic() {
+        for n in 0..=RECORD_HEADER_SIZE + 8 {
+            for len in [0u16, 1, 8, 4096] {
+                let mut buf = vec![0u8; n];
+                if n >= 4 {
+                    buf[..2].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+                    buf[2..4].copy_from_slice(&len.to_le_bytes());
+                }
+                assert!(!is_record_start(&buf) || n >= RECORD_HEADER_SIZE + len as usize, "{n} bytes, length {len}");
+                assert!(verify(&buf, len, None).is_none() || n >= RECORD_HEADER_SIZE + len as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn a_whole_record_verifies_and_a_cut_one_does_not() {
+        let payload = b"compressed page bytes";
+        let mut buf = vec![0u8; RECORD_HEADER_SIZE + payload.len()];
+        put_record(&mut buf, 42, payload);
+        assert!(is_record_start(&buf));
+        assert_eq!(verify(&buf, payload.len() as u16, Some(42)), Some((42, &payload[..])));
+        assert_eq!(verify(&buf, payload.len() as u16, Some(43)), None, "another key's record");
+        for cut in 0..buf.len() {
+            assert!(!is_record_start(&buf[..cut]), "cut at {cut}");
+        }
+    }
 }
