@@ -148,7 +148,7 @@ impl Engine {
                 self.shrink_dedup_tables();
             } else {
                 // Merged twins freed their objects all over the classes.
-                self.alloc.compact();
+                self.objects.compact();
             }
         }
     }
@@ -165,7 +165,7 @@ impl Engine {
             let now = self.now();
             for (key, e) in objs {
                 let Slot::Obj(h, info) = e.slot() else { continue };
-                if self.read_object(key, h, info, &mut page).is_err() {
+                if self.objects.read_object(key, h, info, &mut page).is_err() {
                     continue;
                 }
                 let hash = xxhash_rust::xxh3::xxh3_64(&page);
@@ -173,7 +173,7 @@ impl Engine {
                 let new = match ds.map.get(&hash).copied() {
                     Some(rec) => {
                         let Loc::Ram(rh) = rec.loc else { continue };
-                        if !self.object_equals(rh, rec.info, &page) {
+                        if !self.objects.equals(rh, rec.info, &page) {
                             continue;
                         }
                         let r = ds.map.get_mut(&hash).expect("checked under this lock");
@@ -200,7 +200,7 @@ impl Engine {
             }
         }
         for h in frees {
-            if let Err(e) = self.alloc.free(h) {
+            if let Err(e) = self.objects.free(h) {
                 self.free_failed(&e.to_string());
             }
         }

@@ -57,6 +57,7 @@ mod dict;
 mod entry;
 mod error;
 mod index;
+mod objects;
 mod pool;
 mod recompress;
 mod stats;

@@ -70,14 +70,15 @@ use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
 
 use crate::cold::{ColdError, ColdStore};
-use zmem_compress::{Algorithm, CompressError, Compressor};
+use zmem_compress::{Algorithm, Compressor};
 
 pub(crate) use crate::charged::LruItem;
 use crate::charged::{map_bytes, map_insert_new, Lru, Map};
-use crate::dict::{DictConfig, DictRef, DictSource, Dicts, TrainReport};
-use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE, TAG_RAW, TAG_RAW_INCOMP};
+use crate::dict::{DictConfig, DictSource, Dicts, TrainReport};
+use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
+use crate::objects::{with_page_buf, Objects};
 use crate::recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 use crate::stats::{Counters, Stats};
 use crate::tier::{Tier, WritebackMode};
@@ -337,14 +338,11 @@ impl DedupShard {
 }
 
 const DEDUP_SHARDS: usize = 64;
-const SCRATCH_LEN: usize = 2 * PAGE_SIZE;
 /// A load whose record was freed or moved while it read starts again, at
 /// most this many times.
 const LOAD_TRIES: u32 = 8;
 
 thread_local! {
-    /// Per-thread compression buffer (zswap's per-CPU `dstmem`).
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; SCRATCH_LEN]);
     /// Per-thread buffer for an object read from the backing store.
     pub(crate) static OBJ: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(PAGE_SIZE));
 }
@@ -372,8 +370,8 @@ pub struct Pool {
 /// The pool's state, shared with its shrinker thread.
 pub(crate) struct Engine {
     pub(crate) cfg: PoolConfig,
-    compressor: AtomicU64,
-    pub(crate) alloc: ZsPool,
+    /// The allocator and the codec (`objects.rs`).
+    pub(crate) objects: Objects,
     pub(crate) shards: Box<[Mutex<Shard>]>,
     shard_bits: u32,
     pub(crate) dedup: Option<Box<[Mutex<DedupShard>]>>,
@@ -391,19 +389,8 @@ pub(crate) struct Engine {
     pub(crate) tier: Option<Tier>,
     /// Time zero for access times.
     epoch: Instant,
-    /// The pool's dictionaries, unless `cfg.dict` is off.
-    pub(crate) dicts: Option<Dicts>,
     /// Adaptive dedup's mode and counters (`dedup.rs`).
     pub(crate) dedup_mode: crate::dedup::DedupMode,
-}
-
-fn encode_compressor(c: Compressor) -> u64 {
-    (c.algorithm.tag() as u64) | ((c.level as u32 as u64) << 8)
-}
-
-fn decode_compressor(v: u64) -> Compressor {
-    let algorithm = Algorithm::from_tag(v as u8).unwrap_or_default();
-    Compressor { algorithm, level: (v >> 8) as u32 as i32 }
 }
 
 impl Pool {
@@ -437,7 +424,7 @@ impl Pool {
             None => None,
         };
         let mut pool = Pool { e, shrinker, trainer: None };
-        if pool.e.dicts.as_ref().is_some_and(|d| d.cfg.background) {
+        if pool.e.objects.dicts().is_some_and(|d| d.cfg.background) {
             let worker = Arc::clone(&pool.e);
             let h = std::thread::Builder::new()
                 .name("zmem-dict".into())
@@ -454,12 +441,12 @@ impl Pool {
 
     /// The compressor used for new stores.
     pub fn compressor(&self) -> Compressor {
-        self.e.compressor()
+        self.e.objects.compressor()
     }
 
     /// Switch the compressor for new stores; existing objects keep theirs.
     pub fn set_compressor(&self, c: Compressor) {
-        self.e.compressor.store(encode_compressor(c), Relaxed);
+        self.e.objects.set_compressor(c);
     }
 
     /// zram's `recompress`: rewrite the objects in RAM that `req` picks
@@ -502,7 +489,7 @@ impl Pool {
     /// Lowering it below what is held frees nothing; stores that need new
     /// memory are refused until enough is freed.
     pub fn set_mem_limit(&self, limit: Option<u64>) {
-        self.e.alloc.set_limit(limit);
+        self.e.objects.set_limit(limit);
     }
 
     /// Bytes charged against `mem_limit` now. Equal to
@@ -577,7 +564,7 @@ impl Pool {
     /// The dictionary new objects are written with (zstd's format), e.g.
     /// to save it and give it to another pool (`--dict PATH`).
     pub fn dictionary(&self) -> Option<Vec<u8>> {
-        Some(self.e.dicts.as_ref()?.current_dict()?.bytes().to_vec())
+        Some(self.e.objects.dicts()?.current_dict()?.bytes().to_vec())
     }
 
     /// Whether `key` holds a page.
@@ -611,7 +598,7 @@ impl Pool {
     /// Move objects out of sparse spans and give emptied spans back to the
     /// OS (zram's `compact`). Returns pages freed.
     pub fn compact(&self) -> u64 {
-        self.e.alloc.compact()
+        self.e.objects.compact()
     }
 
     /// A consistent-enough snapshot of every counter (each shard is read under its lock).
@@ -639,7 +626,7 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if let (Some(h), Some(d)) = (self.trainer.take(), &self.e.dicts) {
+        if let (Some(h), Some(d)) = (self.trainer.take(), self.e.objects.dicts()) {
             d.stop.store(true, Relaxed);
             h.thread().unpark();
             if h.join().is_err() {
@@ -710,25 +697,19 @@ impl Engine {
             }
         };
         Ok(Engine {
-            dicts,
+            objects: Objects::new(alloc, cfg.compressor, dicts, cfg.huge_threshold, cfg.store_incompressible),
             dedup_mode: crate::dedup::DedupMode::new(),
             fixed_bytes: budget.used(),
-            compressor: AtomicU64::new(encode_compressor(cfg.compressor)),
             max_pool_pages: AtomicU64::new(cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64))),
             pool_full: AtomicBool::new(false),
             tier,
             epoch: Instant::now(),
             shard_bits: nshards.trailing_zeros(),
             cfg,
-            alloc,
             shards,
             dedup,
             counters,
         })
-    }
-
-    fn compressor(&self) -> Compressor {
-        decode_compressor(self.compressor.load(Relaxed))
     }
 
     /// Bytes of the shard arrays (held from creation to drop).
@@ -743,7 +724,7 @@ impl Engine {
     /// pages, the fixed costs and the bound charged ahead of a backing
     /// write in flight (a write's growth counts once it has happened).
     pub(crate) fn held_pages(&self) -> u64 {
-        let pages = self.alloc.pages_used();
+        let pages = self.objects.pages_used();
         let max = self.max_pool_pages.load(Relaxed);
         if max == u64::MAX {
             return pages;
@@ -758,7 +739,7 @@ impl Engine {
 
     /// What every growth of the pool is charged to (zram's mem_limit).
     pub(crate) fn budget(&self) -> &Budget {
-        self.alloc.budget()
+        self.objects.budget()
     }
 
     /// Seconds since the pool was created (the unit of access times).
@@ -821,19 +802,19 @@ impl Engine {
         if self.tier.is_some() {
             // May wait for the shrinker, so before any lock is taken.
             self.admit()?;
-            return self.encode(page, |bytes, info| {
+            return self.objects.encode(page, |bytes, info| {
                 let h = self.alloc_write(bytes)?;
                 self.publish(key, Entry::obj(h, info))
             });
         }
-        self.encode(page, |bytes, info| {
+        self.objects.encode(page, |bytes, info| {
             let mut s = self.shard(key).lock();
             // A page stored again whose object keeps its size class is
             // rewritten in place under the key's shard lock (which keeps
             // readers out): no allocation, no free, no admission.
             if let Some(old) = s.index.get(key) {
                 if let Slot::Obj(h, _) = old.slot() {
-                    if self.alloc.rewrite(h, bytes).map_err(|e| self.alloc_failed(e))? {
+                    if self.objects.rewrite(h, bytes).map_err(|e| self.alloc_failed(e))? {
                         let new = Entry::obj(h, info);
                         s.account(old, false);
                         s.account(new, true);
@@ -933,60 +914,13 @@ impl Engine {
         ZmemError::PoolFull { limit_bytes: max_pages * PAGE_SIZE as u64 }
     }
 
-    /// Compress `page` and hand the bytes to be stored to `f`, with their
-    /// encoding. `f` runs with the thread's scratch buffer borrowed.
-    fn encode<R>(&self, page: &[u8], f: impl FnOnce(&[u8], ObjInfo) -> Result<R>) -> Result<R> {
-        let c = self.compressor();
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            let r = self.compress_page(c, page, &mut s[..]);
-            if let Some(d) = &self.dicts {
-                let len = r.as_ref().map_or(PAGE_SIZE, |(info, _)| (info.len as usize).min(PAGE_SIZE));
-                d.note_store(page, len, self.budget());
-            }
-            let info = match r {
-                Ok((info, dict)) if (info.len as usize) < self.cfg.huge_threshold => {
-                    let r = f(&s[..info.len as usize], info);
-                    // Held until the object is published: see Dicts::retire_unused.
-                    drop(dict);
-                    return r;
-                }
-                Ok((info, _)) if (info.len as usize) < PAGE_SIZE => ObjInfo::raw(),
-                Ok(_) | Err(CompressError::DoesNotFit { .. }) => ObjInfo::raw_incompressible(),
-                Err(e) => {
-                    self.counters.reject_compress_fail.fetch_add(1, Relaxed);
-                    return Err(ZmemError::Compress(e));
-                }
-            };
-            if !self.cfg.store_incompressible {
-                self.counters.reject_compress_poor.fetch_add(1, Relaxed);
-                return Err(ZmemError::CompressPoor);
-            }
-            self.counters.huge_pages_since.fetch_add(1, Relaxed);
-            f(page, info)
-        })
-    }
-
-    /// Compress `page` with `c` into `out`, with the current dictionary if
-    /// `c` uses one. The reference returned keeps that dictionary alive:
-    /// hold it until the object is published.
-    pub(crate) fn compress_page(&self, c: Compressor, page: &[u8], out: &mut [u8]) -> std::result::Result<(ObjInfo, Option<DictRef>), CompressError> {
-        match self.dicts.as_ref().and_then(|d| d.current(c)) {
-            Some(dict) => {
-                let n = dict.1.compress(c, page, out)?;
-                Ok((ObjInfo::with_dict(dict.0, c.algorithm, n), Some(dict)))
-            }
-            None => Ok((ObjInfo::compressed(c.algorithm, c.compress(page, out)?), None)),
-        }
-    }
-
     /// Compress `page` into a new object.
     fn encode_new(&self, page: &[u8]) -> Result<(Handle, ObjInfo)> {
-        self.encode(page, |bytes, info| Ok((self.alloc_write(bytes)?, info)))
+        self.objects.encode(page, |bytes, info| Ok((self.alloc_write(bytes)?, info)))
     }
 
     pub(crate) fn alloc_write(&self, bytes: &[u8]) -> Result<Handle> {
-        self.alloc.alloc_write(bytes).map_err(|e| self.alloc_failed(e))
+        self.objects.write(bytes).map_err(|e| self.alloc_failed(e))
     }
 
     pub(crate) fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
@@ -1045,7 +979,7 @@ impl Engine {
             };
             let equal = match rec.loc {
                 Loc::Dropped => false,
-                Loc::Ram(h) => self.object_equals(h, rec.info, page),
+                Loc::Ram(h) => self.objects.equals(h, rec.info, page),
                 Loc::Backed(id) => {
                     drop(ds);
                     let equal = self.record_equals(id, hash, rec.info, page);
@@ -1090,23 +1024,10 @@ impl Engine {
         }
     }
 
-    /// Whether the object `h` decodes to `page`.
-    pub(crate) fn object_equals(&self, h: Handle, info: ObjInfo, page: &[u8]) -> bool {
-        SCRATCH.with_borrow_mut(|s| {
-            let out = &mut s[..PAGE_SIZE];
-            self.read_object(0, h, info, out).is_ok() && out == page
-        })
-    }
-
     /// Whether the written-back shared object `id` decodes to `page`.
     fn record_equals(&self, id: u64, hash: u64, info: ObjInfo, page: &[u8]) -> bool {
         let Some(t) = &self.tier else { return false };
-        OBJ.with_borrow_mut(|obj| {
-            SCRATCH.with_borrow_mut(|s| {
-                let out = &mut s[..PAGE_SIZE];
-                self.read_record(t, hash, id, info, obj, out).is_ok() && out == page
-            })
-        })
+        OBJ.with_borrow_mut(|obj| with_page_buf(|out| self.read_record(t, hash, id, info, obj, out).is_ok() && out == page))
     }
 
     /// Drop one reference to what `e` points at, freeing the object with its
@@ -1123,7 +1044,7 @@ impl Engine {
                 }
                 None => Err("a written-back entry in a pool without a backing store".into()),
             },
-            Slot::Obj(h, _) => self.alloc.free(h).map_err(|e| e.to_string()),
+            Slot::Obj(h, _) => self.objects.free(h).map_err(|e| e.to_string()),
             Slot::Dedup(hash, _) => self.release_shared(hash),
         };
         if let Err(msg) = r {
@@ -1167,7 +1088,7 @@ impl Engine {
             Loc::Ram(h) => {
                 ds.account_ram(&rec, false);
                 drop(g);
-                self.alloc.free(h).map_err(|e| e.to_string())
+                self.objects.free(h).map_err(|e| e.to_string())
             }
             Loc::Dropped => Ok(()),
             Loc::Backed(id) => {
@@ -1182,14 +1103,6 @@ impl Engine {
                     None => Err("a written-back shared object in a pool without a backing store".into()),
                 }
             }
-        }
-    }
-
-    /// Decode the object `h` into `out`. `key` names the page in errors.
-    pub(crate) fn read_object(&self, key: u64, h: Handle, info: ObjInfo, out: &mut [u8]) -> Result<()> {
-        match self.alloc.read(h, |obj| self.decode(key, info, &obj[..info.len as usize], out)) {
-            Ok(r) => r,
-            Err(source) => Err(ZmemError::ObjectUnreadable { key, source }),
         }
     }
 
@@ -1225,7 +1138,7 @@ impl Engine {
                     fill_pattern(buf, p);
                     return Ok(());
                 }
-                Slot::Obj(h, info) => return self.read_object(key, h, info, buf),
+                Slot::Obj(h, info) => return self.objects.read_object(key, h, info, buf),
                 Slot::Dedup(hash, _) => {
                     let d = self.dedup.as_ref().ok_or(ZmemError::Inconsistent { key, what: "a shared-page entry in a pool without dedup".into() })?;
                     let mut ds = Self::dedup_shard(d, hash).lock();
@@ -1240,7 +1153,7 @@ impl Engine {
                     }
                     let (loc, info) = (rec.loc, rec.info);
                     match loc {
-                        Loc::Ram(h) => return self.read_object(key, h, info, buf),
+                        Loc::Ram(h) => return self.objects.read_object(key, h, info, buf),
                         // The clean cache dropped it: a miss.
                         Loc::Dropped => return Err(ZmemError::NotFound { key }),
                         Loc::Backed(id) => {
@@ -1390,7 +1303,7 @@ impl Engine {
             dedup_bytes += (d.len() * std::mem::size_of::<Mutex<DedupShard>>()) as u64;
         }
         st.stored_pages -= backed_pages;
-        let a = self.alloc.stats();
+        let a = self.objects.alloc_stats();
         st.orig_data_size = st.stored_pages * PAGE_SIZE as u64;
         st.pool_pages = a.pages_used;
         st.alloc_metadata_bytes = a.metadata_bytes;
@@ -1398,7 +1311,7 @@ impl Engine {
         st.meta_data_size = dedup_bytes;
         st.dedup_full = self.dedup.is_some() && self.dedup_mode.full();
         st.dedup_switches = self.dedup_mode.switches();
-        if let Some(d) = &self.dicts {
+        if let Some(d) = self.objects.dicts() {
             (st.dict_count, st.dict_bytes) = d.usage();
             st.dict_id = d.current_dict().map_or(0, |c| c.id());
             st.dict_pages = (0..DICT_SLOTS).map(|slot| self.dict_objects(slot)).sum();
@@ -1428,33 +1341,16 @@ impl Engine {
         st.max_pool_used_bytes = self.held_pages() * PAGE_SIZE as u64;
         st.accept_threshold_percent = self.cfg.accept_threshold_percent as u64;
         self.counters.fill(&mut st);
+        self.objects.fill_stats(&mut st);
         st
     }
 }
 
 impl Engine {
-    /// Turn a stored object (`obj`, its exact bytes) back into a page.
-    /// `key` names the page in errors.
-    pub(crate) fn decode(&self, key: u64, info: ObjInfo, obj: &[u8], out: &mut [u8]) -> Result<()> {
-        if info.tag == TAG_RAW || info.tag == TAG_RAW_INCOMP {
-            if obj.len() != PAGE_SIZE {
-                return Err(ZmemError::Inconsistent { key, what: format!("a raw page's object is {} bytes, not 4096", obj.len()) });
-            }
-            out.copy_from_slice(obj);
-            return Ok(());
-        }
-        if let Some((slot, alg)) = info.dict() {
-            let r = self.dicts.as_ref().and_then(|d| d.decompress(slot, alg, obj, out)).ok_or(ZmemError::DictMissing { key, slot })?;
-            return r.map_err(|source| ZmemError::Corrupt { key, source });
-        }
-        let r = Algorithm::from_tag(info.tag).and_then(|alg| zmem_compress::decompress(alg, obj, out));
-        r.map_err(|source| ZmemError::Corrupt { key, source })
-    }
-
     /// The `zmem-dict` thread: a dictionary round a second until the pool
     /// is dropped.
     fn dict_main(&self) {
-        let Some(d) = &self.dicts else { return };
+        let Some(d) = self.objects.dicts() else { return };
         while !d.stop.load(Relaxed) {
             std::thread::park_timeout(crate::dict::TRAIN_PERIOD);
             if d.stop.load(Relaxed) {
@@ -1469,12 +1365,12 @@ impl Engine {
     /// Free unused dictionaries, then (with `--dict auto`) train one if
     /// the samples call for it (`force`: whatever they hold).
     pub(crate) fn dict_round(&self, force: bool) -> Result<TrainReport> {
-        let Some(d) = &self.dicts else {
+        let Some(d) = self.objects.dicts() else {
             return Err(ZmemError::Config("this pool has no dictionaries: create it with --dict auto".into()));
         };
         d.retire_unused(self.budget(), |slot| self.dict_objects(slot));
         // The compressor whose bytes decide: the first that would use it.
-        let eval = std::iter::once(self.compressor())
+        let eval = std::iter::once(self.objects.compressor())
             .chain(self.cfg.recomp_algorithms.iter().copied())
             .find(|c| c.algorithm == Algorithm::Zstd || (c.algorithm == Algorithm::Lz4 && d.cfg.lz4));
         let (Some(eval), DictSource::Auto) = (eval, &d.cfg.source) else {

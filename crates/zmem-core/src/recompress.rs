@@ -45,7 +45,6 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use zmem_alloc::ZsPool;
 use zmem_compress::Compressor;
 
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
@@ -156,16 +155,15 @@ impl Engine {
                 let copied = {
                     let s = shard.lock();
                     s.index.get(key) == Some(e)
-                        && self.alloc.read(old_h, |obj| obj.get(..len).map(|b| old[..len].copy_from_slice(b)).is_some()).unwrap_or(false)
+                        && self.objects.read(old_h, |obj| obj.get(..len).map(|b| old[..len].copy_from_slice(b)).is_some()).unwrap_or(false)
                 };
-                if !copied || self.decode(key, old_info, &old[..len], &mut page).is_err() {
+                if !copied || self.objects.decode(key, old_info, &old[..len], &mut page).is_err() {
                     rep.skipped += 1;
                     continue;
                 }
                 // The entry alone does not prove the page unchanged: a
                 // store of the same length rewrites the object in place.
-                let unchanged = |s: &Shard| s.index.get(key) == Some(e) && self.alloc.read(old_h, |obj| obj.get(..len) == Some(&old[..len])).unwrap_or(false);
-                let old_class = ZsPool::class_size(old_info.len as usize).unwrap_or(PAGE_SIZE);
+                let unchanged = |s: &Shard| s.index.get(key) == Some(e) && self.objects.read(old_h, |obj| obj.get(..len) == Some(&old[..len])).unwrap_or(false);
                 let prios = match req.prio {
                     Some(p) => p..=p,
                     None => e.prio() + 1..=top,
@@ -173,10 +171,9 @@ impl Engine {
                 let mut won = None;
                 for p in prios {
                     let c = algs[p as usize - 1];
-                    let Ok((info, dict)) = self.compress_page(c, &page, &mut out) else { continue };
+                    let Ok((info, dict)) = self.objects.compress_page(c, &page, &mut out) else { continue };
                     let n = info.len as usize;
-                    let smaller = n < self.cfg.huge_threshold && ZsPool::class_size(n).is_some_and(|k| k < old_class);
-                    if smaller {
+                    if self.objects.smaller_class(n, old_info.len as usize) {
                         won = Some((p, info, dict));
                         break;
                     }
@@ -208,7 +205,7 @@ impl Engine {
                     same
                 };
                 let gone = if swapped { old_h } else { h };
-                if let Err(err) = self.alloc.free(gone) {
+                if let Err(err) = self.objects.free(gone) {
                     self.free_failed(&err.to_string());
                 }
                 if swapped {
@@ -226,7 +223,7 @@ impl Engine {
         self.counters.recompressed_pages.fetch_add(rep.recompressed, Relaxed);
         self.counters.recompress_saved_bytes.fetch_add(rep.saved_bytes, Relaxed);
         self.counters.recompress_marked.fetch_add(rep.marked, Relaxed);
-        self.alloc.compact();
+        self.objects.compact();
         Ok(rep)
     }
 }

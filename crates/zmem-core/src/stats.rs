@@ -9,8 +9,6 @@ use serde::{Deserialize, Serialize};
 pub(crate) struct Counters {
     pub stores: AtomicU64,
     pub loads: AtomicU64,
-    pub reject_compress_poor: AtomicU64,
-    pub reject_compress_fail: AtomicU64,
     pub reject_alloc_fail: AtomicU64,
     pub pool_limit_hit: AtomicU64,
     pub decompress_fail: AtomicU64,
@@ -22,7 +20,6 @@ pub(crate) struct Counters {
     pub invalid_io: AtomicU64,
     pub notify_free: AtomicU64,
     pub free_fail: AtomicU64,
-    pub huge_pages_since: AtomicU64,
     pub recompressed_pages: AtomicU64,
     pub recompress_saved_bytes: AtomicU64,
     pub recompress_marked: AtomicU64,
@@ -34,8 +31,6 @@ impl Counters {
     pub fn fill(&self, st: &mut Stats) {
         st.stores = self.stores.load(Relaxed);
         st.loads = self.loads.load(Relaxed);
-        st.reject_compress_poor = self.reject_compress_poor.load(Relaxed);
-        st.reject_compress_fail = self.reject_compress_fail.load(Relaxed);
         st.reject_alloc_fail = self.reject_alloc_fail.load(Relaxed);
         st.pool_limit_hit = self.pool_limit_hit.load(Relaxed);
         st.decompress_fail = self.decompress_fail.load(Relaxed);
@@ -47,7 +42,6 @@ impl Counters {
         st.invalid_io = self.invalid_io.load(Relaxed);
         st.notify_free = self.notify_free.load(Relaxed);
         st.free_fail = self.free_fail.load(Relaxed);
-        st.huge_pages_since = self.huge_pages_since.load(Relaxed);
         st.recompressed_pages = self.recompressed_pages.load(Relaxed);
         st.recompress_saved_bytes = self.recompress_saved_bytes.load(Relaxed);
         st.recompress_marked = self.recompress_marked.load(Relaxed);

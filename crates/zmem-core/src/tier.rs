@@ -541,7 +541,7 @@ impl Engine {
             // back far past its target before the pages came free.
             // (A class with less than a span's worth of holes is left alone,
             // so this is cheap when there is nothing to gain.)
-            if self.alloc.compact_spans() > 0 {
+            if self.objects.compact_spans() > 0 {
                 t.note_progress();
                 continue;
             }
@@ -559,7 +559,7 @@ impl Engine {
             }
         }
         if self.held_pages() > target {
-            self.alloc.compact_spans();
+            self.objects.compact_spans();
         }
         Ok((total, exhausted))
     }
@@ -631,7 +631,7 @@ impl Engine {
                 s.lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
                 continue;
             }
-            let Some(off) = self.copy_out(handle, info, p.buf) else { continue };
+            let Some(off) = self.objects.copy_out(handle, info, p.buf) else { continue };
             s.lru.take_out();
             let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
             p.victims.push(v);
@@ -653,7 +653,7 @@ impl Engine {
                 continue;
             }
             let (info, gen) = (rec.info, rec.gen);
-            let Some(off) = self.copy_out(handle, info, p.buf) else { continue };
+            let Some(off) = self.objects.copy_out(handle, info, p.buf) else { continue };
             ds.lru.take_out();
             let v = Victim { src: p.src, key: item.key, entry: Entry::EMPTY, handle, info, gen, referenced: false, item: Some(item), off };
             p.victims.push(v);
@@ -707,7 +707,7 @@ impl Engine {
         let Settled { freed, stale, dropped } = settled;
         let n = freed.len() as u64;
         for h in freed {
-            if let Err(e) = self.alloc.free(h) {
+            if let Err(e) = self.objects.free(h) {
                 self.free_failed(&e.to_string());
             }
         }
@@ -744,7 +744,7 @@ impl Engine {
                 for &(key, e) in chunk {
                     let Slot::Obj(handle, info) = e.slot() else { continue };
                     if s.index.get(key) == Some(e) {
-                        if let Some(off) = self.copy_out(handle, info, buf) {
+                        if let Some(off) = self.objects.copy_out(handle, info, buf) {
                             victims.push(Victim { src: 0, key, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
                         }
                     }
@@ -762,14 +762,14 @@ impl Engine {
                 for &(hash, gen) in chunk {
                     let Some(r) = g.map.get(&hash).filter(|r| r.gen == gen) else { continue };
                     let Loc::Ram(handle) = r.loc else { continue };
-                    if let Some(off) = self.copy_out(handle, r.info, buf) {
+                    if let Some(off) = self.objects.copy_out(handle, r.info, buf) {
                         let (info, referenced) = (r.info, r.referenced);
                         victims.push(Victim { src: 0, key: hash, entry: Entry::EMPTY, handle, info, gen, referenced, item: None, off });
                     }
                 }
             })?;
         }
-        self.alloc.compact_spans();
+        self.objects.compact_spans();
         Ok(total)
     }
 
@@ -801,12 +801,6 @@ impl Engine {
         Ok(total)
     }
 
-    /// Append object `h`'s bytes to a batch buffer; returns where they start.
-    fn copy_out(&self, h: Handle, info: ObjInfo, buf: &mut Vec<u8>) -> Option<usize> {
-        let off = buf.len();
-        self.alloc.read(h, |obj| buf.extend_from_slice(&obj[..info.len as usize])).ok().map(|()| off)
-    }
-
     /// Read the record `id` (written under `rkey`: the page's key, or a
     /// shared object's hash) into `obj` and decode it into `buf`. No lock
     /// may be held.
@@ -815,7 +809,7 @@ impl Engine {
         if obj.len() != info.len as usize {
             return Err(ZmemError::Inconsistent { key: rkey, what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len) });
         }
-        self.decode(rkey, info, obj, buf)
+        self.objects.decode(rkey, info, obj, buf)
     }
 
     /// [`Pool::prefetch`](crate::Pool::prefetch): the records of the pages
@@ -850,7 +844,7 @@ impl Engine {
                 if s.index.get(key).map(|e| e.slot()) != Some(Slot::Backed(id, info)) {
                     return Ok(());
                 }
-                let Ok(h) = self.alloc.alloc_write(obj) else { return Ok(()) };
+                let Ok(h) = self.objects.write(obj) else { return Ok(()) };
                 match self.publish_locked(&mut s, key, Entry::obj(h, info)) {
                     Ok(old) => old,
                     Err(_) => {
@@ -896,7 +890,7 @@ impl Engine {
                 if ds.lru.reserve_one(self.budget()).is_err() {
                     return Ok(());
                 }
-                let Ok(h) = self.alloc.alloc_write(obj) else { return Ok(()) };
+                let Ok(h) = self.objects.write(obj) else { return Ok(()) };
                 let before = *rec;
                 rec.loc = Loc::Ram(h);
                 rec.gen = ds.next_gen;
