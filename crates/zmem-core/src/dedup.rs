@@ -134,7 +134,7 @@ impl Engine {
             return;
         }
         let i = m.cursor.fetch_add(1, Relaxed);
-        if i >= self.shards.len() {
+        if i >= self.index.shards().len() {
             return;
         }
         if pass == PASS_SHARE {
@@ -142,7 +142,7 @@ impl Engine {
         } else {
             self.unshare_shard(i);
         }
-        if i + 1 == self.shards.len() {
+        if i + 1 == self.index.shards().len() {
             let _ = m.pass.compare_exchange(pass, PASS_NONE, Relaxed, Relaxed);
             if pass == PASS_UNSHARE {
                 self.shrink_dedup_tables();
@@ -160,8 +160,8 @@ impl Engine {
         let mut page = vec![0u8; PAGE_SIZE];
         let mut frees = Vec::new();
         {
-            let mut s = self.shards[i].lock();
-            let objs: Vec<(u64, Entry)> = s.index.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)).collect();
+            let mut s = self.index.shards()[i].lock();
+            let objs: Vec<(u64, Entry)> = s.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)).collect();
             let now = self.now();
             for (key, e) in objs {
                 let Slot::Obj(h, info) = e.slot() else { continue };
@@ -194,9 +194,7 @@ impl Engine {
                     }
                 };
                 drop(ds);
-                s.account(e, false);
-                s.account(new, true);
-                s.index.set(key, new);
+                s.replace(key, e, new);
             }
         }
         for h in frees {
@@ -210,9 +208,9 @@ impl Engine {
     /// are not in the sample) back into plain objects.
     fn unshare_shard(&self, i: usize) {
         let Some(d) = &self.dedup else { return };
-        let mut s = self.shards[i].lock();
+        let mut s = self.index.shards()[i].lock();
         let shared: Vec<(u64, Entry)> =
-            s.index.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Dedup(hash, _) if !hash.is_multiple_of(SAMPLE))).map(|(k, e, _)| (k, e)).collect();
+            s.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Dedup(hash, _) if !hash.is_multiple_of(SAMPLE))).map(|(k, e, _)| (k, e)).collect();
         for (key, e) in shared {
             let Slot::Dedup(hash, _) = e.slot() else { continue };
             let mut ds = Self::dedup_shard(d, hash).lock();
@@ -221,10 +219,7 @@ impl Engine {
             ds.map.remove(&hash);
             ds.account_ram(&rec, false);
             drop(ds);
-            let new = Entry::obj(h, rec.info);
-            s.account(e, false);
-            s.account(new, true);
-            s.index.set(key, new);
+            s.replace(key, e, Entry::obj(h, rec.info));
         }
     }
 

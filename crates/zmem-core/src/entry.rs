@@ -197,6 +197,17 @@ pub(crate) fn fill_pattern(buf: &mut [u8], pattern: u64) {
     }
 }
 
+/// One object written with a dictionary more (or less) in `counts`.
+pub(crate) fn count_dict(counts: &mut [u64; DICT_SLOTS], info: ObjInfo, add: bool) {
+    if let Some((slot, _)) = info.dict() {
+        if add {
+            counts[slot] += 1;
+        } else {
+            counts[slot] -= 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

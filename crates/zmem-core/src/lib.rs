@@ -60,6 +60,7 @@ mod index;
 mod objects;
 mod pool;
 mod recompress;
+mod shard;
 mod stats;
 mod tier;
 

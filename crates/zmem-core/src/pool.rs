@@ -72,14 +72,13 @@ use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
 use crate::cold::{ColdError, ColdStore};
 use zmem_compress::{Algorithm, Compressor};
 
-pub(crate) use crate::charged::LruItem;
 use crate::charged::{map_bytes, map_insert_new, Lru, Map};
 use crate::dict::{DictConfig, DictSource, Dicts, TrainReport};
-use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE};
+use crate::entry::{count_dict, fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
-use crate::index::{BlockIndex, BLOCK_SHIFT};
 use crate::objects::{with_page_buf, Objects};
 use crate::recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
+use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
 use crate::tier::{Tier, WritebackMode};
 
@@ -194,63 +193,6 @@ impl Default for PoolConfig {
     }
 }
 
-/// One shard of the index, with the counters for the entries it holds.
-pub(crate) struct Shard {
-    pub(crate) index: BlockIndex,
-    /// Writeback tier only: store order of the shard's in-RAM objects.
-    pub(crate) lru: Lru,
-    /// Generation for the next entry stored (matches entry to LRU item).
-    pub(crate) next_gen: u8,
-    /// Bytes of non-deduplicated objects referenced from this shard.
-    pub(crate) compr_bytes: u64,
-    pub(crate) same_pages: u64,
-    pub(crate) huge_pages: u64,
-    /// Entries written back to the backing store (zram's bd_count).
-    pub(crate) backed_pages: u64,
-    /// Objects (in RAM or written back) per dictionary slot.
-    pub(crate) dict_objs: [u64; DICT_SLOTS],
-}
-
-impl Shard {
-    fn new() -> Shard {
-        Shard {
-            // Every pool keeps access times (zram's ac_time): idle pages can
-            // be named for writeback and recompression alike.
-            index: BlockIndex::new(true),
-            lru: Lru::default(),
-            next_gen: 0,
-            compr_bytes: 0,
-            same_pages: 0,
-            huge_pages: 0,
-            backed_pages: 0,
-            dict_objs: [0; DICT_SLOTS],
-        }
-    }
-
-    pub(crate) fn account(&mut self, e: Entry, add: bool) {
-        let (compr, same, huge, backed) = match e.slot() {
-            Slot::Obj(_, info) => (info.len as u64, 0, info.is_huge() as u64, 0),
-            Slot::Same(_) => (0, 1, 0, 0),
-            Slot::Dedup(..) => (0, 0, 0, 0),
-            Slot::Backed(..) => (0, 0, 0, 1),
-        };
-        if let Slot::Obj(_, info) | Slot::Backed(_, info) = e.slot() {
-            count_dict(&mut self.dict_objs, info, add);
-        }
-        if add {
-            self.compr_bytes += compr;
-            self.same_pages += same;
-            self.huge_pages += huge;
-            self.backed_pages += backed;
-        } else {
-            self.compr_bytes -= compr;
-            self.same_pages -= same;
-            self.huge_pages -= huge;
-            self.backed_pages -= backed;
-        }
-    }
-}
-
 /// Where a shared object lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Loc {
@@ -299,17 +241,6 @@ pub(crate) struct DedupShard {
     pub dropped_refs: u64,
     /// Shared objects (in RAM or written back) per dictionary slot.
     pub dict_objs: [u64; DICT_SLOTS],
-}
-
-/// One object written with a dictionary more (or less) in `counts`.
-fn count_dict(counts: &mut [u64; DICT_SLOTS], info: ObjInfo, add: bool) {
-    if let Some((slot, _)) = info.dict() {
-        if add {
-            counts[slot] += 1;
-        } else {
-            counts[slot] -= 1;
-        }
-    }
 }
 
 impl DedupShard {
@@ -372,8 +303,8 @@ pub(crate) struct Engine {
     pub(crate) cfg: PoolConfig,
     /// The allocator and the codec (`objects.rs`).
     pub(crate) objects: Objects,
-    pub(crate) shards: Box<[Mutex<Shard>]>,
-    shard_bits: u32,
+    /// Every key's entry, in shards (`shard.rs`).
+    pub(crate) index: Index,
     pub(crate) dedup: Option<Box<[Mutex<DedupShard>]>>,
     pub(crate) counters: Counters,
     /// `max_pool` in pages (u64::MAX: none); compared with [`Engine::held_pages`].
@@ -550,7 +481,7 @@ impl Pool {
     /// rewrote it; None for a same-filled, shared or written-back page, or
     /// no page.
     pub fn recomp_priority(&self, key: u64) -> Option<u8> {
-        let e = self.e.shard(key).lock().index.get(key)?;
+        let e = self.e.index.shard(key).lock().get(key)?;
         matches!(e.slot(), Slot::Obj(..)).then(|| e.prio())
     }
 
@@ -663,8 +594,7 @@ impl Engine {
                 crate::recompress::names(&cfg.recomp_algorithms)
             )));
         }
-        let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
-        let shards: Box<[Mutex<Shard>]> = (0..nshards).map(|_| Mutex::new(Shard::new())).collect();
+        let index = Index::new(cfg.shards);
         let dedup: Option<Box<[Mutex<DedupShard>]>> = cfg.dedup.then(|| (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect());
         // One budget for everything the pool holds: the allocator charges
         // its pages and tables to it, the index, dedup table and LRUs their
@@ -673,7 +603,7 @@ impl Engine {
         let budget = Arc::new(Budget::new(cfg.mem_limit));
         // The limit is the budget's.
         let alloc = ZsPool::with_budget(AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None }, Arc::clone(&budget));
-        budget.force_charge(Self::fixed_bytes(shards.len(), dedup.is_some()));
+        budget.force_charge(Self::fixed_bytes(index.shards().len(), dedup.is_some()));
         if let Some(limit) = cfg.mem_limit {
             if budget.used() > limit {
                 return Err(ZmemError::Config(format!("mem_limit {limit} is below the {} bytes a pool holds before it stores anything", budget.used())));
@@ -704,9 +634,8 @@ impl Engine {
             pool_full: AtomicBool::new(false),
             tier,
             epoch: Instant::now(),
-            shard_bits: nshards.trailing_zeros(),
             cfg,
-            shards,
+            index,
             dedup,
             counters,
         })
@@ -715,7 +644,7 @@ impl Engine {
     /// Bytes of the shard arrays (held from creation to drop).
     fn fixed_bytes(shards: usize, dedup: bool) -> u64 {
         let dedup = if dedup { DEDUP_SHARDS * std::mem::size_of::<Mutex<DedupShard>>() } else { 0 };
-        (shards * std::mem::size_of::<Mutex<Shard>>() + dedup) as u64
+        Index::fixed_bytes(shards) + dedup as u64
     }
 
     /// What `max_pool` bounds, in pages: the allocator's pages plus the
@@ -745,16 +674,6 @@ impl Engine {
     /// Seconds since the pool was created (the unit of access times).
     pub(crate) fn now(&self) -> u32 {
         self.epoch.elapsed().as_secs().min(u32::MAX as u64) as u32
-    }
-
-    pub(crate) fn shard(&self, key: u64) -> &Mutex<Shard> {
-        let i = if self.shard_bits == 0 {
-            0
-        } else {
-            // Whole index blocks go to one shard; neighbouring blocks spread.
-            ((key >> BLOCK_SHIFT).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.shard_bits)) as usize
-        };
-        &self.shards[i]
     }
 
     pub(crate) fn dedup_shard(d: &[Mutex<DedupShard>], hash: u64) -> &Mutex<DedupShard> {
@@ -808,17 +727,14 @@ impl Engine {
             });
         }
         self.objects.encode(page, |bytes, info| {
-            let mut s = self.shard(key).lock();
+            let mut s = self.index.shard(key).lock();
             // A page stored again whose object keeps its size class is
             // rewritten in place under the key's shard lock (which keeps
             // readers out): no allocation, no free, no admission.
-            if let Some(old) = s.index.get(key) {
+            if let Some(old) = s.get(key) {
                 if let Slot::Obj(h, _) = old.slot() {
                     if self.objects.rewrite(h, bytes).map_err(|e| self.alloc_failed(e))? {
-                        let new = Entry::obj(h, info);
-                        s.account(old, false);
-                        s.account(new, true);
-                        s.index.set(key, new);
+                        s.replace(key, old, Entry::obj(h, info));
                         return Ok(None);
                     }
                 }
@@ -836,7 +752,7 @@ impl Engine {
     /// budget cannot pay for), `new` is released here: the caller's
     /// reference to its object is given back.
     fn publish(&self, key: u64, new: Entry) -> Result<Option<Entry>> {
-        let r = self.publish_locked(&mut self.shard(key).lock(), key, new);
+        let r = self.publish_locked(&mut self.index.shard(key).lock(), key, new);
         self.or_release(r, new)
     }
 
@@ -855,23 +771,18 @@ impl Engine {
     pub(crate) fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
         let b = self.budget();
         let new = match &self.tier {
-            Some(t) => {
+            Some(_) => {
                 if matches!(new.slot(), Slot::Obj(..)) {
-                    s.lru.reserve_one(b).map_err(|e| self.alloc_failed(e))?;
+                    s.lru().reserve_one(b).map_err(|e| self.alloc_failed(e))?;
                 }
-                t.stamp(s, new)
+                s.stamp(new)
             }
             None => new,
         };
-        let old = s.index.insert(key, new, b).map_err(|e| self.alloc_failed(e))?;
-        s.account(new, true);
-        if let Some(o) = old {
-            s.account(o, false);
-        }
-        s.index.touch(key, self.now());
+        let old = s.insert(key, new, self.now(), b).map_err(|e| self.alloc_failed(e))?;
         if let Some(t) = &self.tier {
             t.queue(s, key, new, b);
-            t.trim_lru(s, b);
+            s.trim_lru(b);
         }
         Ok(old)
     }
@@ -1131,7 +1042,7 @@ impl Engine {
             tries += 1;
             // Read the clock before the lock: the critical section only stores it.
             let now = self.now();
-            let s = self.shard(key).lock();
+            let s = self.index.shard(key).lock();
             let (s, e) = self.access(s, key, now)?;
             let r = match e.slot() {
                 Slot::Same(p) => {
@@ -1180,8 +1091,7 @@ impl Engine {
     /// Look `key` up under its shard lock and record the access at `now`
     /// (zram's ac_time; a tiered pool also sets zswap's referenced bit).
     fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64, now: u32) -> Result<(MutexGuard<'a, Shard>, Entry)> {
-        let slot = s.index.access(key, now).ok_or(ZmemError::NotFound { key })?;
-        let e = *slot;
+        let e = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
         let Some(t) = &self.tier else {
             return Ok((s, e));
         };
@@ -1189,7 +1099,7 @@ impl Engine {
             return Ok((s, e));
         }
         let e = e.with_referenced(true);
-        *slot = e;
+        s.set_flags(key, e);
         if t.exclusive() {
             // (Once: the bit now marks an object queued at the cold end.)
             t.queue_cold(&mut s, key, e, self.budget());
@@ -1198,7 +1108,7 @@ impl Engine {
     }
 
     fn residency(&self, key: u64) -> Option<Residency> {
-        let e = self.shard(key).lock().index.get(key)?;
+        let e = self.index.shard(key).lock().get(key)?;
         Some(match e.slot() {
             Slot::Obj(..) => Residency::Ram,
             Slot::Same(_) => Residency::SameFilled,
@@ -1216,12 +1126,8 @@ impl Engine {
 
     fn invalidate(&self, key: u64) -> bool {
         let old = {
-            let mut s = self.shard(key).lock();
-            let old = s.index.remove(key, self.budget());
-            if let Some(o) = old {
-                s.account(o, false);
-            }
-            old
+            let mut s = self.index.shard(key).lock();
+            s.remove(key, self.budget())
         };
         match old {
             Some(o) => {
@@ -1239,14 +1145,11 @@ impl Engine {
             return range.filter(|&k| self.invalidate(k)).count() as u64;
         }
         let mut dropped = 0;
-        for shard in self.shards.iter() {
+        for shard in self.index.shards() {
             let mut victims = Vec::new();
             {
                 let mut s = shard.lock();
-                s.index.remove_range(&range, &mut victims, self.budget());
-                for &o in &victims {
-                    s.account(o, false);
-                }
+                s.remove_range(&range, &mut victims, self.budget());
             }
             dropped += victims.len() as u64;
             for o in victims {
@@ -1258,7 +1161,7 @@ impl Engine {
     }
 
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().index.len()).sum()
+        self.index.len()
     }
 
     /// Bring charges that lag behind frees up to date (the backing
@@ -1273,20 +1176,13 @@ impl Engine {
         self.settle_charges();
         let mut st = Stats::default();
         let mut index_bytes = 0;
-        for s in self.shards.iter() {
-            let s = s.lock();
-            st.stored_pages += s.index.len() as u64;
-            st.compr_data_size += s.compr_bytes;
-            st.same_pages += s.same_pages;
-            st.huge_pages += s.huge_pages;
-            st.bd_count += s.backed_pages;
-            index_bytes += s.index.heap_bytes();
-            st.lru_bytes += s.lru.bytes();
+        for s in self.index.shards() {
+            index_bytes += s.lock().add_stats(&mut st);
         }
         // Pages whose data is on the backing store: their own records, and
         // the pages that share a written-back object.
         let mut backed_pages = st.bd_count;
-        index_bytes += (self.shards.len() * std::mem::size_of::<Mutex<Shard>>()) as u64;
+        index_bytes += Index::fixed_bytes(self.index.shards().len());
         let mut dedup_bytes = 0;
         if let Some(d) = &self.dedup {
             for ds in d.iter() {
@@ -1376,13 +1272,13 @@ impl Engine {
         let (Some(eval), DictSource::Auto) = (eval, &d.cfg.source) else {
             return Ok(TrainReport::default());
         };
-        let pages = self.shards.iter().map(|s| s.lock().index.len() as u64).sum();
+        let pages = self.index.len() as u64;
         d.round(eval, pages, self.budget(), force).map_err(ZmemError::Config)
     }
 
     /// Objects written with the dictionary in `slot`, in RAM or written back.
     pub(crate) fn dict_objects(&self, slot: usize) -> u64 {
-        let keys: u64 = self.shards.iter().map(|s| s.lock().dict_objs[slot]).sum();
+        let keys: u64 = self.index.shards().iter().map(|s| s.lock().dict_objects(slot)).sum();
         let shared: u64 = self.dedup.iter().flat_map(|d| d.iter()).map(|ds| ds.lock().dict_objs[slot]).sum();
         keys + shared
     }

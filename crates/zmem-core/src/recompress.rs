@@ -49,7 +49,8 @@ use zmem_compress::Compressor;
 
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
-use crate::pool::{Engine, Shard};
+use crate::pool::Engine;
+use crate::shard::Shard;
 
 /// The most recompression algorithms a pool may have (zram: 4 algorithms
 /// with the primary).
@@ -130,14 +131,13 @@ impl Engine {
         let mut page = vec![0u8; PAGE_SIZE];
         let mut old = vec![0u8; PAGE_SIZE];
         let mut out = vec![0u8; PAGE_SIZE];
-        for shard in self.shards.iter() {
+        for shard in self.index.shards() {
             if budget == 0 {
                 break;
             }
             let picked: Vec<(u64, Entry)> = {
                 let s = shard.lock();
-                s.index
-                    .iter()
+                s.iter()
                     .filter(|&(_, e, ac)| match e.slot() {
                         Slot::Obj(_, info) => !e.no_recomp() && e.prio() < req.prio.unwrap_or(top) && req.picks(info, ac, now),
                         _ => false,
@@ -154,8 +154,7 @@ impl Engine {
                 let len = old_info.len as usize;
                 let copied = {
                     let s = shard.lock();
-                    s.index.get(key) == Some(e)
-                        && self.objects.read(old_h, |obj| obj.get(..len).map(|b| old[..len].copy_from_slice(b)).is_some()).unwrap_or(false)
+                    s.get(key) == Some(e) && self.objects.read(old_h, |obj| obj.get(..len).map(|b| old[..len].copy_from_slice(b)).is_some()).unwrap_or(false)
                 };
                 if !copied || self.objects.decode(key, old_info, &old[..len], &mut page).is_err() {
                     rep.skipped += 1;
@@ -163,7 +162,7 @@ impl Engine {
                 }
                 // The entry alone does not prove the page unchanged: a
                 // store of the same length rewrites the object in place.
-                let unchanged = |s: &Shard| s.index.get(key) == Some(e) && self.objects.read(old_h, |obj| obj.get(..len) == Some(&old[..len])).unwrap_or(false);
+                let unchanged = |s: &Shard| s.get(key) == Some(e) && self.objects.read(old_h, |obj| obj.get(..len) == Some(&old[..len])).unwrap_or(false);
                 let prios = match req.prio {
                     Some(p) => p..=p,
                     None => e.prio() + 1..=top,
@@ -184,7 +183,7 @@ impl Engine {
                     let tried_top = req.prio.is_none_or(|p| p == top);
                     let mut s = shard.lock();
                     if tried_top && unchanged(&s) {
-                        s.index.set(key, e.with_no_recomp());
+                        s.set_flags(key, e.with_no_recomp());
                         rep.marked += 1;
                     }
                     continue;
@@ -198,9 +197,7 @@ impl Engine {
                     let mut s = shard.lock();
                     let same = unchanged(&s);
                     if same {
-                        s.account(e, false);
-                        s.account(new, true);
-                        s.index.set(key, new);
+                        s.replace(key, e, new);
                     }
                     same
                 };

@@ -91,9 +91,11 @@ use zmem_alloc::{Budget, Handle};
 
 use crate::cold::{ColdStore, RecordId};
 
+use crate::charged::LruItem;
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
-use crate::pool::{DedupRec, DedupShard, Engine, Loc, LruItem, Shard, OBJ};
+use crate::pool::{DedupRec, DedupShard, Engine, Loc, OBJ};
+use crate::shard::Shard;
 use crate::stats::Stats;
 
 /// Pages written back per batch (one write to the file).
@@ -265,18 +267,11 @@ impl Tier {
         self.seq.fetch_add(1, Relaxed)
     }
 
-    /// Stamp a new entry with the shard's next generation.
-    pub fn stamp(&self, s: &mut Shard, e: Entry) -> Entry {
-        let gen = s.next_gen;
-        s.next_gen = s.next_gen.wrapping_add(1);
-        e.with_gen(gen)
-    }
-
     /// If the (stamped, published) entry holds an object in RAM, queue it
     /// at the hot end of the shard's LRU, in the room reserved for it.
     pub fn queue(&self, s: &mut Shard, key: u64, e: Entry, b: &Budget) {
         if matches!(e.slot(), Slot::Obj(..)) {
-            s.lru.push_back(LruItem { key, seq: self.next_seq(), gen: e.gen() }, b);
+            s.lru().push_back(LruItem { key, seq: self.next_seq(), gen: e.gen() }, b);
         }
     }
 
@@ -296,24 +291,15 @@ impl Tier {
     /// Its item in store order stays and is skipped once the object has
     /// gone. Without room for the item (the pool's budget), nothing changes.
     pub fn queue_cold(&self, s: &mut Shard, key: u64, e: Entry, b: &Budget) {
-        if s.lru.reserve_one(b).is_err() {
+        if s.lru().reserve_one(b).is_err() {
             return; // it keeps its place in store order
         }
         // Older than anything queued in store order: ages are counted
         // modulo 2^32 from a point 2^30 ahead of now (writeback_lru_batch).
         let seq = self.seq.load(Relaxed).wrapping_sub(1 << 31);
-        s.lru.push_front(LruItem { key, seq, gen: e.gen() }, b);
+        s.lru().push_front(LruItem { key, seq, gen: e.gen() }, b);
         self.cold_queued.fetch_add(1, Relaxed);
-        self.trim_lru(s, b);
-    }
-
-    /// Sweep stale items once they outnumber the shard's entries.
-    pub fn trim_lru(&self, s: &mut Shard, b: &Budget) {
-        if s.lru.len() <= 2 * s.index.len() + 64 {
-            return;
-        }
-        let index = &s.index;
-        s.lru.retain(|it| index.get(it.key).is_some_and(|e| e.gen() == it.gen && matches!(e.slot(), Slot::Obj(..))), b);
+        s.trim_lru(b);
     }
 
     /// Charge `bound` ahead of a write that may grow the backing store's
@@ -575,11 +561,12 @@ impl Engine {
         // this batch (newer sequence numbers) are the youngest, not wrapped.
         let now = t.seq.load(Relaxed).wrapping_add(1 << 30);
         let age = |it: &LruItem| now.wrapping_sub(it.seq);
-        let sources: Vec<Source<'_>> = self.shards.iter().map(Source::Index).chain(self.dedup.iter().flat_map(|d| d.iter()).map(Source::Shared)).collect();
+        let sources: Vec<Source<'_>> =
+            self.index.shards().iter().map(Source::Index).chain(self.dedup.iter().flat_map(|d| d.iter()).map(Source::Shared)).collect();
         let mut heads = std::collections::BinaryHeap::new();
         for (i, src) in sources.iter().enumerate() {
             let front = match src {
-                Source::Index(sh) => sh.lock().lru.front().map(age),
+                Source::Index(sh) => sh.lock().lru_ref().front().map(age),
                 Source::Shared(ds) => ds.lock().lru.front().map(age),
             };
             if let Some(a) = front {
@@ -597,7 +584,7 @@ impl Engine {
                 Source::Index(sh) => {
                     let mut s = sh.lock();
                     self.pick_cold_keys(&mut s, &mut pick);
-                    s.lru.front().map(age)
+                    s.lru_ref().front().map(age)
                 }
                 Source::Shared(ds) => {
                     let mut g = ds.lock();
@@ -619,20 +606,20 @@ impl Engine {
     /// Pop cold objects from a shard's LRU into the batch, copying their
     /// bytes; referenced ones get a second chance at the hot end.
     fn pick_cold_keys(&self, s: &mut Shard, p: &mut Pick<'_>) {
-        while let Some(item) = p.next(&s.lru) {
-            s.lru.pop_front();
-            let Some(e) = s.index.get(item.key) else { continue };
+        while let Some(item) = p.next(s.lru_ref()) {
+            s.lru().pop_front();
+            let Some(e) = s.get(item.key) else { continue };
             let Slot::Obj(handle, info) = e.slot() else { continue };
             if e.gen() != item.gen {
                 continue;
             }
             if e.referenced() && !p.t.exclusive() {
-                s.index.set(item.key, e.with_referenced(false));
-                s.lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
+                s.set_flags(item.key, e.with_referenced(false));
+                s.lru().push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
                 continue;
             }
             let Some(off) = self.objects.copy_out(handle, info, p.buf) else { continue };
-            s.lru.take_out();
+            s.lru().take_out();
             let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
             p.victims.push(v);
         }
@@ -733,17 +720,17 @@ impl Engine {
         let mut budget = limit_pages.unwrap_or(u64::MAX);
         let cap = |budget: u64| usize::try_from(budget).unwrap_or(usize::MAX);
         let mut total = 0;
-        for shard in self.shards.iter() {
+        for shard in self.index.shards() {
             let picked: Vec<(u64, Entry)> = {
                 let s = shard.lock();
                 let obj = |e: Entry, ac| matches!(e.slot(), Slot::Obj(_, info) if mode.picks(info, ac, now));
-                s.index.iter().filter(|&(_, e, ac)| obj(e, ac)).map(|(k, e, _)| (k, e)).take(cap(budget)).collect()
+                s.iter().filter(|&(_, e, ac)| obj(e, ac)).map(|(k, e, _)| (k, e)).take(cap(budget)).collect()
             };
             total += self.writeback_in_batches(t, Source::Index(shard), &picked, &mut budget, |chunk, victims, buf| {
                 let s = shard.lock();
                 for &(key, e) in chunk {
                     let Slot::Obj(handle, info) = e.slot() else { continue };
-                    if s.index.get(key) == Some(e) {
+                    if s.get(key) == Some(e) {
                         if let Some(off) = self.objects.copy_out(handle, info, buf) {
                             victims.push(Victim { src: 0, key, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
                         }
@@ -821,7 +808,7 @@ impl Engine {
             return 0;
         }
         let ids: Vec<RecordId> = keys
-            .filter_map(|k| match self.shard(k).lock().index.get(k)?.slot() {
+            .filter_map(|k| match self.index.shard(k).lock().get(k)?.slot() {
                 Slot::Backed(id, _) => Some(RecordId::from_raw(id)),
                 _ => None,
             })
@@ -840,8 +827,8 @@ impl Engine {
                 return Ok(());
             }
             let old = {
-                let mut s = self.shard(key).lock();
-                if s.index.get(key).map(|e| e.slot()) != Some(Slot::Backed(id, info)) {
+                let mut s = self.index.shard(key).lock();
+                if s.get(key).map(|e| e.slot()) != Some(Slot::Backed(id, info)) {
                     return Ok(());
                 }
                 let Ok(h) = self.objects.write(obj) else { return Ok(()) };
@@ -918,17 +905,17 @@ impl Engine {
 /// their places were kept, so putting them back never grows it.
 fn requeue_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
     for v in victims.rev() {
-        let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) else { continue };
+        let (Some(item), Some(now)) = (v.item, s.get(v.key)) else { continue };
         if now.gen() != item.gen || now.slot() != v.entry.slot() {
             continue; // overwritten or gone: its new entry has its own item
         }
         if now.referenced() && !t.exclusive() {
-            s.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
+            s.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
         } else {
-            s.lru.push_front(item, b);
+            s.lru().push_front(item, b);
         }
     }
-    s.lru.return_out(out);
+    s.lru().return_out(out);
 }
 
 fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &mut DedupShard, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
@@ -964,19 +951,14 @@ struct Settled {
 /// overwritten, invalidated or loaded while we wrote).
 fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>, settled: &mut Settled, out: usize) {
     for (v, &id) in done {
-        let now = s.index.get(v.key);
+        let now = s.get(v.key);
         // With exclusive loads, a load during the write changes nothing:
         // the object was going to the cold end anyway.
-        if now == Some(v.entry) || (t.exclusive() && now == Some(v.entry.with_referenced(true))) {
-            s.account(v.entry, false);
+        if let Some(cur) = now.filter(|&n| n == v.entry || (t.exclusive() && n == v.entry.with_referenced(true))) {
             match id {
-                Some(id) => {
-                    let b = Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen());
-                    s.account(b, true);
-                    s.index.set(v.key, b);
-                }
+                Some(id) => s.replace(v.key, cur, Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen())),
                 None => {
-                    s.index.remove(v.key, b);
+                    s.remove(v.key, b);
                     settled.dropped += 1;
                 }
             }
@@ -986,13 +968,13 @@ fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item
         settled.stale.extend(id);
         // A load only set the referenced bit: the object is still here and
         // keeps its place in the LRU, at the hot end.
-        if let (Some(item), Some(now)) = (v.item, s.index.get(v.key)) {
+        if let (Some(item), Some(now)) = (v.item, s.get(v.key)) {
             if now.gen() == item.gen && now.slot() == v.entry.slot() {
-                s.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
+                s.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
             }
         }
     }
-    s.lru.return_out(out);
+    s.lru().return_out(out);
 }
 
 /// [`settle_keys`] for shared objects. A dropped one stays in the table,

@@ -1,0 +1,246 @@
+//! The index: every key's entry, in shards.
+//!
+//! # Design
+//! Keys (page numbers from every frontend) hash to one of N shards (64 by
+//! default, a power of two); whole 16-key blocks go to one shard, so a run
+//! of keys shares a lock and a block (`index.rs`), and neighbouring blocks
+//! spread over the shards. A [`Shard`] is what one mutex guards: the
+//! shard's block map, its LRU of objects in RAM (writeback tier only),
+//! the generation stamped on its next entry, and the counters of the
+//! entries it holds.
+//!
+//! Every change of an entry goes through a method here, and each moves the
+//! shard's counters with it (`compr_bytes`, same-filled, huge and
+//! written-back pages, objects per dictionary slot): no caller adds or
+//! subtracts a count. Flags that do not change what an entry stores (the
+//! referenced bit, the no-recompression mark) are set with
+//! [`Shard::set_flags`], which checks that.
+//!
+//! # Lock order
+//! A shard's lock comes first: a dedup shard, an allocator class and the
+//! cold store may be locked under it, never the other way round, and no
+//! disk I/O or wait for the shrinker happens under it.
+//!
+//! # Trade-offs
+//! * Sharding by block rather than by key: a sequential run of stores
+//!   takes one lock and fills one block; a random key costs a whole block.
+//! * The LRU lives in the shard, under the same lock as the entries it
+//!   names, so queuing an object costs no second lock on the store path.
+
+use std::ops::Range;
+
+use parking_lot::Mutex;
+use zmem_alloc::{AllocError, Budget};
+
+use crate::charged::Lru;
+use crate::entry::{count_dict, Entry, Slot, DICT_SLOTS};
+use crate::index::{BlockIndex, BLOCK_SHIFT};
+use crate::stats::Stats;
+
+/// The index's shards (see the module notes).
+pub(crate) struct Index {
+    shards: Box<[Mutex<Shard>]>,
+    bits: u32,
+}
+
+impl Index {
+    /// An index of `n` shards (rounded up to a power of two, at most 2¹⁶).
+    pub fn new(n: usize) -> Index {
+        let n = n.clamp(1, 1 << 16).next_power_of_two();
+        Index { shards: (0..n).map(|_| Mutex::new(Shard::new())).collect(), bits: n.trailing_zeros() }
+    }
+
+    /// The shard that holds `key`.
+    pub fn shard(&self, key: u64) -> &Mutex<Shard> {
+        let i = if self.bits == 0 {
+            0
+        } else {
+            // Whole index blocks go to one shard; neighbouring blocks spread.
+            ((key >> BLOCK_SHIFT).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize
+        };
+        &self.shards[i]
+    }
+
+    /// Every shard, in order (passes over the whole index).
+    pub fn shards(&self) -> &[Mutex<Shard>] {
+        &self.shards
+    }
+
+    /// Entries over every shard.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Bytes of the shard array, held from creation to drop.
+    pub fn fixed_bytes(shards: usize) -> u64 {
+        (shards * std::mem::size_of::<Mutex<Shard>>()) as u64
+    }
+}
+
+/// One shard of the index, with the counters for the entries it holds.
+pub(crate) struct Shard {
+    index: BlockIndex,
+    /// Writeback tier only: store order of the shard's in-RAM objects.
+    lru: Lru,
+    /// Generation for the next entry stored (matches entry to LRU item).
+    next_gen: u8,
+    /// Bytes of non-deduplicated objects referenced from this shard.
+    compr_bytes: u64,
+    same_pages: u64,
+    huge_pages: u64,
+    /// Entries written back to the cold store (zram's bd_count).
+    backed_pages: u64,
+    /// Objects (in RAM or written back) per dictionary slot.
+    dict_objs: [u64; DICT_SLOTS],
+}
+
+impl Shard {
+    fn new() -> Shard {
+        Shard {
+            // Every pool keeps access times (zram's ac_time): idle pages can
+            // be named for writeback and recompression alike.
+            index: BlockIndex::new(true),
+            lru: Lru::default(),
+            next_gen: 0,
+            compr_bytes: 0,
+            same_pages: 0,
+            huge_pages: 0,
+            backed_pages: 0,
+            dict_objs: [0; DICT_SLOTS],
+        }
+    }
+
+    fn account(&mut self, e: Entry, add: bool) {
+        let (compr, same, huge, backed) = match e.slot() {
+            Slot::Obj(_, info) => (info.len as u64, 0, info.is_huge() as u64, 0),
+            Slot::Same(_) => (0, 1, 0, 0),
+            Slot::Dedup(..) => (0, 0, 0, 0),
+            Slot::Backed(..) => (0, 0, 0, 1),
+        };
+        if let Slot::Obj(_, info) | Slot::Backed(_, info) = e.slot() {
+            count_dict(&mut self.dict_objs, info, add);
+        }
+        if add {
+            self.compr_bytes += compr;
+            self.same_pages += same;
+            self.huge_pages += huge;
+            self.backed_pages += backed;
+        } else {
+            self.compr_bytes -= compr;
+            self.same_pages -= same;
+            self.huge_pages -= huge;
+            self.backed_pages -= backed;
+        }
+    }
+
+    /// The entry under `key`.
+    pub fn get(&self, key: u64) -> Option<Entry> {
+        self.index.get(key)
+    }
+
+    /// Entries in this shard.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Every entry, with its last access time.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
+        self.index.iter()
+    }
+
+    /// The entry under `key`, its access time now `now` (zram's ac_time).
+    pub fn access(&mut self, key: u64, now: u32) -> Option<Entry> {
+        self.index.access(key, now).map(|e| *e)
+    }
+
+    /// Change only the flags of `key`'s entry (what it stores stays).
+    pub fn set_flags(&mut self, key: u64, e: Entry) {
+        debug_assert_eq!(self.index.get(key).map(|o| o.slot()), Some(e.slot()), "set_flags changes only flags");
+        self.index.set(key, e);
+    }
+
+    /// Replace `key`'s entry, which the caller has just read as `old`,
+    /// with `new`.
+    pub fn replace(&mut self, key: u64, old: Entry, new: Entry) {
+        debug_assert_eq!(self.index.get(key), Some(old));
+        self.account(old, false);
+        self.account(new, true);
+        self.index.set(key, new);
+    }
+
+    /// Put `new` under `key` and stamp its access time `now`, charging what
+    /// the key needs first (an index block, the map's growth); a refusal
+    /// changes nothing. Returns the entry replaced.
+    pub fn insert(&mut self, key: u64, new: Entry, now: u32, b: &Budget) -> Result<Option<Entry>, AllocError> {
+        let old = self.index.insert(key, new, b)?;
+        self.account(new, true);
+        if let Some(o) = old {
+            self.account(o, false);
+        }
+        self.index.touch(key, now);
+        Ok(old)
+    }
+
+    /// Take `key`'s entry out; returns it.
+    pub fn remove(&mut self, key: u64, b: &Budget) -> Option<Entry> {
+        let old = self.index.remove(key, b);
+        if let Some(o) = old {
+            self.account(o, false);
+        }
+        old
+    }
+
+    /// Take out every entry whose key lies in `range`, into `out`.
+    pub fn remove_range(&mut self, range: &Range<u64>, out: &mut Vec<Entry>, b: &Budget) {
+        let start = out.len();
+        self.index.remove_range(range, out, b);
+        for &o in &out[start..] {
+            self.account(o, false);
+        }
+    }
+
+    /// `e` with the shard's next generation (writeback tier: it tells the
+    /// entry's LRU item from a stale one).
+    pub fn stamp(&mut self, e: Entry) -> Entry {
+        let gen = self.next_gen;
+        self.next_gen = self.next_gen.wrapping_add(1);
+        e.with_gen(gen)
+    }
+
+    /// The shard's LRU (writeback tier).
+    pub fn lru(&mut self) -> &mut Lru {
+        &mut self.lru
+    }
+
+    /// The shard's LRU, to look at.
+    pub fn lru_ref(&self) -> &Lru {
+        &self.lru
+    }
+
+    /// Sweep stale LRU items once they outnumber the shard's entries.
+    pub fn trim_lru(&mut self, b: &Budget) {
+        if self.lru.len() <= 2 * self.index.len() + 64 {
+            return;
+        }
+        let index = &self.index;
+        self.lru.retain(|it| index.get(it.key).is_some_and(|e| e.gen() == it.gen && matches!(e.slot(), Slot::Obj(..))), b);
+    }
+
+    /// Objects in RAM or written back with the dictionary in `slot`.
+    pub fn dict_objects(&self, slot: usize) -> u64 {
+        self.dict_objs[slot]
+    }
+
+    /// Add this shard's counts to `st` (entries, compressed bytes,
+    /// same-filled, huge and written-back pages, LRU bytes); returns the
+    /// heap bytes of its index.
+    pub fn add_stats(&self, st: &mut Stats) -> u64 {
+        st.stored_pages += self.index.len() as u64;
+        st.compr_data_size += self.compr_bytes;
+        st.same_pages += self.same_pages;
+        st.huge_pages += self.huge_pages;
+        st.bd_count += self.backed_pages;
+        st.lru_bytes += self.lru.bytes();
+        self.index.heap_bytes()
+    }
+}
