@@ -19,7 +19,7 @@
 //! [`render`]'s table or the [`Report`] as JSON.
 
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -348,64 +348,120 @@ fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
 /// Run the bench: read the pages, time the passes, verify every page, and
 /// (if `cfg.kernel`) compare with kernel zram.
 pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<Report> {
+    check_config(cfg)?;
+    let set = load_pages(cfg, &mut progress)?;
+    let n = set.pages();
+    let data = &set.data;
+    progress(Progress::Passes { steps: (cfg.repeat * 4 * n) as u64 });
+    let mut bufs = Buffers::touched(cfg.compressor, n, data.len());
+    let max_pool = cfg.max_pool.map(|m| m.of((n * PAGE_SIZE) as u64));
+    let backing = backing_file(cfg, max_pool)?;
+    let (pool, buffered_io) = new_pool(cfg, max_pool, backing.path.as_deref(), &mut progress)?;
+    let passes = timed_passes(cfg, data, &pool, &mut bufs, &mut progress)?;
+    verify_every_page(&pool, data, n)?;
+    let st = pool.stats();
+    let recompress = recompress_if_asked(cfg, &pool, data, n, &mut progress)?;
+    drop(pool);
+    let kernel = kernel_zram_pass(cfg, data, &mut progress);
+    let writeback = backing.path.as_deref().map(|p| writeback_report(p, buffered_io, &st));
+    Ok(assemble_report(cfg, &set, passes, st, kernel, writeback, recompress))
+}
+
+/// Refuse a thread count or a repeat count out of range.
+fn check_config(cfg: &Config) -> anyhow::Result<()> {
     if cfg.threads == 0 || cfg.threads > 256 {
         bail!("--threads must be between 1 and 256");
     }
     if cfg.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
-    let comp = cfg.compressor;
-    let set = load_pages(cfg, &mut progress)?;
-    let n = set.pages();
-    let orig = (n * PAGE_SIZE) as u64;
-    let data = &set.data;
+    Ok(())
+}
 
-    progress(Progress::Passes { steps: (cfg.repeat * 4 * n) as u64 });
+/// The raw compressor's outputs and the load buffer of the timed passes.
+struct Buffers {
+    /// The compressor's worst case for a page: the size of a slot of `raw_out`.
+    bound: usize,
+    /// Raw compressor outputs, one slot per page, sized for the worst case.
+    raw_out: Vec<u8>,
+    raw_len: Vec<u32>,
+    /// Where loads and raw decompression write the pages.
+    out: Vec<u8>,
+}
 
-    // Raw compressor outputs, one slot per page, sized for the worst case.
-    let bound = comp.algorithm.compress_bound(PAGE_SIZE);
-    let mut raw_out = vec![0u8; n * bound];
-    let mut raw_len = vec![0u32; n];
-    let mut out = vec![0u8; data.len()];
-    // Touch the output buffers now, so no timed pass pays their page faults.
-    raw_out.fill(1);
-    out.fill(1);
-    let max_pool = cfg.max_pool.map(|m| m.of(orig));
+impl Buffers {
+    /// The buffers for `n` pages (`data_len` bytes), touched now, so no timed pass pays their page faults.
+    fn touched(comp: Compressor, n: usize, data_len: usize) -> Buffers {
+        let bound = comp.algorithm.compress_bound(PAGE_SIZE);
+        let mut raw_out = vec![0u8; n * bound];
+        let raw_len = vec![0u32; n];
+        let mut out = vec![0u8; data_len];
+        raw_out.fill(1);
+        out.fill(1);
+        Buffers { bound, raw_out, raw_len, out }
+    }
+}
+
+/// The backing file, when the run has a writeback tier; a temporary one is removed when this drops.
+struct Backing {
+    path: Option<PathBuf>,
+    _tmp: Option<tempfile::NamedTempFile>,
+}
+
+/// The run's backing file: `cfg.backing`, or with a pool cap and no file given, a temporary file.
+fn backing_file(cfg: &Config, max_pool: Option<u64>) -> anyhow::Result<Backing> {
+    Ok(match (&cfg.backing, max_pool) {
+        (Some(p), _) => Backing { path: Some(p.clone()), _tmp: None },
+        (None, Some(_)) => {
+            let f = tempfile::Builder::new().prefix("zmem-backing-").tempfile()?;
+            Backing { path: Some(f.path().to_path_buf()), _tmp: Some(f) }
+        }
+        (None, None) => Backing { path: None, _tmp: None },
+    })
+}
+
+/// A fresh pool with the backing file as its cold store, if any; and why that file does buffered I/O, if it does.
+fn new_pool(cfg: &Config, max_pool: Option<u64>, backing: Option<&Path>, progress: &mut impl FnMut(Progress)) -> anyhow::Result<(Pool, Option<String>)> {
     let pool_cfg = PoolConfig {
-        compressor: comp,
+        compressor: cfg.compressor,
         dedup: cfg.dedup,
         huge_threshold: cfg.huge_threshold,
         max_pool,
         recomp_algorithms: cfg.recompress.clone(),
         ..PoolConfig::default()
     };
-    // The backing file, when the run has a writeback tier.
-    let mut _tmp_backing = None;
-    let backing_path = match (&cfg.backing, max_pool) {
-        (Some(p), _) => Some(p.clone()),
-        (None, Some(_)) => {
-            let f = tempfile::Builder::new().prefix("zmem-backing-").tempfile()?;
-            let p = f.path().to_path_buf();
-            _tmp_backing = Some(f);
-            Some(p)
-        }
-        (None, None) => None,
-    };
     let mut buffered_io = None;
-    let mut new_pool = || -> anyhow::Result<Pool> {
-        Ok(match &backing_path {
-            Some(p) => {
-                let (store, why) = zmem_backing::BackingStore::open(p, None, zmem_backing::Existing::Refuse)
-                    .with_context(|| format!("opening backing file {}", p.display()))?;
-                if let Some(why) = why {
-                    progress(Progress::Note(why.clone()));
-                    buffered_io = Some(why);
-                }
-                Pool::with_cold_store(pool_cfg.clone(), Box::new(store))?
+    let pool = match backing {
+        Some(p) => {
+            let (store, why) =
+                zmem_backing::BackingStore::open(p, None, zmem_backing::Existing::Refuse).with_context(|| format!("opening backing file {}", p.display()))?;
+            if let Some(why) = why {
+                progress(Progress::Note(why.clone()));
+                buffered_io = Some(why);
             }
-            None => Pool::new(pool_cfg.clone())?,
-        })
+            Pool::with_cold_store(pool_cfg, Box::new(store))?
+        }
+        None => Pool::new(pool_cfg)?,
     };
+    Ok((pool, buffered_io))
+}
+
+/// What the timed passes measured: each pass's time (the sum of its
+/// chunks' bests), the first store's, and what the raw compressor wrote.
+struct Passes {
+    raw_compress: f64,
+    store: f64,
+    load: f64,
+    raw_decompress: f64,
+    /// The first store, into the fresh pool.
+    cold_store: f64,
+    /// The pool's stats after that first store.
+    cold_stats: Option<Stats>,
+    raw_compr_bytes: u64,
+}
+
+/// The timed passes, `cfg.repeat` times over: per chunk the raw compressor then the store, then per chunk the load then the raw decompressor.
+fn timed_passes(cfg: &Config, data: &[u8], pool: &Pool, b: &mut Buffers, progress: &mut impl FnMut(Progress)) -> anyhow::Result<Passes> {
     // The timed passes are interleaved chunk by chunk: for each chunk of
     // pages, the raw compressor then the store; then, for each chunk, the
     // load then the raw decompressor. A chunk's time is its best over the
@@ -419,46 +475,27 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
     // on, each chunk is dropped first so they measure new pages, not
     // duplicate hits.
     const CHUNK: usize = 4096; // pages: 16 MiB
+    let n = data.len() / PAGE_SIZE;
     let nchunks = n.div_ceil(CHUNK);
     let chunk = |c: usize| c * CHUNK..((c + 1) * CHUNK).min(n);
-    let threads = cfg.threads;
+    let (comp, threads) = (cfg.compressor, cfg.threads);
     let mut rc_t = vec![f64::MAX; nchunks];
     let mut st_t = vec![f64::MAX; nchunks];
     let mut ld_t = vec![f64::MAX; nchunks];
     let mut rd_t = vec![f64::MAX; nchunks];
     let mut cold_st = 0.0;
-    let pool = new_pool()?;
     let mut cold_stats: Option<Stats> = None;
     for rep in 0..cfg.repeat {
         let cold = rep == 0;
         progress(Progress::Pass(if cold { "store, cold" } else { "store" }));
         for c in 0..nchunks {
             let r = chunk(c);
-            let secs = timed(|| {
-                let outs = split(&r, threads, &mut raw_out[r.start * bound..r.end * bound], bound);
-                let lens = split(&r, threads, &mut raw_len[r.clone()], 1);
-                par(outs.into_iter().zip(lens).collect(), |((first, o), (_, l))| {
-                    for (i, len) in l.iter_mut().enumerate() {
-                        let p = &data[(first + i) * PAGE_SIZE..][..PAGE_SIZE];
-                        *len = comp.compress(p, &mut o[i * bound..][..bound]).unwrap_or(0) as u32;
-                    }
-                    Ok(())
-                })
-            })?;
+            let secs = raw_compress_chunk(comp, data, &r, threads, b)?;
             rc_t[c] = rc_t[c].min(secs);
             if cfg.dedup && !cold {
                 pool.invalidate_range(r.start as u64..r.end as u64);
             }
-            let secs = timed(|| {
-                let per = r.len().div_ceil(threads).max(1);
-                let runs = r.clone().step_by(per).map(|f| f..(f + per).min(r.end)).collect();
-                par(runs, |run: Range<usize>| {
-                    for i in run {
-                        pool.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE]).with_context(|| format!("storing page {i}"))?;
-                    }
-                    Ok(())
-                })
-            })?;
+            let secs = store_chunk(pool, data, &r, threads)?;
             if cold {
                 cold_st += secs;
             }
@@ -475,36 +512,82 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
         progress(Progress::Pass("load"));
         for c in 0..nchunks {
             let r = chunk(c);
-            let secs = timed(|| {
-                let dst = &mut out[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
-                par(split(&r, threads, dst, PAGE_SIZE), |(first, d)| {
-                    for (j, page) in d.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                        let i = first + j;
-                        pool.load(i as u64, page).with_context(|| format!("loading page {i}"))?;
-                    }
-                    Ok(())
-                })
-            })?;
+            let secs = load_chunk(pool, &r, threads, &mut b.out)?;
             ld_t[c] = ld_t[c].min(secs);
-            let secs = timed(|| {
-                let dst = &mut out[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
-                par(split(&r, threads, dst, PAGE_SIZE), |(first, d)| {
-                    for (j, page) in d.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                        let i = first + j;
-                        let src = &raw_out[i * bound..][..raw_len[i] as usize];
-                        let _ = zmem_compress::decompress(comp.algorithm, src, page);
-                    }
-                    Ok(())
-                })
-            })?;
+            let secs = raw_decompress_chunk(comp, &r, threads, b)?;
             rd_t[c] = rd_t[c].min(secs);
             progress(Progress::Advance(2 * r.len() as u64));
         }
     }
     progress(Progress::PassesDone);
-    let (best_rc, best_st, best_ld, best_rd): (f64, f64, f64, f64) = (rc_t.iter().sum(), st_t.iter().sum(), ld_t.iter().sum(), rd_t.iter().sum());
+    let sum = |t: &[f64]| -> f64 { t.iter().sum() };
+    let raw_compr_bytes = b.raw_len.iter().map(|&l| l as u64).sum();
+    Ok(Passes { raw_compress: sum(&rc_t), store: sum(&st_t), load: sum(&ld_t), raw_decompress: sum(&rd_t), cold_store: cold_st, cold_stats, raw_compr_bytes })
+}
 
-    // Verify every byte, outside the timed passes: load again into `out`.
+/// The raw compressor over the pages of `r`, each into its slot of `b.raw_out`: the time it took.
+fn raw_compress_chunk(comp: Compressor, data: &[u8], r: &Range<usize>, threads: usize, b: &mut Buffers) -> anyhow::Result<f64> {
+    let bound = b.bound;
+    timed(|| {
+        let outs = split(r, threads, &mut b.raw_out[r.start * bound..r.end * bound], bound);
+        let lens = split(r, threads, &mut b.raw_len[r.clone()], 1);
+        par(outs.into_iter().zip(lens).collect(), |((first, o), (_, l))| {
+            for (i, len) in l.iter_mut().enumerate() {
+                let p = &data[(first + i) * PAGE_SIZE..][..PAGE_SIZE];
+                *len = comp.compress(p, &mut o[i * bound..][..bound]).unwrap_or(0) as u32;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// The pages of `r` stored into `pool`, page `i` under key `i`: the time it took.
+fn store_chunk(pool: &Pool, data: &[u8], r: &Range<usize>, threads: usize) -> anyhow::Result<f64> {
+    timed(|| {
+        let per = r.len().div_ceil(threads).max(1);
+        let runs = r.clone().step_by(per).map(|f| f..(f + per).min(r.end)).collect();
+        par(runs, |run: Range<usize>| {
+            for i in run {
+                pool.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE]).with_context(|| format!("storing page {i}"))?;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// The pages of `r` loaded from `pool` into `out`: the time it took.
+fn load_chunk(pool: &Pool, r: &Range<usize>, threads: usize, out: &mut [u8]) -> anyhow::Result<f64> {
+    timed(|| {
+        let dst = &mut out[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
+        par(split(r, threads, dst, PAGE_SIZE), |(first, d)| {
+            for (j, page) in d.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                let i = first + j;
+                pool.load(i as u64, page).with_context(|| format!("loading page {i}"))?;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// The raw compressor's outputs for the pages of `r` decompressed into `b.out`: the time it took.
+fn raw_decompress_chunk(comp: Compressor, r: &Range<usize>, threads: usize, b: &mut Buffers) -> anyhow::Result<f64> {
+    let Buffers { bound, raw_out, raw_len, out } = b;
+    let bound = *bound;
+    timed(|| {
+        let dst = &mut out[r.start * PAGE_SIZE..r.end * PAGE_SIZE];
+        par(split(r, threads, dst, PAGE_SIZE), |(first, d)| {
+            for (j, page) in d.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                let i = first + j;
+                let src = &raw_out[i * bound..][..raw_len[i] as usize];
+                let _ = zmem_compress::decompress(comp.algorithm, src, page);
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Every page loaded again and compared, outside the timed passes; any page read back wrong fails the run.
+fn verify_every_page(pool: &Pool, data: &[u8], n: usize) -> anyhow::Result<()> {
     let mut bad = 0u64;
     let mut buf = vec![0u8; PAGE_SIZE];
     for (i, want) in data.chunks_exact(PAGE_SIZE).enumerate() {
@@ -516,36 +599,38 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
     if bad > 0 {
         bail!("{bad} of {n} pages read back wrong: this is a bug, please report it");
     }
-    let raw_compr: u64 = raw_len.iter().map(|&l| l as u64).sum();
-    let st = pool.stats();
-    let recompress = if cfg.recompress.is_empty() {
-        None
-    } else {
-        progress(Progress::Pass("recompress"));
-        let r = recompress_pass(&pool, n, cfg.repeat, &cfg.recompress)?;
-        verify(&pool, data, " after recompression")?;
-        Some(r)
-    };
-    drop(pool);
+    Ok(())
+}
 
-    let (kernel_zram, kernel_zram_skipped) = if !cfg.kernel {
+/// With `cfg.recompress`, the recompression pass, then every page verified again.
+fn recompress_if_asked(cfg: &Config, pool: &Pool, data: &[u8], n: usize, progress: &mut impl FnMut(Progress)) -> anyhow::Result<Option<RecompressReport>> {
+    if cfg.recompress.is_empty() {
+        return Ok(None);
+    }
+    progress(Progress::Pass("recompress"));
+    let r = recompress_pass(pool, n, cfg.repeat, &cfg.recompress)?;
+    verify(pool, data, " after recompression")?;
+    Ok(Some(r))
+}
+
+/// With `cfg.kernel`, the same pages through kernel zram with the same algorithm; otherwise, or when it cannot run, why not.
+fn kernel_zram_pass(cfg: &Config, data: &[u8], progress: &mut impl FnMut(Progress)) -> (Option<crate::kernel_zram::ZramResult>, Option<String>) {
+    if !cfg.kernel {
         (None, Some("skipped: --no-kernel".to_string()))
     } else {
         progress(Progress::KernelZram);
-        match crate::kernel_zram::run(data, comp.algorithm.name()) {
+        match crate::kernel_zram::run(data, cfg.compressor.algorithm.name()) {
             Ok(r) => (Some(r), None),
             Err(e) => (None, Some(e.reason)),
         }
-    };
-    let store_mbps = mbps(orig, best_st);
-    let store_cold_mbps = mbps(orig, cold_st);
-    // Memory is reported for the data stored once into a fresh pool — the
-    // same operation kernel zram is measured on — and, separately, after
-    // the warm overwrite passes (before any compaction).
-    let after_overwrites = st.mem_used_total;
-    let writeback = backing_path.as_ref().map(|p| WritebackReport {
-        backing_file: p.display().to_string(),
-        buffered_io: buffered_io.clone(),
+    }
+}
+
+/// The writeback tier's figures from the pool's stats after the timed passes.
+fn writeback_report(backing_file: &Path, buffered_io: Option<String>, st: &Stats) -> WritebackReport {
+    WritebackReport {
+        backing_file: backing_file.display().to_string(),
+        buffered_io,
         max_pool_bytes: st.max_pool_bytes,
         written_back_pages: st.written_back_pages,
         backing_bytes_written: st.backing_bytes_written,
@@ -560,12 +645,32 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
         backing_live_bytes: st.backing_live_bytes,
         promoted_pages: st.promoted_pages,
         pool_limit_hit: st.pool_limit_hit,
-    });
-    let st = cold_stats.unwrap_or(st);
-    let load_mbps = mbps(orig, best_ld);
-    let raw_compress_mbps = mbps(orig, best_rc);
-    let raw_decompress_mbps = mbps(orig, best_rd);
-    Ok(Report {
+    }
+}
+
+/// The Report: speeds from the passes, memory from the first store (`st` is the pool's stats after the timed passes).
+fn assemble_report(
+    cfg: &Config,
+    set: &PageSet,
+    passes: Passes,
+    st: Stats,
+    (kernel_zram, kernel_zram_skipped): (Option<crate::kernel_zram::ZramResult>, Option<String>),
+    writeback: Option<WritebackReport>,
+    recompress: Option<RecompressReport>,
+) -> Report {
+    let n = set.pages();
+    let orig = (n * PAGE_SIZE) as u64;
+    let store_mbps = mbps(orig, passes.store);
+    let store_cold_mbps = mbps(orig, passes.cold_store);
+    // Memory is reported for the data stored once into a fresh pool — the
+    // same operation kernel zram is measured on — and, separately, after
+    // the warm overwrite passes (before any compaction).
+    let after_overwrites = st.mem_used_total;
+    let st = passes.cold_stats.unwrap_or(st);
+    let load_mbps = mbps(orig, passes.load);
+    let raw_compress_mbps = mbps(orig, passes.raw_compress);
+    let raw_decompress_mbps = mbps(orig, passes.raw_decompress);
+    Report {
         pages: n as u64,
         orig_bytes: orig,
         compr_bytes: st.compr_data_size,
@@ -581,10 +686,10 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
         load_mbps,
         raw_compress_mbps,
         raw_decompress_mbps,
-        raw_compr_bytes: raw_compr,
+        raw_compr_bytes: passes.raw_compr_bytes,
         store_vs_raw_compress: store_mbps / raw_compress_mbps,
         load_vs_raw_decompress: load_mbps / raw_decompress_mbps,
-        compressor: comp.to_string(),
+        compressor: cfg.compressor.to_string(),
         dedup: cfg.dedup,
         threads: cfg.threads,
         repeat: cfg.repeat,
@@ -593,13 +698,13 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(Progress)) -> anyhow::Result<R
         sources: set.sources.len(),
         // With a writeback tier most pages are on the file: RAM use is
         // bounded by max_pool, and a ratio against zram would mislead.
-        mem_used_vs_kernel_zram: kernel_zram.as_ref().filter(|_| backing_path.is_none()).map(|k| st.mem_used_total as f64 / k.mem_used_bytes.max(1) as f64),
+        mem_used_vs_kernel_zram: kernel_zram.as_ref().filter(|_| writeback.is_none()).map(|k| st.mem_used_total as f64 / k.mem_used_bytes.max(1) as f64),
         stats: st,
         writeback,
         recompress,
         kernel_zram,
         kernel_zram_skipped,
-    })
+    }
 }
 
 /// The report as a table: zmem and kernel zram side by side, then the raw

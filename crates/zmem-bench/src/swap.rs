@@ -47,7 +47,7 @@
 //! is not what swap is about: it is dropped, not swapped).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -667,6 +667,7 @@ fn argv(cfg: &Config, jobs: u32) -> Vec<String> {
     cfg.workload.iter().map(|a| a.replace("{jobs}", &jobs.to_string())).collect()
 }
 
+/// One system's run of the workload: set up, start it in its cgroup, sample while it runs, gather the counters, undo the setup.
 #[allow(clippy::too_many_arguments)]
 fn measure(
     cfg: &Config,
@@ -680,163 +681,271 @@ fn measure(
     stop: &Arc<AtomicBool>,
     zswap: &ZswapParams,
 ) -> anyhow::Result<RunResult> {
-    if let Some(p) = &cfg.prepare {
-        let (cmd, args) = p.split_first().context("empty --prepare command")?;
-        host::run_tool(Command::new(cmd).args(args).current_dir(&cfg.workload_dir)).context("the prepare command failed")?;
-    }
-    // Best effort: a run with some page cache left is still a run.
-    let _ = host::drop_caches();
-    let setup = if kind.is_some() { Some(set_up(cfg, sys, cap, disk, zswap)?) } else { None };
-    // The workload's cgroup starts at the budget; for a compressed system
-    // the keeper below then takes the pool's share from it.
-    let cg = MemCgroup::create(CGROUP, (budget > 0).then_some(budget), cfg.swappiness)?;
-    let zstatus = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status());
-    let server_pid = zstatus.as_ref().and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
-    let mut dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().and_then(|v| v["state"]["loop_dev"].as_str())) {
-        (Some(z), Some(dev)) => Some(DeadSampler {
-            zmem: cfg.zmem.clone(),
-            control: z.run_dir.join(ZMEM_NAME).join("control.sock"),
-            loop_dev: dev.to_string(),
-            cgroup: cg.path().to_path_buf(),
-            next: Instant::now(),
-            share: DeadShare::default(),
-        }),
-        _ => None,
-    };
-    let server_cpu0 = server_pid.and_then(host::cpu_secs).unwrap_or(0.0);
-    let keeper = match (&setup, sys) {
-        (None, _) | (_, System::Disk) => None,
-        (Some(s), _) => Some(SharedBudget::start(cg.path(), budget, budget / 4, pool_gauge(sys, s, server_pid)?)?),
-    };
-    let v0 = host::vmstat();
-    let d0 = disk.stat();
-    let kswapd0 = host::kswapd_cpu_secs();
-    let cpu0 = host::children_cpu_secs();
-    let wb0 = zswap.counter("written_back_pages");
-    let label = format!("{}-{}-{}-j{jobs}", sys.name(), kind.map_or("none", |k| k.name()), budget >> 20);
-    let log_path = cfg.scratch.join(format!("{label}.log"));
-    let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-    let args = argv(cfg, jobs);
-    let t0 = Instant::now();
-    // The shell joins the cgroup, then becomes the workload: nothing of the
-    // workload runs outside the cgroup.
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(r#"echo $$ > "$1/cgroup.procs" || exit 125; shift; exec "$@""#)
-        .arg("sh")
-        .arg(cg.path())
-        .args(&args)
-        .current_dir(&cfg.workload_dir)
-        .envs(cfg.workload_env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("cannot start {args:?}"))?;
-    let mut pool_peak = 0u64;
-    let mut anon_peak = 0u64;
-    let mut error = None;
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break Some(st);
-        }
-        anon_peak = anon_peak.max(cg.stat("total_rss") + cg.stat("total_swap"));
-        if let Some(d) = dead.as_mut() {
-            d.tick();
-        }
-        if sys == System::Zswap && kind.is_some() {
-            pool_peak = pool_peak.max(zswap.counter("pool_total_size"));
-        }
-        if stop.load(Ordering::Relaxed) || t0.elapsed() > cfg.timeout {
-            error = Some(if stop.load(Ordering::Relaxed) { "interrupted".to_string() } else { format!("timed out after {:?}", cfg.timeout) });
-            for t in std::fs::read_to_string(cg.path().join("cgroup.procs")).unwrap_or_default().lines() {
-                let _ = Command::new("kill").arg("-KILL").arg(t).status();
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let wall = t0.elapsed().as_secs_f64();
-    let shared_budget = keeper.map(SharedBudget::finish);
-    let cpu = host::children_cpu_secs() - cpu0;
-    let v1 = host::vmstat();
-    let dv = |k: &str| v1.get(k).copied().unwrap_or(0).saturating_sub(v0.get(k).copied().unwrap_or(0));
-    let disk_io = disk.stat().since(&d0);
-    let exit_ok = status.is_some_and(|s| s.success());
-    if error.is_none() && !exit_ok {
-        let oom = cg.keyed("memory.oom_control", "oom_kill");
-        error = Some(format!(
-            "the workload failed ({}){}; log: {}",
-            status.map_or("killed".into(), |s| s.to_string()),
-            if oom > 0 { ", OOM-killed in its cgroup" } else { "" },
-            log_path.display()
-        ));
-    }
-    let mut written_back = 0;
-    let mut server_cpu = 0.0;
-    let mut server_stats = None;
-    match sys {
-        System::Zswap if kind.is_some() => written_back = zswap.counter("written_back_pages").saturating_sub(wb0),
-        System::Zram => {
-            if let Some(z) = setup.as_ref().and_then(|s| s.zram.as_ref()) {
-                pool_peak = z.mm_stat().map(|m| m.mem_used_max).unwrap_or(0);
-            }
-        }
-        System::Zmem => {
-            if let Some(v) = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status()) {
-                let st = &v["server"]["stats"];
-                pool_peak = st["mem_used_max"].as_u64().unwrap_or(0);
-                written_back = st["written_back_pages"].as_u64().unwrap_or(0);
-                server_stats = Some(st.clone());
-            }
-            server_cpu = server_pid.and_then(host::cpu_secs).map_or(0.0, |c| c - server_cpu0);
-        }
-        _ => {}
-    }
-    let r = RunResult {
-        system: sys,
-        disk: kind,
-        jobs,
-        budget_bytes: budget,
-        cgroup_limit_bytes: budget,
-        pool_cap_bytes: if kind.is_some() && sys != System::Disk { cap } else { 0 },
-        memory_rule: rule,
-        exit_ok,
-        error,
-        wall_secs: wall,
-        cpu_secs: cpu,
-        server_cpu_secs: server_cpu,
-        kswapd_cpu_secs: host::kswapd_cpu_secs() - kswapd0,
-        pswpin: dv("pswpin"),
-        pswpout: dv("pswpout"),
-        pgmajfault: dv("pgmajfault"),
-        swap_ra: dv("swap_ra"),
-        swap_ra_hit: dv("swap_ra_hit"),
-        workingset_refault_anon: dv("workingset_refault_anon"),
-        zswpout: dv("zswpout"),
-        zswpin: dv("zswpin"),
-        zswpwb: dv("zswpwb"),
-        disk_io,
-        cgroup_peak_bytes: cg.counter("memory.max_usage_in_bytes"),
-        anon_peak_bytes: anon_peak,
-        cgroup_kmem_peak_bytes: cg.counter("memory.kmem.max_usage_in_bytes"),
-        pool_peak_bytes: pool_peak,
-        written_back_pages: written_back,
-        shared_budget,
-        server_stats,
-        dead: dead.map(|d| d.share),
-    };
-    drop(cg);
-    drop(setup);
-    if sys == System::Zswap {
-        zswap.set("enabled", "N")?;
-    }
-    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&log_path) {
-        let _ = writeln!(f, "{}", serde_json::to_string(&r).unwrap_or_default());
-    }
+    let trial = Trial { cfg, jobs, kind, disk, sys, budget, cap, stop, zswap };
+    let mut rig = trial.set_up_run()?;
+    let before = trial.counters();
+    let mut w = trial.start_workload(&rig.cg)?;
+    let sampled = trial.sample(&mut rig, &mut w)?;
+    let r = trial.collect(&mut rig, &w, &before, sampled, rule);
+    trial.tear_down(rig, &w.log_path, &r)?;
     Ok(r)
+}
+
+/// One system's run, as [`measure`] was asked for it.
+struct Trial<'a> {
+    cfg: &'a Config,
+    jobs: u32,
+    kind: Option<DiskKind>,
+    disk: &'a LoopDisk,
+    sys: System,
+    budget: u64,
+    cap: u64,
+    stop: &'a AtomicBool,
+    zswap: &'a ZswapParams,
+}
+
+/// What a run holds while its workload runs. Fields drop in this order:
+/// the budget keeper, then the workload's cgroup, then the system's setup.
+struct Rig {
+    keeper: Option<SharedBudget>,
+    dead: Option<DeadSampler>,
+    cg: MemCgroup,
+    setup: Option<Setup>,
+    server_pid: Option<u32>,
+    /// The zmem server's CPU time when the run began.
+    server_cpu0: f64,
+}
+
+/// The counters a run is measured by, read just before its workload starts.
+struct Counters {
+    vmstat: std::collections::HashMap<String, u64>,
+    disk: DiskStat,
+    kswapd_secs: f64,
+    cpu_secs: f64,
+    written_back: u64,
+}
+
+/// The workload, running.
+struct Workload {
+    child: std::process::Child,
+    /// When it was started.
+    t0: Instant,
+    log_path: PathBuf,
+}
+
+/// What sampling saw while the workload ran.
+struct Sampled {
+    /// `None` when it was killed (interrupted or timed out).
+    status: Option<std::process::ExitStatus>,
+    /// zswap's pool, sampled (zswap runs only).
+    pool_peak: u64,
+    anon_peak: u64,
+    error: Option<String>,
+}
+
+/// What the pool did: its peak, the pages it wrote back, the zmem server's CPU and counters.
+struct PoolFigures {
+    peak: u64,
+    written_back: u64,
+    server_cpu: f64,
+    server_stats: Option<serde_json::Value>,
+}
+
+impl Trial<'_> {
+    /// The prepare command, caches dropped, the system set up, the workload's cgroup, zmem's dead-share sampler and the budget keeper.
+    fn set_up_run(&self) -> anyhow::Result<Rig> {
+        let (cfg, sys) = (self.cfg, self.sys);
+        if let Some(p) = &cfg.prepare {
+            let (cmd, args) = p.split_first().context("empty --prepare command")?;
+            host::run_tool(Command::new(cmd).args(args).current_dir(&cfg.workload_dir)).context("the prepare command failed")?;
+        }
+        // Best effort: a run with some page cache left is still a run.
+        let _ = host::drop_caches();
+        let setup = if self.kind.is_some() { Some(set_up(cfg, sys, self.cap, self.disk, self.zswap)?) } else { None };
+        // The workload's cgroup starts at the budget; for a compressed system
+        // the keeper below then takes the pool's share from it.
+        let cg = MemCgroup::create(CGROUP, (self.budget > 0).then_some(self.budget), cfg.swappiness)?;
+        let zstatus = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status());
+        let server_pid = zstatus.as_ref().and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
+        let dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().and_then(|v| v["state"]["loop_dev"].as_str())) {
+            (Some(z), Some(dev)) => Some(DeadSampler {
+                zmem: cfg.zmem.clone(),
+                control: z.run_dir.join(ZMEM_NAME).join("control.sock"),
+                loop_dev: dev.to_string(),
+                cgroup: cg.path().to_path_buf(),
+                next: Instant::now(),
+                share: DeadShare::default(),
+            }),
+            _ => None,
+        };
+        let server_cpu0 = server_pid.and_then(host::cpu_secs).unwrap_or(0.0);
+        let keeper = match (&setup, sys) {
+            (None, _) | (_, System::Disk) => None,
+            (Some(s), _) => Some(SharedBudget::start(cg.path(), self.budget, self.budget / 4, pool_gauge(sys, s, server_pid)?)?),
+        };
+        Ok(Rig { keeper, dead, cg, setup, server_pid, server_cpu0 })
+    }
+
+    /// The counters before the run: /proc/vmstat, the disk's, kswapd's and the children's CPU, zswap's pages written back.
+    fn counters(&self) -> Counters {
+        Counters {
+            vmstat: host::vmstat(),
+            disk: self.disk.stat(),
+            kswapd_secs: host::kswapd_cpu_secs(),
+            cpu_secs: host::children_cpu_secs(),
+            written_back: self.zswap.counter("written_back_pages"),
+        }
+    }
+
+    /// The workload started in its cgroup, its output in the run's log.
+    fn start_workload(&self, cg: &MemCgroup) -> anyhow::Result<Workload> {
+        let (cfg, jobs) = (self.cfg, self.jobs);
+        let label = format!("{}-{}-{}-j{jobs}", self.sys.name(), self.kind.map_or("none", |k| k.name()), self.budget >> 20);
+        let log_path = cfg.scratch.join(format!("{label}.log"));
+        let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+        let args = argv(cfg, jobs);
+        let t0 = Instant::now();
+        // The shell joins the cgroup, then becomes the workload: nothing of the
+        // workload runs outside the cgroup.
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$1/cgroup.procs" || exit 125; shift; exec "$@""#)
+            .arg("sh")
+            .arg(cg.path())
+            .args(&args)
+            .current_dir(&cfg.workload_dir)
+            .envs(cfg.workload_env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {args:?}"))?;
+        Ok(Workload { child, t0, log_path })
+    }
+
+    /// Every 200 ms until the workload ends: its anonymous peak, zmem's dead share, zswap's pool; on `stop` or past the timeout, kill it.
+    fn sample(&self, rig: &mut Rig, w: &mut Workload) -> anyhow::Result<Sampled> {
+        let (cfg, cg, child, stop) = (self.cfg, &rig.cg, &mut w.child, self.stop);
+        let mut pool_peak = 0u64;
+        let mut anon_peak = 0u64;
+        let mut error = None;
+        let status = loop {
+            if let Some(st) = child.try_wait()? {
+                break Some(st);
+            }
+            anon_peak = anon_peak.max(cg.stat("total_rss") + cg.stat("total_swap"));
+            if let Some(d) = rig.dead.as_mut() {
+                d.tick();
+            }
+            if self.sys == System::Zswap && self.kind.is_some() {
+                pool_peak = pool_peak.max(self.zswap.counter("pool_total_size"));
+            }
+            if stop.load(Ordering::Relaxed) || w.t0.elapsed() > cfg.timeout {
+                error = Some(if stop.load(Ordering::Relaxed) { "interrupted".to_string() } else { format!("timed out after {:?}", cfg.timeout) });
+                for t in std::fs::read_to_string(cg.path().join("cgroup.procs")).unwrap_or_default().lines() {
+                    let _ = Command::new("kill").arg("-KILL").arg(t).status();
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        Ok(Sampled { status, pool_peak, anon_peak, error })
+    }
+
+    /// The run's result: its times, the counters since `before`, why it failed if it did, the pool's figures.
+    fn collect(&self, rig: &mut Rig, w: &Workload, before: &Counters, s: Sampled, rule: String) -> RunResult {
+        let (sys, kind) = (self.sys, self.kind);
+        let wall = w.t0.elapsed().as_secs_f64();
+        let shared_budget = rig.keeper.take().map(SharedBudget::finish);
+        let cpu = host::children_cpu_secs() - before.cpu_secs;
+        let v1 = host::vmstat();
+        let dv = |k: &str| v1.get(k).copied().unwrap_or(0).saturating_sub(before.vmstat.get(k).copied().unwrap_or(0));
+        let disk_io = self.disk.stat().since(&before.disk);
+        let exit_ok = s.status.is_some_and(|s| s.success());
+        let mut error = s.error;
+        if error.is_none() && !exit_ok {
+            let oom = rig.cg.keyed("memory.oom_control", "oom_kill");
+            error = Some(format!(
+                "the workload failed ({}){}; log: {}",
+                s.status.map_or("killed".into(), |s| s.to_string()),
+                if oom > 0 { ", OOM-killed in its cgroup" } else { "" },
+                w.log_path.display()
+            ));
+        }
+        let pool = self.pool_figures(rig, before.written_back, s.pool_peak);
+        RunResult {
+            system: sys,
+            disk: kind,
+            jobs: self.jobs,
+            budget_bytes: self.budget,
+            cgroup_limit_bytes: self.budget,
+            pool_cap_bytes: if kind.is_some() && sys != System::Disk { self.cap } else { 0 },
+            memory_rule: rule,
+            exit_ok,
+            error,
+            wall_secs: wall,
+            cpu_secs: cpu,
+            server_cpu_secs: pool.server_cpu,
+            kswapd_cpu_secs: host::kswapd_cpu_secs() - before.kswapd_secs,
+            pswpin: dv("pswpin"),
+            pswpout: dv("pswpout"),
+            pgmajfault: dv("pgmajfault"),
+            swap_ra: dv("swap_ra"),
+            swap_ra_hit: dv("swap_ra_hit"),
+            workingset_refault_anon: dv("workingset_refault_anon"),
+            zswpout: dv("zswpout"),
+            zswpin: dv("zswpin"),
+            zswpwb: dv("zswpwb"),
+            disk_io,
+            cgroup_peak_bytes: rig.cg.counter("memory.max_usage_in_bytes"),
+            anon_peak_bytes: s.anon_peak,
+            cgroup_kmem_peak_bytes: rig.cg.counter("memory.kmem.max_usage_in_bytes"),
+            pool_peak_bytes: pool.peak,
+            written_back_pages: pool.written_back,
+            shared_budget,
+            server_stats: pool.server_stats,
+            dead: rig.dead.take().map(|d| d.share),
+        }
+    }
+
+    /// The pool's figures at the end of the run: zswap's pages written back since `wb0`, zram's and zmem's peaks (else `sampled_peak`), zmem's server.
+    fn pool_figures(&self, rig: &Rig, wb0: u64, sampled_peak: u64) -> PoolFigures {
+        let mut f = PoolFigures { peak: sampled_peak, written_back: 0, server_cpu: 0.0, server_stats: None };
+        match self.sys {
+            System::Zswap if self.kind.is_some() => f.written_back = self.zswap.counter("written_back_pages").saturating_sub(wb0),
+            System::Zram => {
+                if let Some(z) = rig.setup.as_ref().and_then(|s| s.zram.as_ref()) {
+                    f.peak = z.mm_stat().map(|m| m.mem_used_max).unwrap_or(0);
+                }
+            }
+            System::Zmem => {
+                if let Some(v) = rig.setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status()) {
+                    let st = &v["server"]["stats"];
+                    f.peak = st["mem_used_max"].as_u64().unwrap_or(0);
+                    f.written_back = st["written_back_pages"].as_u64().unwrap_or(0);
+                    f.server_stats = Some(st.clone());
+                }
+                f.server_cpu = rig.server_pid.and_then(host::cpu_secs).map_or(0.0, |c| c - rig.server_cpu0);
+            }
+            _ => {}
+        }
+        f
+    }
+
+    /// The cgroup removed, then the system's setup undone, zswap off again after a zswap run, and the result appended to the run's log.
+    fn tear_down(&self, rig: Rig, log_path: &Path, r: &RunResult) -> anyhow::Result<()> {
+        drop(rig.cg);
+        drop(rig.setup);
+        if self.sys == System::Zswap {
+            self.zswap.set("enabled", "N")?;
+        }
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(log_path) {
+            let _ = writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default());
+        }
+        Ok(())
+    }
 }
 
 /// `a / b`, or `None` when `b` is 0 or either run failed.
