@@ -3,14 +3,14 @@
 //! # The index and its entries
 //! Keys (page numbers from every frontend) hash to one of N shards (64 by
 //! default); whole 16-key blocks go to one shard, so a run of keys shares a
-//! lock and a block. A shard is a mutex over a [`BlockIndex`] and the
-//! counters of the entries it holds. An entry is 12 bytes (`entry.rs`):
+//! lock and a block. A shard (`shard.rs`) is a mutex over a block map
+//! (`index.rs`) and the counters of the entries it holds. An entry is 12 bytes (`entry.rs`):
 //! `Obj(handle, len, tag)` for an object in RAM (the tag names the
 //! algorithm, or raw, or a dictionary slot and lz4/zstd: `dict.rs`), `Same(word)` for a page of
 //! one repeated word (no memory), `Dedup(hash)` for a page whose object is
 //! shared through the dedup table, `Backed(record)` for a page on the
 //! backing file. The dedup table (64 shards, chosen by content hash) maps a
-//! hash to a [`DedupRec`]: where the shared object lives (RAM or a record),
+//! hash to a record (`dedup.rs`): where the shared object lives (RAM or a record),
 //! its encoding and its reference count.
 //!
 //! # Store
@@ -66,15 +66,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
 
 use crate::cold::{ColdError, ColdStore};
 use zmem_compress::{Algorithm, Compressor};
 
-use crate::charged::{map_bytes, map_insert_new, Lru, Map};
+use crate::dedup::{DedupTable, Loc, Released};
 use crate::dict::{DictConfig, DictSource, Dicts, TrainReport};
-use crate::entry::{count_dict, fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE};
+use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
 use crate::objects::{with_page_buf, Objects};
 use crate::recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
@@ -193,82 +193,6 @@ impl Default for PoolConfig {
     }
 }
 
-/// Where a shared object lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Loc {
-    Ram(Handle),
-    /// A record id in the backing store; the record's key is the hash.
-    Backed(u64),
-    /// Dropped by the cold store (a clean cache): its keys miss until they
-    /// are stored again or freed; the record goes with the last of them.
-    Dropped,
-}
-
-/// A shared object: one allocation (or one record) referenced by `refs`
-/// index entries. Every key that shares it follows it to the backing file
-/// and back: their entries name the hash, not the place.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct DedupRec {
-    pub loc: Loc,
-    pub info: ObjInfo,
-    pub refs: u32,
-    /// Matches the record to its LRU item (tier only).
-    pub gen: u8,
-    /// Set by a load or a new sharer: one more round in RAM.
-    pub referenced: bool,
-    /// Last access, seconds since the pool was created (zram's ac_time).
-    pub ac: u32,
-}
-
-#[derive(Default)]
-pub(crate) struct DedupShard {
-    /// Content hash (xxh3-64 of the original page) -> shared object.
-    pub map: Map<DedupRec>,
-    /// Writeback tier only: store order of the shard's objects in RAM.
-    pub lru: Lru,
-    pub next_gen: u8,
-    /// Bytes and huge pages of the shard's objects in RAM.
-    pub compr_bytes: u64,
-    pub huge_pages: u64,
-    /// Sum of (refs - 1): pages that cost no allocation thanks to sharing.
-    pub dup_pages: u64,
-    /// Compressed bytes those pages would otherwise have taken (zram's dup_data_size).
-    pub dup_bytes: u64,
-    /// Shared objects on the backing store, and the pages that refer to them.
-    pub backed_records: u64,
-    pub backed_refs: u64,
-    /// Pages whose shared object the cold store dropped (they miss).
-    pub dropped_refs: u64,
-    /// Shared objects (in RAM or written back) per dictionary slot.
-    pub dict_objs: [u64; DICT_SLOTS],
-}
-
-impl DedupShard {
-    /// A shared object enters or leaves RAM: move its counts.
-    pub(crate) fn account_ram(&mut self, rec: &DedupRec, into_ram: bool) {
-        let (len, huge) = (rec.info.len as u64, rec.info.is_huge() as u64);
-        count_dict(&mut self.dict_objs, rec.info, into_ram);
-        if into_ram {
-            self.compr_bytes += len;
-            self.huge_pages += huge;
-        } else {
-            self.compr_bytes -= len;
-            self.huge_pages -= huge;
-        }
-    }
-    pub(crate) fn account_backed(&mut self, rec: &DedupRec, on_disk: bool) {
-        count_dict(&mut self.dict_objs, rec.info, on_disk);
-        if on_disk {
-            self.backed_records += 1;
-            self.backed_refs += rec.refs as u64;
-        } else {
-            self.backed_records -= 1;
-            self.backed_refs -= rec.refs as u64;
-        }
-    }
-}
-
-const DEDUP_SHARDS: usize = 64;
 /// A load whose record was freed or moved while it read starts again, at
 /// most this many times.
 const LOAD_TRIES: u32 = 8;
@@ -305,7 +229,8 @@ pub(crate) struct Engine {
     pub(crate) objects: Objects,
     /// Every key's entry, in shards (`shard.rs`).
     pub(crate) index: Index,
-    pub(crate) dedup: Option<Box<[Mutex<DedupShard>]>>,
+    /// Shared objects, by content hash (`dedup.rs`), if dedup is on.
+    pub(crate) dedup: Option<DedupTable>,
     pub(crate) counters: Counters,
     /// `max_pool` in pages (u64::MAX: none); compared with [`Engine::held_pages`].
     pub(crate) max_pool_pages: AtomicU64,
@@ -320,8 +245,6 @@ pub(crate) struct Engine {
     pub(crate) tier: Option<Tier>,
     /// Time zero for access times.
     epoch: Instant,
-    /// Adaptive dedup's mode and counters (`dedup.rs`).
-    pub(crate) dedup_mode: crate::dedup::DedupMode,
 }
 
 impl Pool {
@@ -595,7 +518,7 @@ impl Engine {
             )));
         }
         let index = Index::new(cfg.shards);
-        let dedup: Option<Box<[Mutex<DedupShard>]>> = cfg.dedup.then(|| (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect());
+        let dedup = cfg.dedup.then(DedupTable::new);
         // One budget for everything the pool holds: the allocator charges
         // its pages and tables to it, the index, dedup table and LRUs their
         // growth, the tier the backing store's tables. The shard arrays are
@@ -628,7 +551,6 @@ impl Engine {
         };
         Ok(Engine {
             objects: Objects::new(alloc, cfg.compressor, dicts, cfg.huge_threshold, cfg.store_incompressible),
-            dedup_mode: crate::dedup::DedupMode::new(),
             fixed_bytes: budget.used(),
             max_pool_pages: AtomicU64::new(cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64))),
             pool_full: AtomicBool::new(false),
@@ -643,8 +565,7 @@ impl Engine {
 
     /// Bytes of the shard arrays (held from creation to drop).
     fn fixed_bytes(shards: usize, dedup: bool) -> u64 {
-        let dedup = if dedup { DEDUP_SHARDS * std::mem::size_of::<Mutex<DedupShard>>() } else { 0 };
-        Index::fixed_bytes(shards) + dedup as u64
+        Index::fixed_bytes(shards) + if dedup { DedupTable::fixed_bytes() } else { 0 }
     }
 
     /// What `max_pool` bounds, in pages: the allocator's pages plus the
@@ -676,10 +597,6 @@ impl Engine {
         self.epoch.elapsed().as_secs().min(u32::MAX as u64) as u32
     }
 
-    pub(crate) fn dedup_shard(d: &[Mutex<DedupShard>], hash: u64) -> &Mutex<DedupShard> {
-        &d[(hash as usize) % d.len()]
-    }
-
     fn store(&self, key: u64, page: &[u8]) -> Result<()> {
         if page.len() != PAGE_SIZE {
             self.counters.invalid_io.fetch_add(1, Relaxed);
@@ -708,12 +625,13 @@ impl Engine {
         }
         if let Some(d) = &self.dedup {
             let hash = xxhash_rust::xxh3::xxh3_64(page);
-            self.dedup_maintain();
+            let tiered = self.tier.is_some();
+            d.maintain(&self.index, &self.objects, &self.counters, self.now(), tiered);
             // Without a record for every page (adaptive dedup, `dedup.rs`),
             // a page that finds no twin is stored as any other.
-            let track = self.dedup_tracks(hash);
+            let track = d.tracks(hash, tiered);
             let r = self.store_dedup(d, hash, page, track)?;
-            self.dedup_observe(track, r.as_ref().and_then(|&(_, saved)| saved));
+            d.observe(track, r.as_ref().and_then(|&(_, saved)| saved), tiered);
             if let Some((new, _)) = r {
                 return self.publish(key, new);
             }
@@ -848,15 +766,15 @@ impl Engine {
     /// with no lock held, if it was written back). Returns the entry and,
     /// for a page shared, the compressed bytes it saved; None when there
     /// is no twin and `create` is off (the caller stores the page plainly).
-    fn store_dedup(&self, d: &[Mutex<DedupShard>], hash: u64, page: &[u8], create: bool) -> Result<Option<(Entry, Option<u64>)>> {
-        let shard = Self::dedup_shard(d, hash);
+    fn store_dedup(&self, d: &DedupTable, hash: u64, page: &[u8], create: bool) -> Result<Option<(Entry, Option<u64>)>> {
+        let shard = d.shard(hash);
         // A tiered pool may wait for room: never with the dedup lock held.
         let mut admitted = false;
         let mut tries = 0;
         loop {
             tries += 1;
             let mut ds = shard.lock();
-            let Some(rec) = ds.map.get(&hash).copied() else {
+            let Some(rec) = ds.get(hash) else {
                 if !create {
                     return Ok(None);
                 }
@@ -871,20 +789,19 @@ impl Engine {
                 }
                 let b = self.budget();
                 if self.tier.is_some() {
-                    ds.lru.reserve_one(b).map_err(|e| self.alloc_failed(e))?;
+                    ds.reserve_lru(b).map_err(|e| self.alloc_failed(e))?;
                 }
                 let (handle, info) = self.encode_new(page)?;
-                let gen = ds.next_gen;
-                ds.next_gen = gen.wrapping_add(1);
-                let rec = DedupRec { loc: Loc::Ram(handle), info, refs: 1, gen, referenced: false, ac: self.now() };
-                if let Err(e) = map_insert_new(&mut ds.map, hash, rec, b) {
-                    drop(ds);
-                    self.release(Entry::obj(handle, info));
-                    return Err(self.alloc_failed(e));
-                }
-                ds.account_ram(&rec, true);
+                let gen = match ds.insert(hash, handle, info, self.now(), b) {
+                    Ok(gen) => gen,
+                    Err(e) => {
+                        drop(ds);
+                        self.release(Entry::obj(handle, info));
+                        return Err(self.alloc_failed(e));
+                    }
+                };
                 if let Some(t) = &self.tier {
-                    t.enqueue_shared(&mut ds, hash, gen, b);
+                    ds.enqueue(hash, gen, t.next_seq(), b);
                 }
                 return Ok(Some((Entry::dedup(hash, info), None)));
             };
@@ -895,7 +812,7 @@ impl Engine {
                     drop(ds);
                     let equal = self.record_equals(id, hash, rec.info, page);
                     ds = shard.lock();
-                    let now = ds.map.get(&hash).map(|r| (r.loc, r.gen));
+                    let now = ds.get(hash).map(|r| (r.loc, r.gen));
                     if now != Some((rec.loc, rec.gen)) {
                         if tries < LOAD_TRIES {
                             // Promoted, freed or replaced while we read: look again.
@@ -908,15 +825,7 @@ impl Engine {
                 }
             };
             if equal {
-                let now = self.now();
-                let r = ds.map.get_mut(&hash).expect("checked under this lock");
-                r.refs += 1;
-                r.referenced = true;
-                r.ac = now;
-                let backed = matches!(r.loc, Loc::Backed(_));
-                ds.dup_pages += 1;
-                ds.dup_bytes += rec.info.len as u64;
-                ds.backed_refs += backed as u64;
+                ds.add_ref(hash, Some(self.now()));
                 self.counters.dedup_hits.fetch_add(1, Relaxed);
                 return Ok(Some((Entry::dedup(hash, rec.info), Some(rec.info.len as u64))));
             }
@@ -964,56 +873,25 @@ impl Engine {
     }
 
     pub(crate) fn free_failed(&self, msg: &str) {
-        self.counters.free_fail.fetch_add(1, Relaxed);
-        self.counters.warn.warn(|| format!("could not free a page's storage: {msg}"));
+        self.counters.free_failed(msg);
     }
 
     fn release_shared(&self, hash: u64) -> std::result::Result<(), String> {
         let Some(d) = &self.dedup else {
             return Err("a shared-page entry in a pool without dedup".into());
         };
-        let mut g = Self::dedup_shard(d, hash).lock();
-        let ds = &mut *g;
-        let Some(rec) = ds.map.get_mut(&hash) else {
-            return Err(format!("shared object {hash:#x} is missing from the dedup table"));
-        };
-        let backed = matches!(rec.loc, Loc::Backed(_));
-        if rec.loc == Loc::Dropped {
-            rec.refs -= 1;
-            ds.dropped_refs -= 1;
-            if rec.refs == 0 {
-                ds.map.remove(&hash);
-            }
-            return Ok(());
-        }
-        if rec.refs > 1 {
-            rec.refs -= 1;
-            ds.dup_pages -= 1;
-            ds.dup_bytes -= rec.info.len as u64;
-            ds.backed_refs -= backed as u64;
-            return Ok(());
-        }
-        let rec = *rec;
-        ds.map.remove(&hash);
-        match rec.loc {
-            Loc::Ram(h) => {
-                ds.account_ram(&rec, false);
-                drop(g);
-                self.objects.free(h).map_err(|e| e.to_string())
-            }
-            Loc::Dropped => Ok(()),
-            Loc::Backed(id) => {
-                ds.account_backed(&rec, false);
-                drop(g);
-                match &self.tier {
-                    Some(t) => {
-                        let r = t.store.free(crate::cold::RecordId::from_raw(id)).map_err(|e| e.to_string());
-                        t.settle_backing(self.budget(), 0);
-                        r
-                    }
-                    None => Err("a written-back shared object in a pool without a backing store".into()),
+        let released = d.shard(hash).lock().release(hash)?;
+        match released {
+            Released::Nothing => Ok(()),
+            Released::Object(h) => self.objects.free(h).map_err(|e| e.to_string()),
+            Released::Record(id) => match &self.tier {
+                Some(t) => {
+                    let r = t.store.free(crate::cold::RecordId::from_raw(id)).map_err(|e| e.to_string());
+                    t.settle_backing(self.budget(), 0);
+                    r
                 }
-            }
+                None => Err("a written-back shared object in a pool without a backing store".into()),
+            },
         }
     }
 
@@ -1052,17 +930,10 @@ impl Engine {
                 Slot::Obj(h, info) => return self.objects.read_object(key, h, info, buf),
                 Slot::Dedup(hash, _) => {
                     let d = self.dedup.as_ref().ok_or(ZmemError::Inconsistent { key, what: "a shared-page entry in a pool without dedup".into() })?;
-                    let mut ds = Self::dedup_shard(d, hash).lock();
-                    let tiered = self.tier.is_some();
-                    let rec = ds
-                        .map
-                        .get_mut(&hash)
+                    let mut ds = d.shard(hash).lock();
+                    let (loc, info) = ds
+                        .access(hash, now, self.tier.is_some())
                         .ok_or_else(|| ZmemError::Inconsistent { key, what: format!("shared object {hash:#x} is missing from the dedup table") })?;
-                    if tiered {
-                        rec.referenced = true;
-                        rec.ac = now;
-                    }
-                    let (loc, info) = (rec.loc, rec.info);
                     match loc {
                         Loc::Ram(h) => return self.objects.read_object(key, h, info, buf),
                         // The clean cache dropped it: a miss.
@@ -1114,7 +985,7 @@ impl Engine {
             Slot::Same(_) => Residency::SameFilled,
             Slot::Dedup(hash, _) => {
                 let d = self.dedup.as_ref()?;
-                match Self::dedup_shard(d, hash).lock().map.get(&hash)?.loc {
+                match d.shard(hash).lock().loc(hash)? {
                     Loc::Ram(_) => Residency::Shared,
                     Loc::Backed(_) => Residency::Backed,
                     Loc::Dropped => return None,
@@ -1185,18 +1056,12 @@ impl Engine {
         index_bytes += Index::fixed_bytes(self.index.shards().len());
         let mut dedup_bytes = 0;
         if let Some(d) = &self.dedup {
-            for ds in d.iter() {
-                let ds = ds.lock();
-                st.compr_data_size += ds.compr_bytes;
-                st.huge_pages += ds.huge_pages;
-                st.dup_pages += ds.dup_pages;
-                st.dup_data_size += ds.dup_bytes;
-                st.bd_count += ds.backed_records;
-                backed_pages += ds.backed_refs + ds.dropped_refs;
-                dedup_bytes += map_bytes(&ds.map);
-                st.lru_bytes += ds.lru.bytes();
+            for ds in d.shards() {
+                let (backed, table) = ds.lock().add_stats(&mut st);
+                backed_pages += backed;
+                dedup_bytes += table;
             }
-            dedup_bytes += (d.len() * std::mem::size_of::<Mutex<DedupShard>>()) as u64;
+            dedup_bytes += DedupTable::fixed_bytes();
         }
         st.stored_pages -= backed_pages;
         let a = self.objects.alloc_stats();
@@ -1205,8 +1070,8 @@ impl Engine {
         st.alloc_metadata_bytes = a.metadata_bytes;
         st.index_bytes = index_bytes;
         st.meta_data_size = dedup_bytes;
-        st.dedup_full = self.dedup.is_some() && self.dedup_mode.full();
-        st.dedup_switches = self.dedup_mode.switches();
+        st.dedup_full = self.dedup.as_ref().is_some_and(DedupTable::full);
+        st.dedup_switches = self.dedup.as_ref().map_or(0, DedupTable::switches);
         if let Some(d) = self.objects.dicts() {
             (st.dict_count, st.dict_bytes) = d.usage();
             st.dict_id = d.current_dict().map_or(0, |c| c.id());
@@ -1279,7 +1144,7 @@ impl Engine {
     /// Objects written with the dictionary in `slot`, in RAM or written back.
     pub(crate) fn dict_objects(&self, slot: usize) -> u64 {
         let keys: u64 = self.index.shards().iter().map(|s| s.lock().dict_objects(slot)).sum();
-        let shared: u64 = self.dedup.iter().flat_map(|d| d.iter()).map(|ds| ds.lock().dict_objs[slot]).sum();
+        let shared: u64 = self.dedup.iter().flat_map(|d| d.shards()).map(|ds| ds.lock().dict_objects(slot)).sum();
         keys + shared
     }
 }

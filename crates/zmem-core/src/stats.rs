@@ -28,6 +28,13 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// A free that failed (a stale handle or record: a bug) cannot be
+    /// returned to anyone: it is counted (`free_fail`) and logged.
+    pub fn free_failed(&self, msg: &str) {
+        self.free_fail.fetch_add(1, Relaxed);
+        self.warn.warn(|| format!("could not free a page's storage: {msg}"));
+    }
+
     pub fn fill(&self, st: &mut Stats) {
         st.stores = self.stores.load(Relaxed);
         st.loads = self.loads.load(Relaxed);

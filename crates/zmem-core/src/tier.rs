@@ -92,9 +92,10 @@ use zmem_alloc::{Budget, Handle};
 use crate::cold::{ColdStore, RecordId};
 
 use crate::charged::LruItem;
+use crate::dedup::{DedupShard, ToCold};
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
-use crate::pool::{DedupRec, DedupShard, Engine, Loc, OBJ};
+use crate::pool::{Engine, OBJ};
 use crate::shard::Shard;
 use crate::stats::Stats;
 
@@ -272,16 +273,6 @@ impl Tier {
     pub fn queue(&self, s: &mut Shard, key: u64, e: Entry, b: &Budget) {
         if matches!(e.slot(), Slot::Obj(..)) {
             s.lru().push_back(LruItem { key, seq: self.next_seq(), gen: e.gen() }, b);
-        }
-    }
-
-    /// Queue a shared object (new, or back in RAM) at the hot end of its
-    /// dedup shard's LRU, in room reserved for it.
-    pub fn enqueue_shared(&self, ds: &mut DedupShard, hash: u64, gen: u8, b: &Budget) {
-        ds.lru.push_back(LruItem { key: hash, seq: self.next_seq(), gen }, b);
-        if ds.lru.len() > 2 * ds.map.len() + 64 {
-            let map = &ds.map;
-            ds.lru.retain(|it| map.get(&it.key).is_some_and(|r| r.gen == it.gen && matches!(r.loc, Loc::Ram(_))), b);
         }
     }
 
@@ -562,12 +553,12 @@ impl Engine {
         let now = t.seq.load(Relaxed).wrapping_add(1 << 30);
         let age = |it: &LruItem| now.wrapping_sub(it.seq);
         let sources: Vec<Source<'_>> =
-            self.index.shards().iter().map(Source::Index).chain(self.dedup.iter().flat_map(|d| d.iter()).map(Source::Shared)).collect();
+            self.index.shards().iter().map(Source::Index).chain(self.dedup.iter().flat_map(|d| d.shards()).map(Source::Shared)).collect();
         let mut heads = std::collections::BinaryHeap::new();
         for (i, src) in sources.iter().enumerate() {
             let front = match src {
                 Source::Index(sh) => sh.lock().lru_ref().front().map(age),
-                Source::Shared(ds) => ds.lock().lru.front().map(age),
+                Source::Shared(ds) => ds.lock().lru_ref().front().map(age),
             };
             if let Some(a) = front {
                 heads.push((a, i));
@@ -589,7 +580,7 @@ impl Engine {
                 Source::Shared(ds) => {
                     let mut g = ds.lock();
                     self.pick_cold_shared(&mut g, &mut pick);
-                    g.lru.front().map(age)
+                    g.lru_ref().front().map(age)
                 }
             };
             examined += pick.examined;
@@ -627,21 +618,18 @@ impl Engine {
 
     /// [`pick_cold_keys`](Self::pick_cold_keys) for a dedup shard's shared objects.
     fn pick_cold_shared(&self, ds: &mut DedupShard, p: &mut Pick<'_>) {
-        while let Some(item) = p.next(&ds.lru) {
-            ds.lru.pop_front();
-            let Some(rec) = ds.map.get_mut(&item.key) else { continue };
-            let Loc::Ram(handle) = rec.loc else { continue };
-            if rec.gen != item.gen {
-                continue;
-            }
-            if rec.referenced {
-                rec.referenced = false;
-                ds.lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
-                continue;
-            }
-            let (info, gen) = (rec.info, rec.gen);
+        while let Some(item) = p.next(ds.lru_ref()) {
+            ds.lru().pop_front();
+            let (handle, info, gen) = match ds.cold_candidate(&item) {
+                Ok(c) => c,
+                Err(true) => {
+                    ds.lru().push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
+                    continue;
+                }
+                Err(false) => continue,
+            };
             let Some(off) = self.objects.copy_out(handle, info, p.buf) else { continue };
-            ds.lru.take_out();
+            ds.lru().take_out();
             let v = Victim { src: p.src, key: item.key, entry: Entry::EMPTY, handle, info, gen, referenced: false, item: Some(item), off };
             p.victims.push(v);
         }
@@ -738,19 +726,13 @@ impl Engine {
                 }
             })?;
         }
-        for ds in self.dedup.iter().flat_map(|d| d.iter()) {
-            let picked: Vec<(u64, u8)> = {
-                let g = ds.lock();
-                let ram = |r: &DedupRec| matches!(r.loc, Loc::Ram(_)) && mode.picks(r.info, r.ac, now);
-                g.map.iter().filter(|(_, r)| ram(r)).map(|(&h, r)| (h, r.gen)).take(cap(budget)).collect()
-            };
+        for ds in self.dedup.iter().flat_map(|d| d.shards()) {
+            let picked = ds.lock().ram_picked(|info, ac| mode.picks(info, ac, now), cap(budget));
             total += self.writeback_in_batches(t, Source::Shared(ds), &picked, &mut budget, |chunk, victims, buf| {
                 let g = ds.lock();
                 for &(hash, gen) in chunk {
-                    let Some(r) = g.map.get(&hash).filter(|r| r.gen == gen) else { continue };
-                    let Loc::Ram(handle) = r.loc else { continue };
-                    if let Some(off) = self.objects.copy_out(handle, r.info, buf) {
-                        let (info, referenced) = (r.info, r.referenced);
+                    let Some((handle, info, referenced)) = g.in_ram(hash, gen) else { continue };
+                    if let Some(off) = self.objects.copy_out(handle, info, buf) {
                         victims.push(Victim { src: 0, key: hash, entry: Entry::EMPTY, handle, info, gen, referenced, item: None, off });
                     }
                 }
@@ -868,24 +850,10 @@ impl Engine {
                 return Ok(());
             }
             {
-                let mut g = Self::dedup_shard(d, hash).lock();
-                let ds = &mut *g;
-                let Some(rec) = ds.map.get_mut(&hash) else { return Ok(()) };
-                if rec.loc != Loc::Backed(id) {
-                    return Ok(());
-                }
-                if ds.lru.reserve_one(self.budget()).is_err() {
-                    return Ok(());
-                }
-                let Ok(h) = self.objects.write(obj) else { return Ok(()) };
-                let before = *rec;
-                rec.loc = Loc::Ram(h);
-                rec.gen = ds.next_gen;
-                ds.next_gen = ds.next_gen.wrapping_add(1);
-                let (after, gen) = (*rec, rec.gen);
-                ds.account_backed(&before, false);
-                ds.account_ram(&after, true);
-                t.enqueue_shared(ds, hash, gen, self.budget());
+                let mut ds = d.shard(hash).lock();
+                let b = self.budget();
+                let Some(gen) = ds.promote(hash, id, b, || self.objects.write(obj).ok()) else { return Ok(()) };
+                ds.enqueue(hash, gen, t.next_seq(), b);
             }
             if let Err(e) = t.store.free(RecordId::from_raw(id)) {
                 self.free_failed(&e.to_string());
@@ -920,17 +888,14 @@ fn requeue_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, victims: impl DoubleEnd
 
 fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &mut DedupShard, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
     for v in victims.rev() {
-        let (Some(item), Some(rec)) = (v.item, ds.map.get(&v.key)) else { continue };
-        if rec.gen != v.gen || rec.loc != Loc::Ram(v.handle) {
-            continue;
-        }
-        if rec.referenced {
-            ds.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
+        let (Some(item), Some(referenced)) = (v.item, ds.still_in_ram(v.key, v.gen, v.handle)) else { continue };
+        if referenced {
+            ds.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
         } else {
-            ds.lru.push_front(item, b);
+            ds.lru().push_front(item, b);
         }
     }
-    ds.lru.return_out(out);
+    ds.lru().return_out(out);
 }
 
 /// What settling a batch leaves to do once the shard locks are dropped.
@@ -988,40 +953,20 @@ fn settle_shared<'v>(
     out: usize,
 ) {
     for (v, &id) in done {
-        let Some(rec) = ds.map.get_mut(&v.key) else {
-            settled.stale.extend(id);
-            continue;
-        };
-        if rec.gen != v.gen || rec.loc != Loc::Ram(v.handle) {
-            settled.stale.extend(id);
-            continue;
-        }
-        if rec.referenced && !v.referenced {
-            // Loaded or shared again while we wrote: stays, at the hot end.
-            settled.stale.extend(id);
-            if let Some(item) = v.item {
-                ds.lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
+        match ds.written_back(v.key, v.gen, v.handle, v.referenced, id.map(RecordId::to_raw)) {
+            ToCold::Stale => settled.stale.extend(id),
+            ToCold::Referenced => {
+                // Loaded or shared again while we wrote: stays, at the hot end.
+                settled.stale.extend(id);
+                if let Some(item) = v.item {
+                    ds.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
+                }
             }
-            continue;
-        }
-        let before = *rec;
-        rec.loc = match id {
-            Some(id) => Loc::Backed(id.to_raw()),
-            None => Loc::Dropped,
-        };
-        let after = *rec;
-        ds.account_ram(&before, false);
-        match id {
-            Some(_) => ds.account_backed(&after, true),
-            None => {
-                let extra = before.refs as u64 - 1;
-                ds.dup_pages -= extra;
-                ds.dup_bytes -= extra * before.info.len as u64;
-                ds.dropped_refs += before.refs as u64;
-                settled.dropped += 1;
+            ToCold::Moved { dropped } => {
+                settled.dropped += dropped as u64;
+                settled.freed.push(v.handle);
             }
         }
-        settled.freed.push(v.handle);
     }
-    ds.lru.return_out(out);
+    ds.lru().return_out(out);
 }
