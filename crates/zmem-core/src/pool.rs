@@ -77,7 +77,7 @@ use crate::dict::{DictConfig, DictSource, Dicts, TrainReport};
 use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
 use crate::objects::{with_page_buf, Objects};
-use crate::recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
+use crate::recompress::{self, Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
 use crate::tier::{Tier, WritebackMode};
@@ -309,7 +309,7 @@ impl Pool {
     /// none can shrink are marked and not tried again. See the
     /// `recompress` module's design notes. Loads and stores go on meanwhile.
     pub fn recompress(&self, req: &Recompress) -> Result<RecompressReport> {
-        self.e.recompress(req)
+        self.e.recompression().run(req, || true)
     }
 
     /// zram's `recompress type=idle` as a policy (`zmem serve
@@ -321,7 +321,7 @@ impl Pool {
     /// Returns the totals, or the first error (a pool with no
     /// recompression algorithm).
     pub fn recompress_idle_until(&self, idle_secs: u32, cpu_percent: u8, stop: &AtomicBool) -> Result<RecompressReport> {
-        self.e.recompress_idle_until(idle_secs, cpu_percent, stop)
+        self.e.recompression().idle_until(idle_secs, cpu_percent, stop)
     }
 
     /// Switch exclusive loads on or off ([`PoolConfig::exclusive_loads`]),
@@ -592,6 +592,11 @@ impl Engine {
         self.objects.budget()
     }
 
+    /// A recompression pass over this pool (`recompress.rs`).
+    fn recompression(&self) -> recompress::Pass<'_> {
+        recompress::Pass { index: &self.index, objects: &self.objects, counters: &self.counters, algs: &self.cfg.recomp_algorithms, epoch: self.epoch }
+    }
+
     /// Seconds since the pool was created (the unit of access times).
     pub(crate) fn now(&self) -> u32 {
         self.epoch.elapsed().as_secs().min(u32::MAX as u64) as u32
@@ -753,11 +758,7 @@ impl Engine {
     }
 
     pub(crate) fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
-        match e {
-            zmem_alloc::AllocError::LimitReached { .. } => self.counters.pool_limit_hit.fetch_add(1, Relaxed),
-            _ => self.counters.reject_alloc_fail.fetch_add(1, Relaxed),
-        };
-        ZmemError::from(e)
+        self.counters.alloc_failed(e)
     }
 
     /// Find an equal page already stored and share it, or (with `create`)

@@ -45,12 +45,14 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use zmem_compress::Compressor;
 
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
-use crate::pool::Engine;
-use crate::shard::Shard;
+use crate::objects::Objects;
+use crate::shard::{Index, Shard};
+use crate::stats::Counters;
 
 /// The most recompression algorithms a pool may have (zram: 4 algorithms
 /// with the primary).
@@ -106,111 +108,66 @@ impl std::ops::AddAssign for RecompressReport {
     }
 }
 
-impl Engine {
-    /// [`Pool::recompress`](crate::Pool::recompress).
-    pub(crate) fn recompress(&self, req: &Recompress) -> Result<RecompressReport> {
-        self.recompress_with(req, || true)
-    }
+/// What a pass works over: the index, the object store and the counters
+/// of the pool, its recompression algorithms, and the time it started.
+pub(crate) struct Pass<'a> {
+    pub index: &'a Index,
+    pub objects: &'a Objects,
+    pub counters: &'a Counters,
+    /// The pool's recompression algorithms, by priority.
+    pub algs: &'a [Compressor],
+    /// When the pool was created: access times count seconds from it.
+    pub epoch: Instant,
+}
 
-    /// [`recompress`](Self::recompress), calling `after_shard` after each
-    /// shard; it returns false to stop the pass.
-    pub(crate) fn recompress_with(&self, req: &Recompress, mut after_shard: impl FnMut() -> bool) -> Result<RecompressReport> {
-        let algs = &self.cfg.recomp_algorithms;
-        let top = algs.len() as u8;
-        if top == 0 {
-            return Err(ZmemError::Config("this pool has no recompression algorithm: configure one (zmem serve --recomp-algo zstd:9)".into()));
-        }
-        if let Some(p) = req.prio {
-            if p == 0 || p > top {
-                return Err(ZmemError::Config(format!("recompression priority {p} does not exist: this pool has priorities 1..={top} ({})", names(algs))));
-            }
-        }
-        let now = self.now();
+/// What became of one candidate.
+enum Outcome {
+    Recompressed {
+        saved: u64,
+    },
+    Marked,
+    /// Left as it was (changed meanwhile, no better size class for this
+    /// priority, or no memory for the new object).
+    Skipped,
+    /// No algorithm shrank it, but not all were tried: left unmarked.
+    Kept,
+}
+
+/// The page buffers of a pass.
+struct Bufs {
+    page: Vec<u8>,
+    old: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl Pass<'_> {
+    /// [`Pool::recompress`](crate::Pool::recompress), calling `after_shard`
+    /// after each shard; it returns false to stop the pass.
+    pub fn run(&self, req: &Recompress, mut after_shard: impl FnMut() -> bool) -> Result<RecompressReport> {
+        let top = self.check(req)?;
+        let now = self.epoch.elapsed().as_secs().min(u32::MAX as u64) as u32;
         let mut rep = RecompressReport::default();
         let mut budget = req.limit.unwrap_or(u64::MAX);
-        let mut page = vec![0u8; PAGE_SIZE];
-        let mut old = vec![0u8; PAGE_SIZE];
-        let mut out = vec![0u8; PAGE_SIZE];
+        let mut bufs = Bufs { page: vec![0u8; PAGE_SIZE], old: vec![0u8; PAGE_SIZE], out: vec![0u8; PAGE_SIZE] };
         for shard in self.index.shards() {
             if budget == 0 {
                 break;
             }
-            let picked: Vec<(u64, Entry)> = {
-                let s = shard.lock();
-                s.iter()
-                    .filter(|&(_, e, ac)| match e.slot() {
-                        Slot::Obj(_, info) => !e.no_recomp() && e.prio() < req.prio.unwrap_or(top) && req.picks(info, ac, now),
-                        _ => false,
-                    })
-                    .map(|(k, e, _)| (k, e))
-                    .collect()
-            };
+            let picked = self.candidates(&shard.lock(), req, top, now);
             rep.candidates += picked.len() as u64;
             for (key, e) in picked {
                 if budget == 0 {
                     break;
                 }
-                let Slot::Obj(old_h, old_info) = e.slot() else { continue };
-                let len = old_info.len as usize;
-                let copied = {
-                    let s = shard.lock();
-                    s.get(key) == Some(e) && self.objects.read(old_h, |obj| obj.get(..len).map(|b| old[..len].copy_from_slice(b)).is_some()).unwrap_or(false)
-                };
-                if !copied || self.objects.decode(key, old_info, &old[..len], &mut page).is_err() {
-                    rep.skipped += 1;
-                    continue;
-                }
-                // The entry alone does not prove the page unchanged: a
-                // store of the same length rewrites the object in place.
-                let unchanged = |s: &Shard| s.get(key) == Some(e) && self.objects.read(old_h, |obj| obj.get(..len) == Some(&old[..len])).unwrap_or(false);
-                let prios = match req.prio {
-                    Some(p) => p..=p,
-                    None => e.prio() + 1..=top,
-                };
-                let mut won = None;
-                for p in prios {
-                    let c = algs[p as usize - 1];
-                    let Ok((info, dict)) = self.objects.compress_page(c, &page, &mut out) else { continue };
-                    let n = info.len as usize;
-                    if self.objects.smaller_class(n, old_info.len as usize) {
-                        won = Some((p, info, dict));
-                        break;
+                match self.one(shard, key, e, req, top, &mut bufs) {
+                    Outcome::Recompressed { saved } => {
+                        rep.recompressed += 1;
+                        rep.saved_bytes += saved;
+                        budget -= 1;
                     }
-                }
-                // The dictionary reference (if any) is held until the swap.
-                let Some((p, info, _dict)) = won else {
-                    // zram marks a page only once the top priority failed too.
-                    let tried_top = req.prio.is_none_or(|p| p == top);
-                    let mut s = shard.lock();
-                    if tried_top && unchanged(&s) {
-                        s.set_flags(key, e.with_no_recomp());
-                        rep.marked += 1;
-                    }
-                    continue;
-                };
-                let Ok(h) = self.alloc_write(&out[..info.len as usize]) else {
-                    rep.skipped += 1;
-                    continue;
-                };
-                let new = Entry::obj(h, info).with_gen(e.gen()).with_referenced(e.referenced()).with_prio(p);
-                let swapped = {
-                    let mut s = shard.lock();
-                    let same = unchanged(&s);
-                    if same {
-                        s.replace(key, e, new);
-                    }
-                    same
-                };
-                let gone = if swapped { old_h } else { h };
-                if let Err(err) = self.objects.free(gone) {
-                    self.free_failed(&err.to_string());
-                }
-                if swapped {
-                    rep.recompressed += 1;
-                    rep.saved_bytes += (old_info.len - info.len) as u64;
-                    budget -= 1;
-                } else {
-                    rep.skipped += 1;
+                    Outcome::Marked => rep.marked += 1,
+                    Outcome::Skipped => rep.skipped += 1,
+                    Outcome::Kept => {}
                 }
             }
             if !after_shard() {
@@ -223,11 +180,97 @@ impl Engine {
         self.objects.compact();
         Ok(rep)
     }
-}
 
-impl Engine {
+    /// The request against the pool's algorithms; returns the top priority.
+    fn check(&self, req: &Recompress) -> Result<u8> {
+        let top = self.algs.len() as u8;
+        if top == 0 {
+            return Err(ZmemError::Config("this pool has no recompression algorithm: configure one (zmem serve --recomp-algo zstd:9)".into()));
+        }
+        if let Some(p) = req.prio {
+            if p == 0 || p > top {
+                return Err(ZmemError::Config(format!("recompression priority {p} does not exist: this pool has priorities 1..={top} ({})", names(self.algs))));
+            }
+        }
+        Ok(top)
+    }
+
+    /// The objects in RAM of a shard that `req` picks (not marked, below
+    /// the priority asked).
+    fn candidates(&self, s: &Shard, req: &Recompress, top: u8, now: u32) -> Vec<(u64, Entry)> {
+        s.iter()
+            .filter(|&(_, e, ac)| match e.slot() {
+                Slot::Obj(_, info) => !e.no_recomp() && e.prio() < req.prio.unwrap_or(top) && req.picks(info, ac, now),
+                _ => false,
+            })
+            .map(|(k, e, _)| (k, e))
+            .collect()
+    }
+
+    /// Recompress the object of `key`, picked as entry `e` (see the module
+    /// notes for the race with stores and loads).
+    fn one(&self, shard: &Mutex<Shard>, key: u64, e: Entry, req: &Recompress, top: u8, b: &mut Bufs) -> Outcome {
+        let Slot::Obj(old_h, old_info) = e.slot() else { return Outcome::Kept };
+        let len = old_info.len as usize;
+        let copied = {
+            let s = shard.lock();
+            s.get(key) == Some(e) && self.objects.read(old_h, |obj| obj.get(..len).map(|o| b.old[..len].copy_from_slice(o)).is_some()).unwrap_or(false)
+        };
+        if !copied || self.objects.decode(key, old_info, &b.old[..len], &mut b.page).is_err() {
+            return Outcome::Skipped;
+        }
+        // The entry alone does not prove the page unchanged: a store of
+        // the same length rewrites the object in place.
+        let old = &b.old[..len];
+        let unchanged = |s: &Shard| s.get(key) == Some(e) && self.objects.read(old_h, |obj| obj.get(..len) == Some(old)).unwrap_or(false);
+        let prios = match req.prio {
+            Some(p) => p..=p,
+            None => e.prio() + 1..=top,
+        };
+        let mut won = None;
+        for p in prios {
+            let c = self.algs[p as usize - 1];
+            let Ok((info, dict)) = self.objects.compress_page(c, &b.page, &mut b.out) else { continue };
+            if self.objects.smaller_class(info.len as usize, len) {
+                won = Some((p, info, dict));
+                break;
+            }
+        }
+        // The dictionary reference (if any) is held until the swap.
+        let Some((p, info, _dict)) = won else {
+            // zram marks a page only once the top priority failed too.
+            let tried_top = req.prio.is_none_or(|p| p == top);
+            let mut s = shard.lock();
+            if tried_top && unchanged(&s) {
+                s.set_flags(key, e.with_no_recomp());
+                return Outcome::Marked;
+            }
+            return Outcome::Kept;
+        };
+        let Ok(h) = self.objects.write(&b.out[..info.len as usize]).map_err(|err| self.counters.alloc_failed(err)) else {
+            return Outcome::Skipped;
+        };
+        let new = Entry::obj(h, info).with_gen(e.gen()).with_referenced(e.referenced()).with_prio(p);
+        let swapped = {
+            let mut s = shard.lock();
+            let same = unchanged(&s);
+            if same {
+                s.replace(key, e, new);
+            }
+            same
+        };
+        if let Err(err) = self.objects.free(if swapped { old_h } else { h }) {
+            self.counters.free_failed(&err.to_string());
+        }
+        if swapped {
+            Outcome::Recompressed { saved: (old_info.len - info.len) as u64 }
+        } else {
+            Outcome::Skipped
+        }
+    }
+
     /// [`Pool::recompress_idle_until`](crate::Pool::recompress_idle_until).
-    pub(crate) fn recompress_idle_until(&self, idle_secs: u32, cpu_percent: u8, stop: &AtomicBool) -> Result<RecompressReport> {
+    pub fn idle_until(&self, idle_secs: u32, cpu_percent: u8, stop: &AtomicBool) -> Result<RecompressReport> {
         let share = f64::from(cpu_percent.clamp(1, 100)) / 100.0;
         let mut total = RecompressReport::default();
         let nap = |d: Duration| {
@@ -239,7 +282,7 @@ impl Engine {
         while !stop.load(Relaxed) {
             let req = Recompress { idle_secs: Some(idle_secs), ..Recompress::default() };
             let mut since = Instant::now();
-            let r = self.recompress_with(&req, || {
+            let r = self.run(&req, || {
                 nap(since.elapsed().mul_f64((1.0 - share) / share));
                 since = Instant::now();
                 !stop.load(Relaxed)

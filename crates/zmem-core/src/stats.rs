@@ -28,6 +28,16 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// An allocation that failed, counted as zswap counts it (at the limit:
+    /// `pool_limit_hit`; otherwise `reject_alloc_fail`), as the error.
+    pub fn alloc_failed(&self, e: zmem_alloc::AllocError) -> crate::error::ZmemError {
+        match e {
+            zmem_alloc::AllocError::LimitReached { .. } => self.pool_limit_hit.fetch_add(1, Relaxed),
+            _ => self.reject_alloc_fail.fetch_add(1, Relaxed),
+        };
+        crate::error::ZmemError::from(e)
+    }
+
     /// A free that failed (a stale handle or record: a bug) cannot be
     /// returned to anyone: it is counted (`free_fail`) and logged.
     pub fn free_failed(&self, msg: &str) {
