@@ -455,7 +455,7 @@ mod tests {
     fn a_missing_or_different_dictionary_is_an_error_never_wrong_data() {
         for (alg, lz4) in [(Compressor::zstd(3).unwrap(), false), (Compressor::default(), true)] {
             let p = trained(alg, lz4);
-            let d = p.e.objects.dicts().unwrap();
+            let d = p.dicts_for_test().unwrap();
             let slot = d.current.load(Relaxed) as usize - 1;
             let kept = d.slots.write()[slot].take();
             let mut buf = vec![0u8; PAGE_SIZE];
@@ -478,8 +478,8 @@ mod tests {
     #[test]
     fn the_current_dictionary_is_never_freed_and_a_held_one_waits() {
         let p = trained(Compressor::zstd(3).unwrap(), false);
-        let d = p.e.objects.dicts().unwrap();
-        let retire = || d.retire_unused(p.e.budget(), |slot| p.e.dict_objects(slot));
+        let d = p.dicts_for_test().unwrap();
+        let retire = || p.retire_dicts_for_test();
         p.invalidate_range(0..300);
         for _ in 0..3 {
             retire();

@@ -59,7 +59,6 @@
 //!   `mem_used_total` on the `/usr/lib` pages), so idle pages can be named
 //!   for writeback and recompression whether or not there is a backing file.
 
-use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -80,7 +79,7 @@ use crate::objects::{with_page_buf, Objects};
 use crate::recompress::{self, Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
-use crate::tier::{Tier, WritebackMode};
+use crate::tier::{Tier, TierHost, WritebackMode, OBJ};
 
 /// Where a stored page lives (see [`Pool::residency`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,11 +196,6 @@ impl Default for PoolConfig {
 /// most this many times.
 const LOAD_TRIES: u32 = 8;
 
-thread_local! {
-    /// Per-thread buffer for an object read from the backing store.
-    pub(crate) static OBJ: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(PAGE_SIZE));
-}
-
 /// A thread-safe compressed page store with the frontswap/cleancache contract.
 ///
 /// Locks: one mutex per index shard (chosen by key), one per dedup shard
@@ -216,24 +210,24 @@ thread_local! {
 /// its accept threshold. Only a store that would take the pool over
 /// `max_pool` waits for it. Dropping the pool stops and joins the thread.
 pub struct Pool {
-    pub(crate) e: Arc<Engine>,
+    e: Arc<Engine>,
     shrinker: Option<JoinHandle<()>>,
     /// `zmem-dict`: trains dictionaries and frees unused ones (`dict.rs`).
     trainer: Option<JoinHandle<()>>,
 }
 
 /// The pool's state, shared with its shrinker thread.
-pub(crate) struct Engine {
-    pub(crate) cfg: PoolConfig,
+struct Engine {
+    cfg: PoolConfig,
     /// The allocator and the codec (`objects.rs`).
-    pub(crate) objects: Objects,
+    objects: Objects,
     /// Every key's entry, in shards (`shard.rs`).
-    pub(crate) index: Index,
+    index: Index,
     /// Shared objects, by content hash (`dedup.rs`), if dedup is on.
-    pub(crate) dedup: Option<DedupTable>,
-    pub(crate) counters: Counters,
+    dedup: Option<DedupTable>,
+    counters: Counters,
     /// `max_pool` in pages (u64::MAX: none); compared with [`Engine::held_pages`].
-    pub(crate) max_pool_pages: AtomicU64,
+    max_pool_pages: AtomicU64,
     /// What the budget holds from the start that does not grow with the
     /// data: the shard arrays. (The backing store's I/O buffers, made on
     /// its first write, are the other fixed cost: `held_pages` asks it.)
@@ -242,7 +236,7 @@ pub(crate) struct Engine {
     /// accept threshold (pools without a backing store).
     pool_full: AtomicBool,
     /// The writeback tier, if the pool has a backing store.
-    pub(crate) tier: Option<Tier>,
+    tier: Option<Tier>,
     /// Time zero for access times.
     epoch: Instant,
 }
@@ -271,7 +265,11 @@ impl Pool {
                 let worker = Arc::clone(&e);
                 let h = std::thread::Builder::new()
                     .name("zmem-shrink".into())
-                    .spawn(move || crate::tier::shrinker_main(&worker))
+                    .spawn(move || {
+                        if let Some(t) = &worker.tier {
+                            crate::tier::shrinker_main(&*worker, t);
+                        }
+                    })
                     .map_err(|err| ZmemError::Config(format!("cannot start the shrinker thread: {err}")))?;
                 Some(h)
             }
@@ -396,7 +394,7 @@ impl Pool {
     /// loads that follow find them read. A hint: it changes no page and
     /// reports no error. Returns the read operations it made.
     pub fn prefetch(&self, keys: Range<u64>) -> usize {
-        self.e.prefetch(keys)
+        self.e.tier.as_ref().map_or(0, |t| t.prefetch(&*self.e, keys))
     }
 
     /// The recompression priority of the object in RAM under `key`: 0 if
@@ -464,7 +462,8 @@ impl Pool {
     /// `limit_pages` of them (zram's `writeback_limit`). A shared object
     /// counts once. Runs while the shrinker is idle. Returns pages written.
     pub fn writeback(&self, mode: WritebackMode, limit_pages: Option<u64>) -> Result<u64> {
-        self.e.writeback(mode, limit_pages)
+        let t = self.e.tier.as_ref().ok_or(ZmemError::NoBackingStore)?;
+        t.writeback(&*self.e, mode, limit_pages)
     }
 
     /// Wait (up to `timeout`) until the shrinker has nothing left to do:
@@ -573,7 +572,7 @@ impl Engine {
     /// `max_pool` counts. O(1): the budget's total, less the allocator's
     /// pages, the fixed costs and the bound charged ahead of a backing
     /// write in flight (a write's growth counts once it has happened).
-    pub(crate) fn held_pages(&self) -> u64 {
+    fn held_pages(&self) -> u64 {
         let pages = self.objects.pages_used();
         let max = self.max_pool_pages.load(Relaxed);
         if max == u64::MAX {
@@ -588,7 +587,7 @@ impl Engine {
     }
 
     /// What every growth of the pool is charged to (zram's mem_limit).
-    pub(crate) fn budget(&self) -> &Budget {
+    fn budget(&self) -> &Budget {
         self.objects.budget()
     }
 
@@ -598,7 +597,7 @@ impl Engine {
     }
 
     /// Seconds since the pool was created (the unit of access times).
-    pub(crate) fn now(&self) -> u32 {
+    fn now(&self) -> u32 {
         self.epoch.elapsed().as_secs().min(u32::MAX as u64) as u32
     }
 
@@ -680,7 +679,7 @@ impl Engine {
     }
 
     /// A refused publish gives back what `new` holds (no lock may be held).
-    pub(crate) fn or_release(&self, r: Result<Option<Entry>>, new: Entry) -> Result<Option<Entry>> {
+    fn or_release(&self, r: Result<Option<Entry>>, new: Entry) -> Result<Option<Entry>> {
         if r.is_err() {
             self.release(new);
         }
@@ -691,7 +690,7 @@ impl Engine {
     /// needs first (an index block, the map's growth, a place in the LRU);
     /// a refusal changes nothing and leaves `new` to the caller. Returns
     /// the entry replaced, to be released once the shard lock is dropped.
-    pub(crate) fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
+    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
         let b = self.budget();
         let new = match &self.tier {
             Some(_) => {
@@ -726,7 +725,7 @@ impl Engine {
                 return Ok(());
             }
             self.counters.pool_limit_hit.fetch_add(1, Relaxed);
-            return self.wait_for_room(t, max);
+            return t.wait_for_room(self, max);
         }
         if self.pool_full.load(Relaxed) {
             if used * 100 < max * self.cfg.accept_threshold_percent as u64 {
@@ -743,9 +742,8 @@ impl Engine {
         Ok(())
     }
 
-    pub(crate) fn reject_full(&self, max_pages: u64) -> ZmemError {
-        self.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
-        ZmemError::PoolFull { limit_bytes: max_pages * PAGE_SIZE as u64 }
+    fn reject_full(&self, max_pages: u64) -> ZmemError {
+        self.counters.reject_full(max_pages)
     }
 
     /// Compress `page` into a new object.
@@ -753,11 +751,11 @@ impl Engine {
         self.objects.encode(page, |bytes, info| Ok((self.alloc_write(bytes)?, info)))
     }
 
-    pub(crate) fn alloc_write(&self, bytes: &[u8]) -> Result<Handle> {
+    fn alloc_write(&self, bytes: &[u8]) -> Result<Handle> {
         self.objects.write(bytes).map_err(|e| self.alloc_failed(e))
     }
 
-    pub(crate) fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
+    fn alloc_failed(&self, e: zmem_alloc::AllocError) -> ZmemError {
         self.counters.alloc_failed(e)
     }
 
@@ -848,13 +846,13 @@ impl Engine {
     /// Whether the written-back shared object `id` decodes to `page`.
     fn record_equals(&self, id: u64, hash: u64, info: ObjInfo, page: &[u8]) -> bool {
         let Some(t) = &self.tier else { return false };
-        OBJ.with_borrow_mut(|obj| with_page_buf(|out| self.read_record(t, hash, id, info, obj, out).is_ok() && out == page))
+        OBJ.with_borrow_mut(|obj| with_page_buf(|out| t.read_record(&self.objects, hash, id, info, obj, out).is_ok() && out == page))
     }
 
     /// Drop one reference to what `e` points at, freeing the object with its
     /// last user. A failure here (a stale handle or record: a bug) cannot be
     /// returned to anyone; it is counted (`free_fail`) and logged.
-    pub(crate) fn release(&self, e: Entry) {
+    fn release(&self, e: Entry) {
         let r = match e.slot() {
             Slot::Same(_) => Ok(()),
             Slot::Backed(id, _) => match &self.tier {
@@ -873,7 +871,7 @@ impl Engine {
         }
     }
 
-    pub(crate) fn free_failed(&self, msg: &str) {
+    fn free_failed(&self, msg: &str) {
         self.counters.free_failed(msg);
     }
 
@@ -942,13 +940,13 @@ impl Engine {
                         Loc::Backed(id) => {
                             drop(ds);
                             drop(s);
-                            self.load_backed_shared(key, hash, id, info, buf)
+                            self.tier()?.load_backed_shared(self, key, hash, id, info, buf)
                         }
                     }
                 }
                 Slot::Backed(id, info) => {
                     drop(s);
-                    self.load_backed(key, id, info, buf)
+                    self.tier()?.load_backed(self, key, id, info, buf)
                 }
             };
             match r {
@@ -1038,7 +1036,7 @@ impl Engine {
 
     /// Bring charges that lag behind frees up to date (the backing
     /// store's tables shrink when its segments empty).
-    pub(crate) fn settle_charges(&self) {
+    fn settle_charges(&self) {
         if let Some(t) = &self.tier {
             t.settle_backing(self.budget(), 0);
         }
@@ -1126,7 +1124,7 @@ impl Engine {
 
     /// Free unused dictionaries, then (with `--dict auto`) train one if
     /// the samples call for it (`force`: whatever they hold).
-    pub(crate) fn dict_round(&self, force: bool) -> Result<TrainReport> {
+    fn dict_round(&self, force: bool) -> Result<TrainReport> {
         let Some(d) = self.objects.dicts() else {
             return Err(ZmemError::Config("this pool has no dictionaries: create it with --dict auto".into()));
         };
@@ -1143,9 +1141,72 @@ impl Engine {
     }
 
     /// Objects written with the dictionary in `slot`, in RAM or written back.
-    pub(crate) fn dict_objects(&self, slot: usize) -> u64 {
+    fn dict_objects(&self, slot: usize) -> u64 {
         let keys: u64 = self.index.shards().iter().map(|s| s.lock().dict_objects(slot)).sum();
         let shared: u64 = self.dedup.iter().flat_map(|d| d.shards()).map(|ds| ds.lock().dict_objects(slot)).sum();
         keys + shared
+    }
+}
+
+impl Engine {
+    /// After a store: wake the shrinker if the pool is at its high mark.
+    fn kick_shrinker(&self) {
+        if let Some(t) = &self.tier {
+            t.kick_if_high(self);
+        }
+    }
+
+    /// The tier, which a written-back entry implies.
+    fn tier(&self) -> Result<&Tier> {
+        self.tier.as_ref().ok_or_else(|| ZmemError::Inconsistent { key: 0, what: "a written-back entry in a pool without a backing store".into() })
+    }
+}
+
+impl TierHost for Engine {
+    fn index(&self) -> &Index {
+        &self.index
+    }
+    fn dedup(&self) -> Option<&DedupTable> {
+        self.dedup.as_ref()
+    }
+    fn objects(&self) -> &Objects {
+        &self.objects
+    }
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    fn held_pages(&self) -> u64 {
+        Engine::held_pages(self)
+    }
+    fn max_pool_pages(&self) -> u64 {
+        self.max_pool_pages.load(Relaxed)
+    }
+    fn accept_threshold_percent(&self) -> u8 {
+        self.cfg.accept_threshold_percent
+    }
+    fn now(&self) -> u32 {
+        Engine::now(self)
+    }
+    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
+        Engine::publish_locked(self, s, key, new)
+    }
+    fn release(&self, e: Entry) {
+        Engine::release(self, e)
+    }
+}
+
+#[cfg(test)]
+impl Pool {
+    /// The pool's dictionaries (`dict.rs`'s tests reach into them).
+    pub(crate) fn dicts_for_test(&self) -> Option<&Dicts> {
+        self.e.objects.dicts()
+    }
+
+    /// One round of freeing unused dictionaries, as the `zmem-dict` thread
+    /// runs (`dict.rs`'s tests).
+    pub(crate) fn retire_dicts_for_test(&self) {
+        if let Some(d) = self.e.objects.dicts() {
+            d.retire_unused(self.e.budget(), |slot| self.e.dict_objects(slot));
+        }
     }
 }

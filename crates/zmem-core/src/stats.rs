@@ -38,6 +38,12 @@ impl Counters {
         crate::error::ZmemError::from(e)
     }
 
+    /// A store that needs memory is refused at `max_pool` (`max_pages`).
+    pub fn reject_full(&self, max_pages: u64) -> crate::error::ZmemError {
+        self.reject_reclaim_fail.fetch_add(1, Relaxed);
+        crate::error::ZmemError::PoolFull { limit_bytes: max_pages * crate::entry::PAGE_SIZE as u64 }
+    }
+
     /// A free that failed (a stale handle or record: a bug) cannot be
     /// returned to anyone: it is counted (`free_fail`) and logged.
     pub fn free_failed(&self, msg: &str) {

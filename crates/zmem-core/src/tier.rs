@@ -22,7 +22,7 @@
 //!
 //! # The shrinker thread and the three marks
 //! `max_pool` is a limit, as zswap's is, on the pool's pages plus the
-//! metadata that grows with the data ([`Engine::held_pages`]; zswap counts
+//! metadata that grows with the data (`TierHost::held_pages`; zswap counts
 //! pages only). Below it sit two marks: the
 //! **high mark**, halfway between the accept threshold and `max_pool`, and
 //! the **accept threshold** (`accept_threshold_percent` of `max_pool`). A
@@ -92,11 +92,14 @@ use zmem_alloc::{Budget, Handle};
 use crate::cold::{ColdStore, RecordId};
 
 use crate::charged::LruItem;
+use crate::dedup::DedupTable;
 use crate::dedup::{DedupShard, ToCold};
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
-use crate::pool::{Engine, OBJ};
+use crate::objects::Objects;
+use crate::shard::Index;
 use crate::shard::Shard;
+use crate::stats::Counters;
 use crate::stats::Stats;
 
 /// Pages written back per batch (one write to the file).
@@ -105,6 +108,36 @@ const BATCH: usize = 64;
 const ADMIT_WAIT: Duration = Duration::from_secs(10);
 /// Pause after a shrinker round that failed, before the next.
 const BACKOFF: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// Per-thread buffer for an object read from the cold store.
+    pub(crate) static OBJ: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(PAGE_SIZE));
+}
+
+/// What the tier needs of the pool it serves, and nothing more: the
+/// components it moves objects between (the index, the dedup table, the
+/// object store), the counters, the limit it works to, and the two pool
+/// operations a page brought back to RAM goes through. The tier sees no
+/// engine: this is its whole view of one.
+pub(crate) trait TierHost {
+    fn index(&self) -> &Index;
+    fn dedup(&self) -> Option<&DedupTable>;
+    fn objects(&self) -> &Objects;
+    fn counters(&self) -> &Counters;
+    /// What `max_pool` bounds now, in pages.
+    fn held_pages(&self) -> u64;
+    /// `max_pool` in pages (`u64::MAX`: none).
+    fn max_pool_pages(&self) -> u64;
+    /// zswap's accept_threshold_percent.
+    fn accept_threshold_percent(&self) -> u8;
+    /// Seconds since the pool was created (access times).
+    fn now(&self) -> u32;
+    /// Put `new` under `key` in its locked shard, as a store does; returns
+    /// the entry replaced (to be released with no lock held).
+    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>>;
+    /// Drop one reference to what `e` names.
+    fn release(&self, e: Entry);
+}
 
 /// What [`Pool::writeback`](crate::Pool::writeback) writes back (zram's
 /// `writeback` modes).
@@ -396,8 +429,7 @@ impl Tier {
 }
 
 /// The shrinker thread: sleep until asked, run a round, report, repeat.
-pub(crate) fn shrinker_main(e: &Engine) {
-    let Some(t) = &e.tier else { return };
+pub(crate) fn shrinker_main(e: &impl TierHost, t: &Tier) {
     loop {
         {
             let mut c = t.ctl.lock();
@@ -410,12 +442,12 @@ pub(crate) fn shrinker_main(e: &Engine) {
             c.running = true;
         }
         t.wanted.store(false, Release);
-        let r = e.shrink_round(t);
+        let r = t.shrink_round(e);
         let failed = match &r {
-            Ok((_, exhausted)) => *exhausted && e.held_pages() >= e.max_pool_pages.load(Relaxed),
+            Ok((_, exhausted)) => *exhausted && e.held_pages() >= e.max_pool_pages(),
             Err(err) => {
-                e.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
-                e.counters.warn.warn(|| format!("writeback failed; the pool stays near its limit: {err}"));
+                e.counters().reject_reclaim_fail.fetch_add(1, Relaxed);
+                e.counters().warn.warn(|| format!("writeback failed; the pool stays near its limit: {err}"));
                 true
             }
         };
@@ -435,43 +467,37 @@ pub(crate) fn shrinker_main(e: &Engine) {
     }
 }
 
-impl Engine {
-    fn tier(&self) -> Result<&Tier> {
-        self.tier.as_ref().ok_or(ZmemError::NoBackingStore)
-    }
-
+impl Tier {
     /// Allocator pages under which a written-back page may come back to RAM.
-    pub(crate) fn accept_pages(&self) -> u64 {
-        let max = self.max_pool_pages.load(Relaxed);
+    pub(crate) fn accept_pages(&self, h: &impl TierHost) -> u64 {
+        let max = h.max_pool_pages();
         if max == u64::MAX {
             return u64::MAX;
         }
-        max * self.cfg.accept_threshold_percent as u64 / 100
+        max * h.accept_threshold_percent() as u64 / 100
     }
 
     /// Where a shrinker round stops: the accept threshold, and always below
     /// `max_pool`, so a round always leaves room for a waiting store.
-    fn shrink_target(&self) -> u64 {
-        let max = self.max_pool_pages.load(Relaxed);
-        self.accept_pages().min(max.saturating_sub(1))
+    fn shrink_target(&self, h: &impl TierHost) -> u64 {
+        let max = h.max_pool_pages();
+        self.accept_pages(h).min(max.saturating_sub(1))
     }
 
     /// Where a store wakes the shrinker: halfway from the target to max_pool.
-    fn high_pages(&self) -> u64 {
-        let max = self.max_pool_pages.load(Relaxed);
+    fn high_pages(&self, h: &impl TierHost) -> u64 {
+        let max = h.max_pool_pages();
         if max == u64::MAX {
             return u64::MAX;
         }
-        let target = self.shrink_target();
+        let target = self.shrink_target(h);
         target + (max - target) / 2
     }
 
     /// After a store: wake the shrinker if the pool is at its high mark.
-    pub(crate) fn kick_shrinker(&self) {
-        if let Some(t) = &self.tier {
-            if self.held_pages() >= self.high_pages() {
-                t.kick();
-            }
+    pub(crate) fn kick_if_high(&self, h: &impl TierHost) {
+        if h.held_pages() >= self.high_pages(h) {
+            self.kick();
         }
     }
 
@@ -481,12 +507,12 @@ impl Engine {
     /// limit (the disk failed, or nothing is left to write back), or after
     /// [`ADMIT_WAIT`]. A waiting store cuts the shrinker's backoff short, so
     /// a disk that failed once is tried again for it.
-    pub(crate) fn wait_for_room(&self, t: &Tier, max: u64) -> Result<()> {
+    pub(crate) fn wait_for_room(&self, h: &impl TierHost, max: u64) -> Result<()> {
         let deadline = Instant::now() + ADMIT_WAIT;
-        let mut c = t.ctl.lock();
+        let mut c = self.ctl.lock();
         let start = c.rounds;
         loop {
-            if self.held_pages() < max {
+            if h.held_pages() < max {
                 return Ok(());
             }
             let gave_up = c.last_failed && !c.running && c.rounds > start;
@@ -494,40 +520,40 @@ impl Engine {
                 break;
             }
             c.urgent = true;
-            t.wanted.store(true, Release);
-            t.wake.notify_all();
+            self.wanted.store(true, Release);
+            self.wake.notify_all();
             let until = (Instant::now() + Duration::from_millis(20)).min(deadline);
-            t.progress.wait_until(&mut c, until);
+            self.progress.wait_until(&mut c, until);
         }
         drop(c);
-        Err(self.reject_full(max))
+        Err(h.counters().reject_full(max))
     }
 
     /// One shrinker round: write back from the cold end of the LRUs until
     /// the pool is under its target. Returns (pages written back, whether
     /// the LRUs ran out of candidates).
-    fn shrink_round(&self, t: &Tier) -> Result<(u64, bool)> {
-        let _writing = t.writing.lock();
-        let target = self.shrink_target();
+    fn shrink_round(&self, h: &impl TierHost) -> Result<(u64, bool)> {
+        let _writing = self.writing.lock();
+        let target = self.shrink_target(h);
         let mut total = 0;
         let mut exhausted = false;
-        while self.held_pages() > target && !t.stopping() {
+        while h.held_pages() > target && !self.stopping() {
             // Write back only what compaction cannot free. Under a store
             // storm, new objects fill the holes writeback leaves, so spans
             // rarely empty by themselves: without this, a round would write
             // back far past its target before the pages came free.
             // (A class with less than a span's worth of holes is left alone,
             // so this is cheap when there is nothing to gain.)
-            if self.objects.compact_spans() > 0 {
-                t.note_progress();
+            if h.objects().compact_spans() > 0 {
+                self.note_progress();
                 continue;
             }
             // (At least a page: stores may have freed room since the check.)
-            let need = self.held_pages().saturating_sub(target).max(1);
+            let need = h.held_pages().saturating_sub(target).max(1);
             // A batch writes no more than the pages it must free: a small
             // pool may hold fewer objects than a full batch.
-            let r = self.writeback_lru_batch(t, need.saturating_mul(PAGE_SIZE as u64) as usize);
-            t.note_progress();
+            let r = self.writeback_lru_batch(h, need.saturating_mul(PAGE_SIZE as u64) as usize);
+            self.note_progress();
             let (written, examined) = r?;
             total += written;
             if examined == 0 {
@@ -535,8 +561,8 @@ impl Engine {
                 break;
             }
         }
-        if self.held_pages() > target {
-            self.objects.compact_spans();
+        if h.held_pages() > target {
+            h.objects().compact_spans();
         }
         Ok((total, exhausted))
     }
@@ -547,13 +573,13 @@ impl Engine {
     /// read once into a heap; the coldest queue gives items until its next
     /// one is younger than the next queue's head. Returns (pages written
     /// back, LRU items examined).
-    fn writeback_lru_batch(&self, t: &Tier, max_bytes: usize) -> Result<(u64, usize)> {
+    fn writeback_lru_batch(&self, h: &impl TierHost, max_bytes: usize) -> Result<(u64, usize)> {
         // Ages count from a point ahead of now, so items re-queued during
         // this batch (newer sequence numbers) are the youngest, not wrapped.
-        let now = t.seq.load(Relaxed).wrapping_add(1 << 30);
+        let now = self.seq.load(Relaxed).wrapping_add(1 << 30);
         let age = |it: &LruItem| now.wrapping_sub(it.seq);
         let sources: Vec<Source<'_>> =
-            self.index.shards().iter().map(Source::Index).chain(self.dedup.iter().flat_map(|d| d.shards()).map(Source::Shared)).collect();
+            h.index().shards().iter().map(Source::Index).chain(h.dedup().into_iter().flat_map(|d| d.shards()).map(Source::Shared)).collect();
         let mut heads = std::collections::BinaryHeap::new();
         for (i, src) in sources.iter().enumerate() {
             let front = match src {
@@ -570,16 +596,16 @@ impl Engine {
         while victims.len() < BATCH && buf.len() < max_bytes && examined < 16 * BATCH {
             let Some((_, i)) = heads.pop() else { break };
             let bound = heads.peek().map(|&(a, _)| a);
-            let mut pick = Pick { t, now, bound, src: i, victims: &mut victims, buf: &mut buf, max_bytes, examined: 0 };
+            let mut pick = Pick { t: self, now, bound, src: i, victims: &mut victims, buf: &mut buf, max_bytes, examined: 0 };
             let front = match sources[i] {
                 Source::Index(sh) => {
                     let mut s = sh.lock();
-                    self.pick_cold_keys(&mut s, &mut pick);
+                    Self::pick_cold_keys(h, &mut s, &mut pick);
                     s.lru_ref().front().map(age)
                 }
                 Source::Shared(ds) => {
                     let mut g = ds.lock();
-                    self.pick_cold_shared(&mut g, &mut pick);
+                    Self::pick_cold_shared(h, &mut g, &mut pick);
                     g.lru_ref().front().map(age)
                 }
             };
@@ -591,12 +617,12 @@ impl Engine {
         if victims.is_empty() {
             return Ok((0, examined));
         }
-        Ok((self.commit(t, &sources, victims, &buf)?, examined))
+        Ok((self.commit(h, &sources, victims, &buf)?, examined))
     }
 
     /// Pop cold objects from a shard's LRU into the batch, copying their
     /// bytes; referenced ones get a second chance at the hot end.
-    fn pick_cold_keys(&self, s: &mut Shard, p: &mut Pick<'_>) {
+    fn pick_cold_keys(h: &impl TierHost, s: &mut Shard, p: &mut Pick<'_>) {
         while let Some(item) = p.next(s.lru_ref()) {
             s.lru().pop_front();
             let Some(e) = s.get(item.key) else { continue };
@@ -606,10 +632,10 @@ impl Engine {
             }
             if e.referenced() && !p.t.exclusive() {
                 s.set_flags(item.key, e.with_referenced(false));
-                s.lru().push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
+                s.lru().push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
                 continue;
             }
-            let Some(off) = self.objects.copy_out(handle, info, p.buf) else { continue };
+            let Some(off) = h.objects().copy_out(handle, info, p.buf) else { continue };
             s.lru().take_out();
             let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
             p.victims.push(v);
@@ -617,18 +643,18 @@ impl Engine {
     }
 
     /// [`pick_cold_keys`](Self::pick_cold_keys) for a dedup shard's shared objects.
-    fn pick_cold_shared(&self, ds: &mut DedupShard, p: &mut Pick<'_>) {
+    fn pick_cold_shared(h: &impl TierHost, ds: &mut DedupShard, p: &mut Pick<'_>) {
         while let Some(item) = p.next(ds.lru_ref()) {
             ds.lru().pop_front();
             let (handle, info, gen) = match ds.cold_candidate(&item) {
                 Ok(c) => c,
                 Err(true) => {
-                    ds.lru().push_back(LruItem { seq: p.t.next_seq(), ..item }, self.budget());
+                    ds.lru().push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
                     continue;
                 }
                 Err(false) => continue,
             };
-            let Some(off) = self.objects.copy_out(handle, info, p.buf) else { continue };
+            let Some(off) = h.objects().copy_out(handle, info, p.buf) else { continue };
             ds.lru().take_out();
             let v = Victim { src: p.src, key: item.key, entry: Entry::EMPTY, handle, info, gen, referenced: false, item: Some(item), off };
             p.victims.push(v);
@@ -639,33 +665,33 @@ impl Engine {
     /// each that is still unchanged for its record and free its object. On
     /// a write error nothing changes: every victim stays in RAM and on its
     /// LRU (where a load during the write put it: the hot end).
-    fn commit(&self, t: &Tier, sources: &[Source<'_>], victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
+    fn commit(&self, h: &impl TierHost, sources: &[Source<'_>], victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
         let recs: Vec<(u64, &[u8])> = victims.iter().map(|v| (v.key, &buf[v.off..v.off + v.info.len as usize])).collect();
         let mut by_src: Vec<usize> = victims.iter().map(|v| v.src).collect();
         by_src.sort_unstable();
         by_src.dedup();
-        let b = self.budget();
+        let b = h.objects().budget();
         // Items the shrinker took out of each queue (explicit writeback takes none).
         let out = |i: usize| victims.iter().filter(|v| v.src == i && v.item.is_some()).count();
         // The store's tables grow with the records: charge a bound first.
-        let reserved = t.store.growth_bound(recs.len());
-        let written = match t.reserve_backing(b, reserved) {
+        let reserved = self.store.growth_bound(recs.len());
+        let written = match self.reserve_backing(b, reserved) {
             Ok(()) => {
-                let r = t.store.put_batch(&recs);
-                t.settle_backing(b, reserved);
+                let r = self.store.put_batch(&recs);
+                self.settle_backing(b, reserved);
                 r.map_err(ZmemError::Cold)
             }
-            Err(e) => Err(self.alloc_failed(e)),
+            Err(e) => Err(h.counters().alloc_failed(e)),
         };
         let ids = match written {
             Ok(ids) => ids,
             Err(e) => {
-                t.writeback_fail.fetch_add(1, Relaxed);
+                self.writeback_fail.fetch_add(1, Relaxed);
                 for &i in &by_src {
                     let mine = victims.iter().filter(|v| v.src == i);
                     match sources[i] {
-                        Source::Index(sh) => requeue_keys(t, b, &mut sh.lock(), mine, out(i)),
-                        Source::Shared(ds) => requeue_shared(t, b, &mut ds.lock(), mine, out(i)),
+                        Source::Index(sh) => requeue_keys(self, b, &mut sh.lock(), mine, out(i)),
+                        Source::Shared(ds) => requeue_shared(self, b, &mut ds.lock(), mine, out(i)),
                     }
                 }
                 return Err(e);
@@ -675,25 +701,25 @@ impl Engine {
         for &i in &by_src {
             let mine = victims.iter().zip(&ids).filter(|(v, _)| v.src == i);
             match sources[i] {
-                Source::Index(sh) => settle_keys(t, b, &mut sh.lock(), mine, &mut settled, out(i)),
-                Source::Shared(ds) => settle_shared(t, b, &mut ds.lock(), mine, &mut settled, out(i)),
+                Source::Index(sh) => settle_keys(self, b, &mut sh.lock(), mine, &mut settled, out(i)),
+                Source::Shared(ds) => settle_shared(self, b, &mut ds.lock(), mine, &mut settled, out(i)),
             }
         }
         let Settled { freed, stale, dropped } = settled;
         let n = freed.len() as u64;
-        for h in freed {
-            if let Err(e) = self.objects.free(h) {
-                self.free_failed(&e.to_string());
+        for handle in freed {
+            if let Err(e) = h.objects().free(handle) {
+                h.counters().free_failed(&e.to_string());
             }
         }
         for id in stale {
-            if let Err(e) = t.store.free(id) {
-                self.free_failed(&e.to_string());
+            if let Err(e) = self.store.free(id) {
+                h.counters().free_failed(&e.to_string());
             }
         }
-        t.settle_backing(b, 0);
-        t.written_back.fetch_add(n - dropped, Relaxed);
-        t.evicted.fetch_add(dropped, Relaxed);
+        self.settle_backing(b, 0);
+        self.written_back.fetch_add(n - dropped, Relaxed);
+        self.evicted.fetch_add(dropped, Relaxed);
         Ok(n)
     }
 
@@ -701,44 +727,43 @@ impl Engine {
     /// `limit_pages` of them. Excludes the shrinker while it runs. One pass
     /// over each shard picks the candidates, so the cost is O(entries)
     /// whatever the number of batches.
-    pub(crate) fn writeback(&self, mode: WritebackMode, limit_pages: Option<u64>) -> Result<u64> {
-        let t = self.tier()?;
-        let _writing = t.writing.lock();
-        let now = self.now();
+    pub(crate) fn writeback(&self, h: &impl TierHost, mode: WritebackMode, limit_pages: Option<u64>) -> Result<u64> {
+        let _writing = self.writing.lock();
+        let now = h.now();
         let mut budget = limit_pages.unwrap_or(u64::MAX);
         let cap = |budget: u64| usize::try_from(budget).unwrap_or(usize::MAX);
         let mut total = 0;
-        for shard in self.index.shards() {
+        for shard in h.index().shards() {
             let picked: Vec<(u64, Entry)> = {
                 let s = shard.lock();
                 let obj = |e: Entry, ac| matches!(e.slot(), Slot::Obj(_, info) if mode.picks(info, ac, now));
                 s.iter().filter(|&(_, e, ac)| obj(e, ac)).map(|(k, e, _)| (k, e)).take(cap(budget)).collect()
             };
-            total += self.writeback_in_batches(t, Source::Index(shard), &picked, &mut budget, |chunk, victims, buf| {
+            total += self.writeback_in_batches(h, Source::Index(shard), &picked, &mut budget, |chunk, victims, buf| {
                 let s = shard.lock();
                 for &(key, e) in chunk {
                     let Slot::Obj(handle, info) = e.slot() else { continue };
                     if s.get(key) == Some(e) {
-                        if let Some(off) = self.objects.copy_out(handle, info, buf) {
+                        if let Some(off) = h.objects().copy_out(handle, info, buf) {
                             victims.push(Victim { src: 0, key, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
                         }
                     }
                 }
             })?;
         }
-        for ds in self.dedup.iter().flat_map(|d| d.shards()) {
+        for ds in h.dedup().into_iter().flat_map(|d| d.shards()) {
             let picked = ds.lock().ram_picked(|info, ac| mode.picks(info, ac, now), cap(budget));
-            total += self.writeback_in_batches(t, Source::Shared(ds), &picked, &mut budget, |chunk, victims, buf| {
+            total += self.writeback_in_batches(h, Source::Shared(ds), &picked, &mut budget, |chunk, victims, buf| {
                 let g = ds.lock();
                 for &(hash, gen) in chunk {
                     let Some((handle, info, referenced)) = g.in_ram(hash, gen) else { continue };
-                    if let Some(off) = self.objects.copy_out(handle, info, buf) {
+                    if let Some(off) = h.objects().copy_out(handle, info, buf) {
                         victims.push(Victim { src: 0, key: hash, entry: Entry::EMPTY, handle, info, gen, referenced, item: None, off });
                     }
                 }
             })?;
         }
-        self.objects.compact_spans();
+        h.objects().compact_spans();
         Ok(total)
     }
 
@@ -747,7 +772,7 @@ impl Engine {
     /// copies the objects still there.
     fn writeback_in_batches<C>(
         &self,
-        t: &Tier,
+        h: &impl TierHost,
         src: Source<'_>,
         picked: &[C],
         budget: &mut u64,
@@ -762,7 +787,7 @@ impl Engine {
             let (mut victims, mut buf) = (Vec::new(), Vec::new());
             gather(chunk, &mut victims, &mut buf);
             if !victims.is_empty() {
-                let n = self.commit(t, &[src], victims, &buf)?;
+                let n = self.commit(h, &[src], victims, &buf)?;
                 total += n;
                 *budget = budget.saturating_sub(n);
             }
@@ -773,93 +798,91 @@ impl Engine {
     /// Read the record `id` (written under `rkey`: the page's key, or a
     /// shared object's hash) into `obj` and decode it into `buf`. No lock
     /// may be held.
-    pub(crate) fn read_record(&self, t: &Tier, rkey: u64, id: u64, info: ObjInfo, obj: &mut Vec<u8>, buf: &mut [u8]) -> Result<()> {
-        t.store.read(RecordId::from_raw(id), rkey, obj).map_err(ZmemError::Cold)?;
+    pub(crate) fn read_record(&self, objects: &Objects, rkey: u64, id: u64, info: ObjInfo, obj: &mut Vec<u8>, buf: &mut [u8]) -> Result<()> {
+        self.store.read(RecordId::from_raw(id), rkey, obj).map_err(ZmemError::Cold)?;
         if obj.len() != info.len as usize {
             return Err(ZmemError::Inconsistent { key: rkey, what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len) });
         }
-        self.objects.decode(rkey, info, obj, buf)
+        objects.decode(rkey, info, obj, buf)
     }
 
     /// [`Pool::prefetch`](crate::Pool::prefetch): the records of the pages
     /// of `keys` written back alone (not shared), read ahead by the store.
-    pub(crate) fn prefetch(&self, keys: std::ops::Range<u64>) -> usize {
-        let Some(t) = self.tier.as_ref() else { return 0 };
+    pub(crate) fn prefetch(&self, h: &impl TierHost, keys: std::ops::Range<u64>) -> usize {
         // Nothing on the store (O(1)): no shard lock per page of the request.
-        if keys.end.saturating_sub(keys.start) < 2 || t.store.stats().records == 0 {
+        if keys.end.saturating_sub(keys.start) < 2 || self.store.stats().records == 0 {
             return 0;
         }
         let ids: Vec<RecordId> = keys
-            .filter_map(|k| match self.index.shard(k).lock().get(k)?.slot() {
+            .filter_map(|k| match h.index().shard(k).lock().get(k)?.slot() {
                 Slot::Backed(id, _) => Some(RecordId::from_raw(id)),
                 _ => None,
             })
             .collect();
-        t.store.prefetch(&ids)
+        self.store.prefetch(&ids)
     }
 
     /// Serve a load of `key` from its record `id`, read with no lock held;
     /// then bring the object back to RAM if the pool has room and the entry
     /// still names this record.
-    pub(crate) fn load_backed(&self, key: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
-        let t = self.tier.as_ref().ok_or_else(|| ZmemError::Inconsistent { key, what: "a written-back entry in a pool without a backing store".into() })?;
+    pub(crate) fn load_backed(&self, h: &impl TierHost, key: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
         OBJ.with_borrow_mut(|obj| {
-            self.read_record(t, key, id, info, obj, buf)?;
-            if t.exclusive() || self.held_pages() >= self.accept_pages() {
+            self.read_record(h.objects(), key, id, info, obj, buf)?;
+            if self.exclusive() || h.held_pages() >= self.accept_pages(h) {
                 return Ok(());
             }
             let old = {
-                let mut s = self.index.shard(key).lock();
+                let mut s = h.index().shard(key).lock();
                 if s.get(key).map(|e| e.slot()) != Some(Slot::Backed(id, info)) {
                     return Ok(());
                 }
-                let Ok(h) = self.objects.write(obj) else { return Ok(()) };
-                match self.publish_locked(&mut s, key, Entry::obj(h, info)) {
+                let Ok(handle) = h.objects().write(obj) else { return Ok(()) };
+                match h.publish_locked(&mut s, key, Entry::obj(handle, info)) {
                     Ok(old) => old,
                     Err(_) => {
                         // No room for its place in the index or the LRU:
                         // served from the file, and it stays there.
                         drop(s);
-                        self.release(Entry::obj(h, info));
+                        h.release(Entry::obj(handle, info));
                         return Ok(());
                     }
                 }
             };
             if let Some(o) = old {
                 // The record the page came from.
-                self.release(o);
+                h.release(o);
             }
-            t.promoted.fetch_add(1, Relaxed);
+            self.promoted.fetch_add(1, Relaxed);
             Ok(())
         })
     }
 
     /// [`load_backed`](Self::load_backed) for a page whose shared object
     /// `hash` was written back as record `id`.
-    pub(crate) fn load_backed_shared(&self, key: u64, hash: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
-        let (Some(t), Some(d)) = (self.tier.as_ref(), self.dedup.as_ref()) else {
+    pub(crate) fn load_backed_shared(&self, h: &impl TierHost, key: u64, hash: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
+        let Some(d) = h.dedup() else {
             return Err(ZmemError::Inconsistent { key, what: "a written-back shared object without dedup or a backing store".into() });
         };
         OBJ.with_borrow_mut(|obj| {
-            self.read_record(t, hash, id, info, obj, buf).map_err(|e| match e {
+            self.read_record(h.objects(), hash, id, info, obj, buf).map_err(|e| match e {
                 // Name the page, not the hash, in what the caller sees.
                 ZmemError::Corrupt { source, .. } => ZmemError::Corrupt { key, source },
                 e => e,
             })?;
-            if self.held_pages() >= self.accept_pages() {
+            if h.held_pages() >= self.accept_pages(h) {
                 return Ok(());
             }
             {
                 let mut ds = d.shard(hash).lock();
-                let b = self.budget();
-                let Some(gen) = ds.promote(hash, id, b, || self.objects.write(obj).ok()) else { return Ok(()) };
-                ds.enqueue(hash, gen, t.next_seq(), b);
+                let b = h.objects().budget();
+                let Some(gen) = ds.promote(hash, id, b, || h.objects().write(obj).ok()) else { return Ok(()) };
+                ds.enqueue(hash, gen, self.next_seq(), b);
             }
-            if let Err(e) = t.store.free(RecordId::from_raw(id)) {
-                self.free_failed(&e.to_string());
+            if let Err(e) = self.store.free(RecordId::from_raw(id)) {
+                h.counters().free_failed(&e.to_string());
             }
-            t.settle_backing(self.budget(), 0);
-            t.promoted.fetch_add(1, Relaxed);
+            self.settle_backing(h.objects().budget(), 0);
+            self.promoted.fetch_add(1, Relaxed);
             Ok(())
         })
     }
