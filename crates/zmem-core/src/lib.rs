@@ -50,6 +50,7 @@
 //!   zram's caps its pool: every growth is charged to one budget before it
 //!   happens (`zmem_alloc::Budget`), so `mem_used_max` never passes it.
 
+mod admission;
 mod charged;
 mod cold;
 mod dedup;

@@ -60,7 +60,7 @@
 //!   for writeback and recompression whether or not there is a backing file.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -68,6 +68,7 @@ use std::time::Instant;
 use parking_lot::MutexGuard;
 use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
 
+use crate::admission::{Admission, Verdict};
 use crate::cold::{ColdError, ColdStore};
 use zmem_compress::{Algorithm, Compressor};
 
@@ -226,15 +227,8 @@ struct Engine {
     /// Shared objects, by content hash (`dedup.rs`), if dedup is on.
     dedup: Option<DedupTable>,
     counters: Counters,
-    /// `max_pool` in pages (u64::MAX: none); compared with [`Engine::held_pages`].
-    max_pool_pages: AtomicU64,
-    /// What the budget holds from the start that does not grow with the
-    /// data: the shard arrays. (The backing store's I/O buffers, made on
-    /// its first write, are the other fixed cost: `held_pages` asks it.)
-    fixed_bytes: u64,
-    /// zswap's `zswap_pool_reached_full`: set at max_pool, cleared below the
-    /// accept threshold (pools without a backing store).
-    pool_full: AtomicBool,
+    /// zswap's `max_pool`, its marks and its pool-full flag (`admission.rs`).
+    admission: Admission,
     /// The writeback tier, if the pool has a backing store.
     tier: Option<Tier>,
     /// Time zero for access times.
@@ -357,14 +351,13 @@ impl Pool {
     /// gathering them); `None` without a `max_pool`. Cheap: two atomics
     /// and the allocator's page count.
     pub fn max_pool_usage(&self) -> Option<(u64, u64)> {
-        let max = self.e.max_pool_pages.load(Relaxed);
+        let max = self.e.admission.max_pages();
         (max != u64::MAX).then(|| (self.e.held_pages() * PAGE_SIZE as u64, max * PAGE_SIZE as u64))
     }
 
     /// Change zswap's `max_pool` (None: no limit).
     pub fn set_max_pool(&self, bytes: Option<u64>) {
-        self.e.max_pool_pages.store(bytes.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64).max(1)), Relaxed);
-        self.e.pool_full.store(false, Relaxed);
+        self.e.admission.set_max_pool(bytes);
         self.e.kick_shrinker();
     }
 
@@ -550,9 +543,7 @@ impl Engine {
         };
         Ok(Engine {
             objects: Objects::new(alloc, cfg.compressor, dicts, cfg.huge_threshold, cfg.store_incompressible),
-            fixed_bytes: budget.used(),
-            max_pool_pages: AtomicU64::new(cfg.max_pool.map_or(u64::MAX, |b| b.div_ceil(PAGE_SIZE as u64))),
-            pool_full: AtomicBool::new(false),
+            admission: Admission::new(cfg.max_pool, cfg.accept_threshold_percent, budget.used()),
             tier,
             epoch: Instant::now(),
             cfg,
@@ -573,17 +564,10 @@ impl Engine {
     /// pages, the fixed costs and the bound charged ahead of a backing
     /// write in flight (a write's growth counts once it has happened).
     fn held_pages(&self) -> u64 {
-        let pages = self.objects.pages_used();
-        let max = self.max_pool_pages.load(Relaxed);
-        if max == u64::MAX {
-            return pages;
-        }
-        // Not counted: what the pool holds whatever its data (shard
-        // arrays, the backing store's buffers once made) and the bound
-        // charged ahead of a backing write in flight.
-        let (buffers, ahead) = self.tier.as_ref().map_or((0, 0), |t| (t.store.buffer_bytes(), t.reserved_now()));
-        let meta = self.budget().used().saturating_sub(pages * PAGE_SIZE as u64 + self.fixed_bytes + buffers + ahead);
-        pages + (meta / PAGE_SIZE as u64).min(max - max / 4)
+        // Not counted: the cold store's buffers once made, and the bound
+        // charged ahead of a write to it in flight.
+        let uncounted = self.tier.as_ref().map_or(0, |t| t.store.buffer_bytes() + t.reserved_now());
+        self.admission.held_pages(self.objects.pages_used(), self.budget().used(), uncounted)
     }
 
     /// What every growth of the pool is charged to (zram's mem_limit).
@@ -715,7 +699,7 @@ impl Engine {
     /// does not flap at the limit). With one: wait for the shrinker to make
     /// room (never call this with a lock held), and refuse only if it cannot.
     fn admit(&self) -> Result<()> {
-        let max = self.max_pool_pages.load(Relaxed);
+        let max = self.admission.max_pages();
         if max == u64::MAX {
             return Ok(());
         }
@@ -727,23 +711,15 @@ impl Engine {
             self.counters.pool_limit_hit.fetch_add(1, Relaxed);
             return t.wait_for_room(self, max);
         }
-        if self.pool_full.load(Relaxed) {
-            if used * 100 < max * self.cfg.accept_threshold_percent as u64 {
-                self.pool_full.store(false, Relaxed);
-            } else {
-                return Err(self.reject_full(max));
+        match self.admission.judge(used) {
+            Verdict::Accept => Ok(()),
+            Verdict::Refuse { max_pages, hit } => {
+                if hit {
+                    self.counters.pool_limit_hit.fetch_add(1, Relaxed);
+                }
+                Err(self.counters.reject_full(max_pages))
             }
         }
-        if used >= max {
-            self.pool_full.store(true, Relaxed);
-            self.counters.pool_limit_hit.fetch_add(1, Relaxed);
-            return Err(self.reject_full(max));
-        }
-        Ok(())
-    }
-
-    fn reject_full(&self, max_pages: u64) -> ZmemError {
-        self.counters.reject_full(max_pages)
     }
 
     /// Compress `page` into a new object.
@@ -1096,10 +1072,7 @@ impl Engine {
         st.pool_total_size = a.pages_used * PAGE_SIZE as u64;
         st.objs_used = a.objs_used;
         st.objs_allocated = a.objs_allocated;
-        let max = self.max_pool_pages.load(Relaxed);
-        st.max_pool_bytes = if max == u64::MAX { 0 } else { max * PAGE_SIZE as u64 };
-        st.max_pool_used_bytes = self.held_pages() * PAGE_SIZE as u64;
-        st.accept_threshold_percent = self.cfg.accept_threshold_percent as u64;
+        self.admission.fill_stats(&mut st, self.held_pages());
         self.counters.fill(&mut st);
         self.objects.fill_stats(&mut st);
         st
@@ -1178,11 +1151,8 @@ impl TierHost for Engine {
     fn held_pages(&self) -> u64 {
         Engine::held_pages(self)
     }
-    fn max_pool_pages(&self) -> u64 {
-        self.max_pool_pages.load(Relaxed)
-    }
-    fn accept_threshold_percent(&self) -> u8 {
-        self.cfg.accept_threshold_percent
+    fn admission(&self) -> &Admission {
+        &self.admission
     }
     fn now(&self) -> u32 {
         Engine::now(self)

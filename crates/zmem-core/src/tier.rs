@@ -23,7 +23,8 @@
 //! # The shrinker thread and the three marks
 //! `max_pool` is a limit, as zswap's is, on the pool's pages plus the
 //! metadata that grows with the data (`TierHost::held_pages`; zswap counts
-//! pages only). Below it sit two marks: the
+//! pages only; `admission.rs` keeps it and its marks). Below it sit two
+//! marks: the
 //! **high mark**, halfway between the accept threshold and `max_pool`, and
 //! the **accept threshold** (`accept_threshold_percent` of `max_pool`). A
 //! store that leaves the pool at or over the high mark wakes the shrinker
@@ -89,6 +90,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use zmem_alloc::{Budget, Handle};
 
+use crate::admission::Admission;
 use crate::cold::{ColdStore, RecordId};
 
 use crate::charged::LruItem;
@@ -126,10 +128,8 @@ pub(crate) trait TierHost {
     fn counters(&self) -> &Counters;
     /// What `max_pool` bounds now, in pages.
     fn held_pages(&self) -> u64;
-    /// `max_pool` in pages (`u64::MAX`: none).
-    fn max_pool_pages(&self) -> u64;
-    /// zswap's accept_threshold_percent.
-    fn accept_threshold_percent(&self) -> u8;
+    /// `max_pool` and its marks.
+    fn admission(&self) -> &Admission;
     /// Seconds since the pool was created (access times).
     fn now(&self) -> u32;
     /// Put `new` under `key` in its locked shard, as a store does; returns
@@ -444,7 +444,7 @@ pub(crate) fn shrinker_main(e: &impl TierHost, t: &Tier) {
         t.wanted.store(false, Release);
         let r = t.shrink_round(e);
         let failed = match &r {
-            Ok((_, exhausted)) => *exhausted && e.held_pages() >= e.max_pool_pages(),
+            Ok((_, exhausted)) => *exhausted && e.held_pages() >= e.admission().max_pages(),
             Err(err) => {
                 e.counters().reject_reclaim_fail.fetch_add(1, Relaxed);
                 e.counters().warn.warn(|| format!("writeback failed; the pool stays near its limit: {err}"));
@@ -468,35 +468,9 @@ pub(crate) fn shrinker_main(e: &impl TierHost, t: &Tier) {
 }
 
 impl Tier {
-    /// Allocator pages under which a written-back page may come back to RAM.
-    pub(crate) fn accept_pages(&self, h: &impl TierHost) -> u64 {
-        let max = h.max_pool_pages();
-        if max == u64::MAX {
-            return u64::MAX;
-        }
-        max * h.accept_threshold_percent() as u64 / 100
-    }
-
-    /// Where a shrinker round stops: the accept threshold, and always below
-    /// `max_pool`, so a round always leaves room for a waiting store.
-    fn shrink_target(&self, h: &impl TierHost) -> u64 {
-        let max = h.max_pool_pages();
-        self.accept_pages(h).min(max.saturating_sub(1))
-    }
-
-    /// Where a store wakes the shrinker: halfway from the target to max_pool.
-    fn high_pages(&self, h: &impl TierHost) -> u64 {
-        let max = h.max_pool_pages();
-        if max == u64::MAX {
-            return u64::MAX;
-        }
-        let target = self.shrink_target(h);
-        target + (max - target) / 2
-    }
-
     /// After a store: wake the shrinker if the pool is at its high mark.
     pub(crate) fn kick_if_high(&self, h: &impl TierHost) {
-        if h.held_pages() >= self.high_pages(h) {
+        if h.held_pages() >= h.admission().high_pages() {
             self.kick();
         }
     }
@@ -534,7 +508,7 @@ impl Tier {
     /// the LRUs ran out of candidates).
     fn shrink_round(&self, h: &impl TierHost) -> Result<(u64, bool)> {
         let _writing = self.writing.lock();
-        let target = self.shrink_target(h);
+        let target = h.admission().shrink_target();
         let mut total = 0;
         let mut exhausted = false;
         while h.held_pages() > target && !self.stopping() {
@@ -828,7 +802,7 @@ impl Tier {
     pub(crate) fn load_backed(&self, h: &impl TierHost, key: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
         OBJ.with_borrow_mut(|obj| {
             self.read_record(h.objects(), key, id, info, obj, buf)?;
-            if self.exclusive() || h.held_pages() >= self.accept_pages(h) {
+            if self.exclusive() || h.held_pages() >= h.admission().accept_pages() {
                 return Ok(());
             }
             let old = {
@@ -869,7 +843,7 @@ impl Tier {
                 ZmemError::Corrupt { source, .. } => ZmemError::Corrupt { key, source },
                 e => e,
             })?;
-            if h.held_pages() >= self.accept_pages(h) {
+            if h.held_pages() >= h.admission().accept_pages() {
                 return Ok(());
             }
             {
