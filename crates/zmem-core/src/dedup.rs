@@ -55,7 +55,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocError, Budget, Handle};
 
 use crate::charged::{map_bytes, map_insert_new, Lru, LruItem, Map};
@@ -132,8 +132,43 @@ pub(crate) enum ToCold {
 
 /// The dedup table (see the module notes): its shards and adaptive mode.
 pub(crate) struct DedupTable {
-    shards: Box<[Mutex<DedupShard>]>,
+    shards: Box<[DedupLock]>,
     mode: DedupMode,
+}
+
+/// One dedup shard's lock, second in the engine's lock order.
+pub(crate) struct DedupLock(Mutex<DedupShard>);
+
+/// A locked dedup shard. While one lives, this thread may not lock an
+/// index shard (`lockorder.rs` checks it in debug builds).
+pub(crate) struct DedupGuard<'a>(MutexGuard<'a, DedupShard>);
+
+impl DedupLock {
+    /// Lock this shard (with or without an index shard locked before it).
+    pub fn lock(&self) -> DedupGuard<'_> {
+        let g = self.0.lock();
+        crate::lockorder::took_dedup_shard();
+        DedupGuard(g)
+    }
+}
+
+impl std::ops::Deref for DedupGuard<'_> {
+    type Target = DedupShard;
+    fn deref(&self) -> &DedupShard {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for DedupGuard<'_> {
+    fn deref_mut(&mut self) -> &mut DedupShard {
+        &mut self.0
+    }
+}
+
+impl Drop for DedupGuard<'_> {
+    fn drop(&mut self) {
+        crate::lockorder::released_dedup_shard();
+    }
 }
 
 /// One shard of the table, and the counts of its records.
@@ -465,21 +500,28 @@ impl DedupMode {
 
 impl DedupTable {
     pub fn new() -> DedupTable {
-        DedupTable { shards: (0..DEDUP_SHARDS).map(|_| Mutex::new(DedupShard::default())).collect(), mode: DedupMode::new() }
+        DedupTable { shards: (0..DEDUP_SHARDS).map(|_| DedupLock(Mutex::new(DedupShard::default()))).collect(), mode: DedupMode::new() }
     }
 
     /// Bytes of the shard array, held from creation to drop.
     pub fn fixed_bytes() -> u64 {
-        (DEDUP_SHARDS * std::mem::size_of::<Mutex<DedupShard>>()) as u64
+        (DEDUP_SHARDS * std::mem::size_of::<DedupLock>()) as u64
     }
 
     /// The shard of `hash`.
-    pub fn shard(&self, hash: u64) -> &Mutex<DedupShard> {
+    pub fn shard(&self, hash: u64) -> &DedupLock {
         &self.shards[(hash as usize) % self.shards.len()]
     }
 
+    /// The shard of `hash`, locked under the index shard `_parent` this
+    /// thread holds: the guard borrows it, so it is dropped first and the
+    /// index shard cannot be used meanwhile.
+    pub fn lock_under<'s>(&'s self, _parent: &'s mut Shard, hash: u64) -> DedupGuard<'s> {
+        self.shard(hash).lock()
+    }
+
     /// Every shard, in order.
-    pub fn shards(&self) -> &[Mutex<DedupShard>] {
+    pub fn shards(&self) -> &[DedupLock] {
         &self.shards
     }
 
@@ -571,7 +613,7 @@ impl DedupTable {
                 continue;
             }
             let hash = xxhash_rust::xxh3::xxh3_64(&page);
-            let mut ds = self.shard(hash).lock();
+            let mut ds = self.lock_under(s, hash);
             let new = match ds.get(hash) {
                 Some(rec) => {
                     let Loc::Ram(rh) = rec.loc else { continue };
@@ -603,7 +645,7 @@ impl DedupTable {
             s.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Dedup(hash, _) if !hash.is_multiple_of(SAMPLE))).map(|(k, e, _)| (k, e)).collect();
         for (key, e) in shared {
             let Slot::Dedup(hash, _) = e.slot() else { continue };
-            let Some((h, info)) = self.shard(hash).lock().take_sole(hash) else { continue };
+            let Some((h, info)) = self.lock_under(s, hash).take_sole(hash) else { continue };
             s.replace(key, e, Entry::obj(h, info));
         }
     }

@@ -58,6 +58,7 @@ mod dict;
 mod entry;
 mod error;
 mod index;
+mod lockorder;
 mod objects;
 mod pool;
 mod recompress;

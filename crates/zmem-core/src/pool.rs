@@ -896,7 +896,7 @@ impl Engine {
             // Read the clock before the lock: the critical section only stores it.
             let now = self.now();
             let s = self.index.shard(key).lock();
-            let (s, e) = self.access(s, key, now)?;
+            let (mut s, e) = self.access(s, key, now)?;
             let r = match e.slot() {
                 Slot::Same(p) => {
                     fill_pattern(buf, p);
@@ -905,7 +905,7 @@ impl Engine {
                 Slot::Obj(h, info) => return self.objects.read_object(key, h, info, buf),
                 Slot::Dedup(hash, _) => {
                     let d = self.dedup.as_ref().ok_or(ZmemError::Inconsistent { key, what: "a shared-page entry in a pool without dedup".into() })?;
-                    let mut ds = d.shard(hash).lock();
+                    let mut ds = d.lock_under(&mut s, hash);
                     let (loc, info) = ds
                         .access(hash, now, self.tier.is_some())
                         .ok_or_else(|| ZmemError::Inconsistent { key, what: format!("shared object {hash:#x} is missing from the dedup table") })?;

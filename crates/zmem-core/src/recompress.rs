@@ -45,13 +45,12 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use zmem_compress::Compressor;
 
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
 use crate::objects::Objects;
-use crate::shard::{Index, Shard};
+use crate::shard::{Index, Shard, ShardLock};
 use crate::stats::Counters;
 
 /// The most recompression algorithms a pool may have (zram: 4 algorithms
@@ -209,7 +208,7 @@ impl Pass<'_> {
 
     /// Recompress the object of `key`, picked as entry `e` (see the module
     /// notes for the race with stores and loads).
-    fn one(&self, shard: &Mutex<Shard>, key: u64, e: Entry, req: &Recompress, top: u8, b: &mut Bufs) -> Outcome {
+    fn one(&self, shard: &ShardLock, key: u64, e: Entry, req: &Recompress, top: u8, b: &mut Bufs) -> Outcome {
         let Slot::Obj(old_h, old_info) = e.slot() else { return Outcome::Kept };
         let len = old_info.len as usize;
         let copied = {

@@ -19,7 +19,10 @@
 //! # Lock order
 //! A shard's lock comes first: a dedup shard, an allocator class and the
 //! cold store may be locked under it, never the other way round, and no
-//! disk I/O or wait for the shrinker happens under it.
+//! disk I/O or wait for the shrinker happens under it. [`ShardLock::lock`]
+//! checks the first half in debug builds (`lockorder.rs`); a dedup guard
+//! taken under a shard's is had through it
+//! (`DedupTable::lock_under`), so it cannot outlive it.
 //!
 //! # Trade-offs
 //! * Sharding by block rather than by key: a sequential run of stores
@@ -29,7 +32,7 @@
 
 use std::ops::Range;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocError, Budget};
 
 use crate::charged::Lru;
@@ -39,19 +42,31 @@ use crate::stats::Stats;
 
 /// The index's shards (see the module notes).
 pub(crate) struct Index {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[ShardLock]>,
     bits: u32,
+}
+
+/// One shard's lock: the first in the engine's lock order, so taking it
+/// while this thread holds a dedup shard's guard is a bug, which debug
+/// builds (and so the tests) catch at the call (`lockorder.rs`).
+pub(crate) struct ShardLock(Mutex<Shard>);
+
+impl ShardLock {
+    pub fn lock(&self) -> MutexGuard<'_, Shard> {
+        crate::lockorder::taking_index_shard();
+        self.0.lock()
+    }
 }
 
 impl Index {
     /// An index of `n` shards (rounded up to a power of two, at most 2¹⁶).
     pub fn new(n: usize) -> Index {
         let n = n.clamp(1, 1 << 16).next_power_of_two();
-        Index { shards: (0..n).map(|_| Mutex::new(Shard::new())).collect(), bits: n.trailing_zeros() }
+        Index { shards: (0..n).map(|_| ShardLock(Mutex::new(Shard::new()))).collect(), bits: n.trailing_zeros() }
     }
 
     /// The shard that holds `key`.
-    pub fn shard(&self, key: u64) -> &Mutex<Shard> {
+    pub fn shard(&self, key: u64) -> &ShardLock {
         let i = if self.bits == 0 {
             0
         } else {
@@ -62,7 +77,7 @@ impl Index {
     }
 
     /// Every shard, in order (passes over the whole index).
-    pub fn shards(&self) -> &[Mutex<Shard>] {
+    pub fn shards(&self) -> &[ShardLock] {
         &self.shards
     }
 
@@ -73,7 +88,7 @@ impl Index {
 
     /// Bytes of the shard array, held from creation to drop.
     pub fn fixed_bytes(shards: usize) -> u64 {
-        (shards * std::mem::size_of::<Mutex<Shard>>()) as u64
+        (shards * std::mem::size_of::<ShardLock>()) as u64
     }
 }
 

@@ -95,12 +95,12 @@ use crate::cold::{ColdStore, RecordId};
 
 use crate::charged::LruItem;
 use crate::dedup::DedupTable;
-use crate::dedup::{DedupShard, ToCold};
+use crate::dedup::{DedupLock, DedupShard, ToCold};
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
 use crate::objects::Objects;
 use crate::shard::Index;
-use crate::shard::Shard;
+use crate::shard::{Shard, ShardLock};
 use crate::stats::Counters;
 use crate::stats::Stats;
 
@@ -222,8 +222,8 @@ struct BackingCharge {
 /// Where a batch of victims comes from.
 #[derive(Clone, Copy)]
 enum Source<'a> {
-    Index(&'a Mutex<Shard>),
-    Shared(&'a Mutex<DedupShard>),
+    Index(&'a ShardLock),
+    Shared(&'a DedupLock),
 }
 
 /// An object picked for writeback, and where its bytes sit in the batch.
