@@ -565,7 +565,8 @@ impl DedupTable {
     }
 
     /// If a conversion pass is under way, do its next index shard.
-    pub fn maintain(&self, index: &Index, objects: &Objects, counters: &Counters, now: u32, tiered: bool) {
+    /// `now` (the pool's clock) is read only if a pass runs.
+    pub fn maintain(&self, index: &Index, objects: &Objects, counters: &Counters, now: impl FnOnce() -> u32, tiered: bool) {
         let m = &self.mode;
         let pass = m.pass.load(Relaxed);
         if pass == PASS_NONE || tiered {
@@ -577,7 +578,7 @@ impl DedupTable {
             return;
         }
         if pass == PASS_SHARE {
-            let frees = self.share_shard(&mut shards[i].lock(), objects, counters, now);
+            let frees = self.share_shard(&mut shards[i].lock(), objects, counters, now());
             // The merged twins' objects, with no lock held.
             for h in frees {
                 if let Err(e) = objects.free(h) {

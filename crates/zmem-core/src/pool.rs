@@ -518,7 +518,7 @@ impl Engine {
         let budget = Arc::new(Budget::new(cfg.mem_limit));
         // The limit is the budget's.
         let alloc = ZsPool::with_budget(AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None }, Arc::clone(&budget));
-        budget.force_charge(Self::fixed_bytes(index.shards().len(), dedup.is_some()));
+        budget.force_charge(index.fixed_bytes() + if dedup.is_some() { DedupTable::fixed_bytes() } else { 0 });
         if let Some(limit) = cfg.mem_limit {
             if budget.used() > limit {
                 return Err(ZmemError::Config(format!("mem_limit {limit} is below the {} bytes a pool holds before it stores anything", budget.used())));
@@ -551,11 +551,6 @@ impl Engine {
             dedup,
             counters,
         })
-    }
-
-    /// Bytes of the shard arrays (held from creation to drop).
-    fn fixed_bytes(shards: usize, dedup: bool) -> u64 {
-        Index::fixed_bytes(shards) + if dedup { DedupTable::fixed_bytes() } else { 0 }
     }
 
     /// What `max_pool` bounds, in pages: the allocator's pages plus the
@@ -614,7 +609,7 @@ impl Engine {
         if let Some(d) = &self.dedup {
             let hash = xxhash_rust::xxh3::xxh3_64(page);
             let tiered = self.tier.is_some();
-            d.maintain(&self.index, &self.objects, &self.counters, self.now(), tiered);
+            d.maintain(&self.index, &self.objects, &self.counters, || self.now(), tiered);
             // Without a record for every page (adaptive dedup, `dedup.rs`),
             // a page that finds no twin is stored as any other.
             let track = d.tracks(hash, tiered);
@@ -676,14 +671,13 @@ impl Engine {
     /// the entry replaced, to be released once the shard lock is dropped.
     fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
         let b = self.budget();
-        let new = match &self.tier {
-            Some(_) => {
-                if matches!(new.slot(), Slot::Obj(..)) {
-                    s.lru().reserve_one(b).map_err(|e| self.alloc_failed(e))?;
-                }
-                s.stamp(new)
+        let new = if self.tier.is_some() {
+            if matches!(new.slot(), Slot::Obj(..)) {
+                s.lru().reserve_one(b).map_err(|e| self.alloc_failed(e))?;
             }
-            None => new,
+            s.stamp(new)
+        } else {
+            new
         };
         let old = s.insert(key, new, self.now(), b).map_err(|e| self.alloc_failed(e))?;
         if let Some(t) = &self.tier {
@@ -937,16 +931,8 @@ impl Engine {
     /// Look `key` up under its shard lock and record the access at `now`
     /// (zram's ac_time; a tiered pool also sets zswap's referenced bit).
     fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64, now: u32) -> Result<(MutexGuard<'a, Shard>, Entry)> {
-        let e = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
-        let Some(t) = &self.tier else {
-            return Ok((s, e));
-        };
-        if !matches!(e.slot(), Slot::Obj(..)) || e.referenced() {
-            return Ok((s, e));
-        }
-        let e = e.with_referenced(true);
-        s.set_flags(key, e);
-        if t.exclusive() {
+        let (e, newly) = s.access(key, now, self.tier.is_some()).ok_or(ZmemError::NotFound { key })?;
+        if let Some(t) = self.tier.as_ref().filter(|t| newly && t.exclusive()) {
             // (Once: the bit now marks an object queued at the cold end.)
             t.queue_cold(&mut s, key, e, self.budget());
         }
@@ -1028,7 +1014,7 @@ impl Engine {
         // Pages whose data is on the backing store: their own records, and
         // the pages that share a written-back object.
         let mut backed_pages = st.bd_count;
-        index_bytes += Index::fixed_bytes(self.index.shards().len());
+        index_bytes += self.index.fixed_bytes();
         let mut dedup_bytes = 0;
         if let Some(d) = &self.dedup {
             for ds in d.shards() {

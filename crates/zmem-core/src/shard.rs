@@ -87,8 +87,8 @@ impl Index {
     }
 
     /// Bytes of the shard array, held from creation to drop.
-    pub fn fixed_bytes(shards: usize) -> u64 {
-        (shards * std::mem::size_of::<ShardLock>()) as u64
+    pub fn fixed_bytes(&self) -> u64 {
+        (self.shards.len() * std::mem::size_of::<ShardLock>()) as u64
     }
 }
 
@@ -164,8 +164,16 @@ impl Shard {
     }
 
     /// The entry under `key`, its access time now `now` (zram's ac_time).
-    pub fn access(&mut self, key: u64, now: u32) -> Option<Entry> {
-        self.index.access(key, now).map(|e| *e)
+    /// With `reference` (a writeback tier), an object in RAM gets zswap's
+    /// referenced bit in the same lookup; the second value says whether
+    /// this access set it.
+    pub fn access(&mut self, key: u64, now: u32, reference: bool) -> Option<(Entry, bool)> {
+        let e = self.index.access(key, now)?;
+        let newly = reference && matches!(e.slot(), Slot::Obj(..)) && !e.referenced();
+        if newly {
+            *e = e.with_referenced(true);
+        }
+        Some((*e, newly))
     }
 
     /// Change only the flags of `key`'s entry (what it stores stays).

@@ -255,13 +255,10 @@ fn log_tail(dir: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-/// Run a system tool; its stderr in the error if it fails.
+/// Run a system tool ([`zmem_host::run_tool`]: its stderr in the error if
+/// it fails); its output, trimmed.
 fn tool(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    Ok(zmem_host::run_tool(cmd)?.trim().to_string())
 }
 
 // ---- state -----------------------------------------------------------------

@@ -19,7 +19,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub use zmem_host::human_size as human;
+use zmem_host::human_size as human;
 
 /// The table (header, row) and the mm_stat line for a stats reply, then
 /// one line for each part the server has.
@@ -157,7 +157,7 @@ fn pool_lines(v: &StatsReply) -> Option<String> {
             st.reject_reclaim_fail
         );
     }
-    Some(out)
+    (!out.is_empty()).then_some(out)
 }
 
 /// zram's `bd_stat` and the writeback tier's lines, for a server with a
