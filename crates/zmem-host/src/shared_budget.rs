@@ -225,8 +225,20 @@ mod tests {
         d
     }
 
+    /// The fake limit file's value. The keeper rewrites a plain file
+    /// (truncate, then write), so a read can land between the two and see
+    /// it empty, which the kernel's own file never shows: such a torn read
+    /// is read again, anything else that does not parse fails the test.
     fn limit(d: &Path) -> u64 {
-        std::fs::read_to_string(d.join("memory.limit_in_bytes")).unwrap().trim().parse().unwrap()
+        let f = d.join("memory.limit_in_bytes");
+        for _ in 0..1000 {
+            let s = std::fs::read_to_string(&f).unwrap();
+            if !s.trim().is_empty() {
+                return s.trim().parse().unwrap_or_else(|e| panic!("{} holds {s:?}: {e}", f.display()));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("{} stayed empty for a second", f.display());
     }
 
     fn wait_for(mut f: impl FnMut() -> bool) {
