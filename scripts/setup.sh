@@ -23,6 +23,10 @@ want zstd zstd
 want fstrim util-linux
 want mkswap util-linux
 want swapon util-linux
+# zmem's remote tier is tested and benchmarked against real Redis clusters
+# that the tests start on loopback (Debian's Redis 7, BSD-3).
+want redis-server redis-server
+want redis-cli redis-tools
 # zmem bench swap draws its plot with this font.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_pkgs+=(fonts-dejavu-core)
 

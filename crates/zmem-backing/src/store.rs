@@ -871,6 +871,7 @@ impl BackingStore {
             segments_compacted: self.c.segments_compacted.load(Relaxed),
             read_retries: self.c.read_retries.load(Relaxed),
             metadata_bytes,
+            ..ColdStats::default()
         }
     }
 

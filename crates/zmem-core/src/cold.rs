@@ -12,8 +12,8 @@
 //! * [`DropCold`] keeps nothing (zcache's clean pages: the page can be
 //!   read again from where it came from): the page's entry goes, and a
 //!   load of it is [`NotFound`](crate::ZmemError::NotFound), a miss.
-//! * A remote tier is a third implementation: a store that keeps objects
-//!   elsewhere and names them by an id.
+//! * `zmem_remote::RemoteStore` keeps them on a Redis Cluster, named by
+//!   an id that carries a generation and the hash slot it went to.
 //!
 //! The trait sees only bytes and ids, never the pool: the pool's index,
 //! LRUs and locks stay private to it. A store may keep some objects of a
@@ -93,6 +93,21 @@ pub struct ColdStats {
     pub read_retries: u64,
     /// RAM used by the store's tables, from their capacities.
     pub metadata_bytes: u64,
+    /// Batches the store refused (their pages stayed in RAM).
+    pub failed_writes: u64,
+    /// Reads that failed (an error, a timeout, a record that failed its
+    /// checks), and reads that found no record.
+    pub failed_reads: u64,
+    pub missing_reads: u64,
+    /// Round-trip time of a record read: median and 99th percentile, in
+    /// nanoseconds (0 for a store that does not measure it).
+    pub read_p50_ns: u64,
+    pub read_p99_ns: u64,
+    /// Batches being written now (the write queue's depth).
+    pub in_flight: u64,
+    /// Frees queued and not yet done, and frees given up on.
+    pub frees_pending: u64,
+    pub frees_failed: u64,
 }
 
 /// Where the objects the tier evicts go (see the module notes).

@@ -205,6 +205,18 @@ pub struct Stats {
     pub backing_live_bytes: u64,
     /// RAM used by the backing store's tables (counted in mem_used_total).
     pub backing_metadata_bytes: u64,
+    /// The cold store's own failures: batches it refused, reads that
+    /// failed, reads that found no record; frees queued and given up on.
+    pub backing_failed_writes: u64,
+    pub backing_failed_reads: u64,
+    pub backing_missing_reads: u64,
+    pub backing_frees_pending: u64,
+    pub backing_frees_failed: u64,
+    /// A record read's round trip, median and 99th percentile (ns), and
+    /// the batches being written now (a remote tier measures these).
+    pub backing_read_p50_ns: u64,
+    pub backing_read_p99_ns: u64,
+    pub backing_in_flight: u64,
     /// Written-back pages a load brought back into RAM.
     pub promoted_pages: u64,
     /// Loaded pages queued at the cold end under exclusive loads, and

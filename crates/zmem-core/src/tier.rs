@@ -419,6 +419,14 @@ impl Tier {
         st.backing_file_bytes = b.file_bytes;
         st.backing_live_bytes = b.live_bytes;
         st.backing_metadata_bytes = b.metadata_bytes;
+        st.backing_failed_writes = b.failed_writes;
+        st.backing_failed_reads = b.failed_reads;
+        st.backing_missing_reads = b.missing_reads;
+        st.backing_frees_pending = b.frees_pending;
+        st.backing_frees_failed = b.frees_failed;
+        st.backing_read_p50_ns = b.read_p50_ns;
+        st.backing_read_p99_ns = b.read_p99_ns;
+        st.backing_in_flight = b.in_flight;
         st.written_back_pages = self.written_back.load(Relaxed);
         st.evicted_pages = self.evicted.load(Relaxed);
         st.promoted_pages = self.promoted.load(Relaxed);

@@ -9,6 +9,7 @@
 //!   instead under CI as root, where nothing may be missing.
 
 pub mod ci;
+pub mod redis_cluster;
 mod xorshift;
 
 pub use xorshift::XorShift;

@@ -1,0 +1,569 @@
+//! zmem's remote cold tier: the compressed objects the shrinker evicts go
+//! to a Redis Cluster (Redis 7, or Valkey, which speaks the same
+//! protocol), not to a local file.
+//!
+//! # Design
+//!
+//! [`RemoteStore`] is a [`ColdStore`]: the engine's tier picks the victims
+//! and hands them over in batches; this crate decides where they live and
+//! how they come back. It adds no cluster of its own: routing, redirects
+//! after a resharding or failover, and reconnection are the `redis`
+//! crate's; replication and failover are the cluster's.
+//!
+//! * **A batch is one pipeline to one master.** The store names each
+//!   record's key with a hash tag of a slot it chose (`keys.rs`), so a
+//!   batch of 64 objects becomes 64 `SET`s pipelined to one master, then
+//!   one `WAIT`; batches rotate over the masters, and a master that failed
+//!   is left alone for a while (`topology.rs`). Pipelining by node costs
+//!   two round trips a batch instead of one per page.
+//! * **A page leaves RAM only once a replica has it.** `put_batch` returns
+//!   after the master acknowledged every `SET` *and* `WAIT` reported at
+//!   least `replicas` replicas acknowledged them. Anything less fails the
+//!   whole batch: the tier keeps every object of it in RAM (its contract
+//!   for an error) and the records already written are deleted. `WAIT`
+//!   is Redis's synchronous-replication point: it does not make the
+//!   cluster strongly consistent, but a failover promotes the replica with
+//!   the most replicated data, and with one replica per master that is
+//!   the one that acknowledged.
+//! * **Back-pressure.** At most `max_in_flight` batches are being written
+//!   at once; a shrinker that finds them all in flight waits.
+//! * **Every read is checked** (`record.rs`): the value must carry this
+//!   store's namespace tag, the page key, the record id (its generation),
+//!   the length and an xxh3 checksum. A record id is never reused within a
+//!   run, so a page written back twice has two keys, and an older copy
+//!   (say, on a replica promoted before it saw the newer one) cannot
+//!   answer for the newer: the key is missing and the read fails. A read
+//!   has a deadline; it fails (EIO to an NBD or FUSE client), it never
+//!   returns wrong bytes and never waits past the deadline and one
+//!   attempt.
+//! * **Frees are asynchronous** (`freer.rs`): the engine's frees
+//!   (overwrites, discards, a page brought back to RAM) queue ids for a
+//!   thread that deletes them in pipelined `UNLINK`s; a store never waits
+//!   for them. A namespace per device: at open, records left by a server
+//!   that died under the same namespace are found (`SCAN` on every
+//!   master) and deleted; at a clean close, the store deletes its own.
+//!   An owner key refuses a second live server on the same namespace.
+//!
+//! # What a failure loses
+//!
+//! | failure | effect |
+//! |---|---|
+//! | a master dies, its replica takes over | nothing acknowledged is lost: the replica had every acknowledged record; reads of its slots fail until the takeover (within the deadline), writes go to the other masters |
+//! | a master dies with no replica in sync | writes to it were never acknowledged (`WAIT` failed), so they stayed in RAM; records it held are lost: reads of them fail with EIO |
+//! | a master and all its replicas die | the records on them are lost: reads fail with EIO; the rest of the device works |
+//! | the whole cluster stops | writeback fails and pages stay in RAM (the pool fills and refuses stores, as with a failing disk); reads of written-back pages fail within the deadline; both resume when it returns, if its data survived (persistence is the cluster's) |
+//! | zmem dies | its records are dead; the next start under the same namespace deletes them |
+//! | a node answers with the wrong record | refused by the checks above: EIO, never wrong bytes |
+
+mod conns;
+mod freer;
+pub mod keys;
+mod latency;
+pub mod record;
+mod topology;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::Value;
+use zmem_core::{ColdError, ColdStats, ColdStore, RecordId};
+
+use crate::conns::Conns;
+use crate::freer::Freer;
+use crate::latency::Histogram;
+use crate::topology::Topology;
+
+/// How a remote store is reached and what it promises.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteConfig {
+    /// Cluster seeds, one `redis://[USER:PASSWORD@]HOST:PORT` each.
+    pub seeds: Vec<String>,
+    /// This device's namespace (keys `zm:NAMESPACE:…`).
+    pub namespace: String,
+    /// Replicas that must acknowledge a batch before its pages leave RAM
+    /// (`WAIT`); 0 for a cluster without replicas.
+    pub replicas: u32,
+    /// How long a read, or a batch's acknowledgement, may take.
+    pub deadline: Duration,
+    /// Batches written at once; more wait.
+    pub max_in_flight: usize,
+}
+
+/// How the remote store fails, and what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("--remote {url:?}: {why} (give redis://HOST:PORT[,HOST:PORT…], with USER:PASSWORD@ before the first host if the cluster wants one)")]
+    Url { url: String, why: String },
+    #[error("remote namespace {0:?}: use 1 to 200 printable characters without spaces or braces")]
+    Namespace(String),
+    #[error("cannot reach the cluster at {seeds}: {source} (is it up, and are these its nodes?)")]
+    Connect { seeds: String, source: redis::RedisError },
+    #[error("cannot reach the cluster at {seeds}: {why} (is it up, and are these its nodes?)")]
+    Unreachable { seeds: String, why: String },
+    #[error("the cluster at {seeds} cannot be used: {why}")]
+    Cluster { seeds: String, why: String },
+    #[error("remote namespace {namespace:?} is served by {owner} (stop that server, or give this one another --remote-namespace)")]
+    InUse { namespace: String, owner: String },
+    #[error("{op} on the cluster failed: {source}")]
+    Redis { op: &'static str, source: redis::RedisError },
+    #[error("writing a batch to the master of slot {slot}: {acked} of the {wanted} replicas acknowledged within {deadline:?} (the pages stay in RAM; is the master's replica up?)")]
+    Replicas { slot: u16, acked: i64, wanted: u32, deadline: Duration },
+    #[error("reading {key}: no answer within the deadline of {deadline:?} ({last})")]
+    Deadline { key: String, deadline: Duration, last: String },
+    #[error("reading {key}: the cluster answered with a value that is not this record: {source}")]
+    WrongRecord { key: String, source: record::RecordError },
+}
+
+impl From<RemoteError> for ColdError {
+    fn from(e: RemoteError) -> ColdError {
+        ColdError::Store(Box::new(e))
+    }
+}
+
+impl RemoteConfig {
+    /// The defaults for `url` (see [`parse_seeds`]) and `namespace`: one
+    /// replica acknowledges, a 1 s deadline, 4 batches in flight.
+    pub fn new(url: &str, namespace: &str) -> Result<RemoteConfig, RemoteError> {
+        if !keys::valid_namespace(namespace) {
+            return Err(RemoteError::Namespace(namespace.to_string()));
+        }
+        Ok(RemoteConfig { seeds: parse_seeds(url)?, namespace: namespace.to_string(), replicas: 1, deadline: Duration::from_secs(1), max_in_flight: 4 })
+    }
+}
+
+/// `redis://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]` as one seed URL per
+/// node, each with the credentials.
+pub fn parse_seeds(url: &str) -> Result<Vec<String>, RemoteError> {
+    let bad = |why: &str| RemoteError::Url { url: url.to_string(), why: why.to_string() };
+    let rest = match url.split_once("://") {
+        Some(("redis", r)) => r,
+        Some(("rediss", _)) => return Err(bad("TLS (rediss://) is not built into this zmem; reach the cluster over a TLS tunnel, or use redis://")),
+        Some((s, _)) => return Err(bad(&format!("unknown scheme {s:?}"))),
+        None => return Err(bad("no redis:// scheme")),
+    };
+    let rest = rest.trim_end_matches('/');
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((a, h)) => (format!("{a}@"), h),
+        None => (String::new(), rest),
+    };
+    let mut seeds = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = h.rsplit_once(':').ok_or_else(|| bad(&format!("{h:?} has no :PORT")))?;
+        if host.is_empty() || host.contains('/') {
+            return Err(bad(&format!("{h:?} is not HOST:PORT")));
+        }
+        port.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| bad(&format!("{port:?} is not a port")))?;
+        seeds.push(format!("redis://{auth}{host}:{port}"));
+    }
+    Ok(seeds)
+}
+
+/// The store's counters.
+#[derive(Default)]
+struct Counters {
+    records_written: AtomicU64,
+    bytes_written: AtomicU64,
+    records_read: AtomicU64,
+    bytes_read: AtomicU64,
+    read_ops: AtomicU64,
+    failed_writes: AtomicU64,
+    failed_reads: AtomicU64,
+    missing: AtomicU64,
+    live: AtomicU64,
+}
+
+/// Batches in flight, and the shrinkers waiting for room.
+struct Flight {
+    n: Mutex<usize>,
+    room: Condvar,
+    max: usize,
+}
+
+struct Permit<'a>(&'a Flight);
+
+impl Flight {
+    fn acquire(&self) -> Permit<'_> {
+        let mut n = self.n.lock();
+        while *n >= self.max {
+            self.room.wait(&mut n);
+        }
+        *n += 1;
+        Permit(self)
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        *self.0.n.lock() -= 1;
+        self.0.room.notify_one();
+    }
+}
+
+/// A [`ColdStore`] on a Redis Cluster (see the crate notes).
+pub struct RemoteStore {
+    cfg: RemoteConfig,
+    ns_tag: u32,
+    conns: Arc<Conns>,
+    topo: Mutex<Topology>,
+    next_gen: AtomicU64,
+    batches: AtomicU64,
+    flight: Flight,
+    c: Arc<Counters>,
+    reads: Histogram,
+    freer: Freer,
+    /// Records of an earlier server found and deleted at open.
+    cleaned: u64,
+    /// This store's value under the namespace's owner key.
+    owner: String,
+}
+
+impl RemoteStore {
+    /// Connect, claim the namespace, delete what an earlier server left
+    /// under it, and start the freer.
+    pub fn open(cfg: RemoteConfig) -> Result<RemoteStore, RemoteError> {
+        if !keys::valid_namespace(&cfg.namespace) {
+            return Err(RemoteError::Namespace(cfg.namespace.clone()));
+        }
+        let seeds = cfg.seeds.join(",");
+        let part = (cfg.deadline / 4).max(Duration::from_millis(10));
+        let client = ClusterClient::builder(cfg.seeds.clone())
+            .connection_timeout(part)
+            .response_timeout(part)
+            .retries(2)
+            .min_retry_wait(5)
+            .max_retry_wait(50)
+            .build()
+            .map_err(|source| RemoteError::Connect { seeds: seeds.clone(), source })?;
+        let conns = Conns::new(client, seeds.clone());
+        let mut conn = conns.take(Instant::now() + cfg.deadline * 10)?;
+        let masters = read_topology(&mut conn, &seeds)?;
+        // A cluster with too few replicas anywhere is a misconfiguration;
+        // one master short of them (a failover not yet healed) is not:
+        // its batches fail WAIT and go to the others.
+        if let Some(most) = masters.iter().map(|m| m.replicas as u32).max().filter(|&r| r < cfg.replicas) {
+            return Err(RemoteError::Cluster {
+                seeds,
+                why: format!("its masters have at most {most} replicas and --remote-replicas asks {} to acknowledge each write", cfg.replicas),
+            });
+        }
+        let owner = ownership::token();
+        ownership::claim(&mut conn, &cfg.namespace, &owner)?;
+        let cleaned = sweep(&mut conn, &cfg.namespace, &masters)?;
+        conns.give(conn);
+        let c = Arc::new(Counters::default());
+        let freer = Freer::start(Arc::clone(&conns), cfg.namespace.clone());
+        let mut topo = Topology::default();
+        topo.set(masters, Instant::now());
+        Ok(RemoteStore {
+            ns_tag: record::ns_tag(&cfg.namespace),
+            flight: Flight { n: Mutex::new(0), room: Condvar::new(), max: cfg.max_in_flight.max(1) },
+            cfg,
+            conns,
+            topo: Mutex::new(topo),
+            next_gen: AtomicU64::new(1),
+            batches: AtomicU64::new(0),
+            c,
+            reads: Histogram::default(),
+            freer,
+            cleaned,
+            owner,
+        })
+    }
+
+    /// Records an earlier server left under this namespace, deleted at open.
+    pub fn cleaned(&self) -> u64 {
+        self.cleaned
+    }
+
+    /// The cluster key of record `id` (for tests and tools).
+    pub fn key_of(&self, id: RecordId) -> String {
+        keys::key(&self.cfg.namespace, id.to_raw())
+    }
+
+    /// Wait until every queued free reached the cluster (or failed).
+    pub fn flush_frees(&self, within: Duration) -> bool {
+        self.freer.flush(within)
+    }
+
+    /// The master and slot for the next batch.
+    fn pick(&self) -> Result<u16, RemoteError> {
+        let now = Instant::now();
+        let mut t = self.topo.lock();
+        if t.stale(now) {
+            let mut conn = self.conns.take(now + self.cfg.deadline)?;
+            let m = read_topology(&mut conn, &self.conns.seeds);
+            match m {
+                Ok(m) => {
+                    self.conns.give(conn);
+                    t.set(m, now);
+                }
+                Err(e) if t.masters.is_empty() => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let w = t.writable(now);
+        let n = self.batches.fetch_add(1, Relaxed);
+        let m = &w[(n % w.len() as u64) as usize];
+        Ok(m.slot(n / w.len() as u64))
+    }
+
+    fn write(&self, conn: &mut ClusterConnection, slot: u16, objects: &[(u64, &[u8])], ids: &mut Vec<u64>) -> Result<u64, RemoteError> {
+        let first = self.next_gen.fetch_add(objects.len() as u64, Relaxed);
+        let mut pipe = redis::cluster::cluster_pipe();
+        let mut buf = Vec::new();
+        let mut bytes = 0;
+        for (i, &(key, object)) in objects.iter().enumerate() {
+            let id = keys::id((first + i as u64) & keys::MAX_GEN, slot);
+            buf.clear();
+            record::encode(&mut buf, self.ns_tag, key, id, object);
+            let k = keys::key(&self.cfg.namespace, id);
+            bytes += (k.len() + buf.len()) as u64;
+            pipe.cmd("SET").arg(k).arg(&buf[..]).ignore();
+            ids.push(id);
+        }
+        pipe.query::<()>(conn).map_err(|source| RemoteError::Redis { op: "SET (a writeback batch)", source })?;
+        if self.cfg.replicas > 0 {
+            let wait = redis::cmd("WAIT").arg(self.cfg.replicas).arg(self.cfg.deadline.as_millis() as u64).clone();
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)));
+            let v = conn.route_command(&wait, route).map_err(|source| RemoteError::Redis { op: "WAIT", source })?;
+            let acked = match v {
+                Value::Int(n) => n,
+                _ => -1,
+            };
+            if acked < self.cfg.replicas as i64 {
+                return Err(RemoteError::Replicas { slot, acked, wanted: self.cfg.replicas, deadline: self.cfg.deadline });
+            }
+        }
+        Ok(bytes)
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RemoteError> {
+        let start = Instant::now();
+        loop {
+            let r = self.conns.take(start + self.cfg.deadline).and_then(|mut conn| {
+                let v = redis::cmd("GET").arg(key).query::<Option<Vec<u8>>>(&mut conn).map_err(|source| RemoteError::Redis { op: "GET", source })?;
+                self.conns.give(conn);
+                Ok(v)
+            });
+            let last = match r {
+                Ok(v) => {
+                    self.reads.record(start.elapsed());
+                    return Ok(v);
+                }
+                Err(e) => e.to_string(),
+            };
+            // Another attempt only if one more fits in the deadline.
+            if start.elapsed() + self.cfg.deadline / 4 > self.cfg.deadline {
+                return Err(RemoteError::Deadline { key: key.to_string(), deadline: self.cfg.deadline, last });
+            }
+            self.topo.lock().invalidate();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl ColdStore for RemoteStore {
+    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, ColdError> {
+        if objects.is_empty() {
+            return Ok(Vec::new());
+        }
+        let _permit = self.flight.acquire();
+        let slot = self.pick()?;
+        let mut ids = Vec::with_capacity(objects.len());
+        let mut conn = self.conns.take(Instant::now() + self.cfg.deadline)?;
+        match self.write(&mut conn, slot, objects, &mut ids) {
+            Ok(bytes) => {
+                self.conns.give(conn);
+                self.c.records_written.fetch_add(ids.len() as u64, Relaxed);
+                self.c.bytes_written.fetch_add(bytes, Relaxed);
+                self.c.live.fetch_add(ids.len() as u64, Relaxed);
+                Ok(ids.into_iter().map(|id| Some(RecordId::from_raw(id))).collect())
+            }
+            Err(e) => {
+                self.c.failed_writes.fetch_add(1, Relaxed);
+                self.topo.lock().back_off(slot, Instant::now());
+                // Whatever reached the cluster is dead: the pages stay in RAM.
+                self.freer.orphans(&ids);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), ColdError> {
+        let k = keys::key(&self.cfg.namespace, id.to_raw());
+        self.c.read_ops.fetch_add(1, Relaxed);
+        let v = match self.get(&k) {
+            Ok(Some(v)) => v,
+            Ok(None) => {
+                // Freed meanwhile (the engine looks again), or lost with
+                // its master and replicas (the engine fails the load).
+                self.c.missing.fetch_add(1, Relaxed);
+                return Err(ColdError::NotLive { id: id.to_raw() });
+            }
+            Err(e) => {
+                self.c.failed_reads.fetch_add(1, Relaxed);
+                return Err(e.into());
+            }
+        };
+        match record::decode(&v, self.ns_tag, key, id.to_raw()) {
+            Ok(object) => {
+                out.clear();
+                out.extend_from_slice(object);
+                self.c.records_read.fetch_add(1, Relaxed);
+                self.c.bytes_read.fetch_add(v.len() as u64, Relaxed);
+                Ok(())
+            }
+            Err(source) => {
+                self.c.failed_reads.fetch_add(1, Relaxed);
+                Err(RemoteError::WrongRecord { key: k, source }.into())
+            }
+        }
+    }
+
+    fn free(&self, id: RecordId) -> Result<(), ColdError> {
+        self.c.live.fetch_sub(1, Relaxed);
+        self.freer.free(id.to_raw());
+        Ok(())
+    }
+
+    fn stats(&self) -> ColdStats {
+        let c = &self.c;
+        ColdStats {
+            records: c.live.load(Relaxed),
+            bytes_written: c.bytes_written.load(Relaxed),
+            bytes_read: c.bytes_read.load(Relaxed),
+            read_ops: c.read_ops.load(Relaxed),
+            records_written: c.records_written.load(Relaxed),
+            records_read: c.records_read.load(Relaxed),
+            failed_writes: c.failed_writes.load(Relaxed),
+            failed_reads: c.failed_reads.load(Relaxed),
+            missing_reads: c.missing.load(Relaxed),
+            read_p50_ns: self.reads.percentile(50.0),
+            read_p99_ns: self.reads.percentile(99.0),
+            in_flight: *self.flight.n.lock() as u64,
+            frees_pending: self.freer.pending(),
+            frees_failed: self.freer.failed(),
+            ..ColdStats::default()
+        }
+    }
+}
+
+impl Drop for RemoteStore {
+    fn drop(&mut self) {
+        // The device goes with the process: its records are dead.
+        self.freer.stop(self.cfg.deadline * 5);
+        if let Ok(mut conn) = self.conns.take(Instant::now() + self.cfg.deadline) {
+            let masters = self.topo.lock().masters.clone();
+            if let Err(e) = sweep(&mut conn, &self.cfg.namespace, &masters) {
+                eprintln!("zmem: could not delete the remote records of namespace {:?} ({e}); the next start under it will", self.cfg.namespace);
+            }
+            ownership::release(&mut conn, &self.cfg.namespace, &self.owner);
+        }
+    }
+}
+
+/// The masters, from `CLUSTER SLOTS`.
+fn read_topology(conn: &mut ClusterConnection, seeds: &str) -> Result<Vec<topology::Master>, RemoteError> {
+    let v = conn
+        .route_command(&redis::cmd("CLUSTER").arg("SLOTS").clone(), RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+        .map_err(|source| RemoteError::Redis { op: "CLUSTER SLOTS", source })?;
+    topology::parse_slots(&v).map_err(|why| RemoteError::Cluster { seeds: seeds.to_string(), why })
+}
+
+/// Delete every record key of `namespace` on `masters` (SCAN on each);
+/// returns how many.
+fn sweep(conn: &mut ClusterConnection, namespace: &str, masters: &[topology::Master]) -> Result<u64, RemoteError> {
+    let pattern = keys::scan_pattern(namespace);
+    let mut n = 0;
+    for m in masters {
+        let route = || RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(m.slot(0), SlotAddr::Master)));
+        let mut cursor = String::from("0");
+        loop {
+            let scan = redis::cmd("SCAN").arg(&cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).clone();
+            let v = conn.route_command(&scan, route()).map_err(|source| RemoteError::Redis { op: "SCAN", source })?;
+            let (next, found) = redis::from_redis_value::<(String, Vec<String>)>(v).map_err(|e| RemoteError::Redis { op: "SCAN", source: e.into() })?;
+            if !found.is_empty() {
+                let mut pipe = redis::cluster::cluster_pipe();
+                for k in &found {
+                    pipe.cmd("UNLINK").arg(k).ignore();
+                }
+                pipe.query::<()>(conn).map_err(|source| RemoteError::Redis { op: "UNLINK", source })?;
+                n += found.len() as u64;
+            }
+            if next == "0" {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(n)
+}
+
+/// Who serves a namespace: `HOST PID TOKEN` under its owner key (the
+/// token tells two stores of one process apart).
+mod ownership {
+    use super::*;
+
+    fn host() -> String {
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
+    }
+
+    /// This store's owner value.
+    pub fn token() -> String {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        format!("{} {} {:x}", host(), std::process::id(), t ^ N.fetch_add(1, Relaxed) << 48)
+    }
+
+    /// Whether the owner `owner` may still be serving: a process of this
+    /// machine that is alive, or any other machine's.
+    fn alive(owner: &str) -> bool {
+        let f: Vec<&str> = owner.split(' ').collect();
+        match f.as_slice() {
+            [h, pid, _] if *h == host() => pid.parse::<u32>().is_ok_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists()),
+            _ => true,
+        }
+    }
+
+    pub fn claim(conn: &mut ClusterConnection, namespace: &str, me: &str) -> Result<(), RemoteError> {
+        let key = keys::owner_key(namespace);
+        let prev: Option<String> =
+            redis::cmd("SET").arg(&key).arg(me).arg("GET").query(conn).map_err(|source| RemoteError::Redis { op: "SET (namespace owner)", source })?;
+        match prev {
+            Some(p) if p != me && alive(&p) => {
+                // Give it back: it is theirs.
+                let _: Result<(), _> = redis::cmd("SET").arg(&key).arg(&p).query(conn);
+                Err(RemoteError::InUse { namespace: namespace.to_string(), owner: p })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub fn release(conn: &mut ClusterConnection, namespace: &str, me: &str) {
+        let key = keys::owner_key(namespace);
+        let cur: Option<String> = redis::cmd("GET").arg(&key).query(conn).ok().flatten();
+        if cur.as_deref() == Some(me) {
+            let _: Result<(), _> = redis::cmd("DEL").arg(&key).query(conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_become_seeds_or_say_what_is_wrong() {
+        assert_eq!(parse_seeds("redis://127.0.0.1:7000,127.0.0.1:7001").unwrap(), ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
+        assert_eq!(parse_seeds("redis://u:p@h:1,g:2/").unwrap(), ["redis://u:p@h:1", "redis://u:p@g:2"]);
+        for bad in ["127.0.0.1:7000", "http://h:1", "redis://h", "redis://h:0", "redis://h:x", "redis://:1", "rediss://h:1", "redis://h:1,"] {
+            let e = parse_seeds(bad).unwrap_err().to_string();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
+        assert!(matches!(RemoteConfig::new("redis://h:1", "a b"), Err(RemoteError::Namespace(_))));
+    }
+}

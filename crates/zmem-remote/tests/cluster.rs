@@ -1,0 +1,279 @@
+//! RemoteStore against real Redis clusters (3 masters, 3 replicas) started
+//! on loopback by the tests themselves and killed when each test ends,
+//! also when it fails.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use zmem_core::{ColdError, ColdStore, RecordId};
+use zmem_remote::{RemoteConfig, RemoteStore};
+use zmem_testkit::redis_cluster::{available, LocalCluster};
+use zmem_testkit::XorShift;
+
+fn cluster(node_timeout_ms: u32) -> Option<LocalCluster> {
+    if !available() {
+        zmem_testkit::ci::skip("redis-server and redis-cli are not installed (scripts/setup.sh installs them)");
+        return None;
+    }
+    Some(LocalCluster::start(3, 1, node_timeout_ms).expect("starting a 3+3 Redis cluster"))
+}
+
+fn store(c: &LocalCluster, ns: &str) -> RemoteStore {
+    let cfg = RemoteConfig::new(&c.url(), ns).unwrap();
+    RemoteStore::open(cfg).expect("opening the remote store")
+}
+
+/// An object that compresses like a page would not matter here: any bytes.
+fn object(rng: &mut XorShift, key: u64) -> Vec<u8> {
+    let len = 16 + rng.below(3000) as usize;
+    let mut v = vec![0u8; len];
+    rng.fill(&mut v);
+    v[..8].copy_from_slice(&key.to_le_bytes());
+    v
+}
+
+fn read(s: &RemoteStore, id: RecordId, key: u64) -> Result<Vec<u8>, ColdError> {
+    let mut out = Vec::new();
+    s.read(id, key, &mut out).map(|()| out)
+}
+
+#[test]
+fn a_model_of_writes_rewrites_frees_and_reads_matches_byte_for_byte() {
+    let Some(c) = cluster(5000) else { return };
+    let s = store(&c, "model");
+    let mut rng = XorShift::new(25);
+    // key -> (id, bytes): what the engine would hold.
+    let mut model: HashMap<u64, (RecordId, Vec<u8>)> = HashMap::new();
+    for round in 0..60 {
+        match rng.below(10) {
+            0..=4 => {
+                // A batch of writebacks; a key already there is a rewrite.
+                let keys: Vec<u64> = (0..1 + rng.below(64)).map(|_| rng.below(400)).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+                let objs: Vec<(u64, Vec<u8>)> = keys.iter().map(|&k| (k, object(&mut rng, k))).collect();
+                let refs: Vec<(u64, &[u8])> = objs.iter().map(|(k, o)| (*k, &o[..])).collect();
+                let ids = s.put_batch(&refs).expect("a batch to a healthy cluster");
+                assert_eq!(ids.len(), objs.len());
+                for ((k, o), id) in objs.into_iter().zip(ids) {
+                    let id = id.expect("the remote store keeps every object");
+                    if let Some((old, _)) = model.insert(k, (id, o)) {
+                        s.free(old).unwrap();
+                    }
+                }
+            }
+            5..=6 => {
+                // Frees (discards).
+                let ks: Vec<u64> = model.keys().copied().filter(|_| rng.below(4) == 0).collect();
+                for k in ks {
+                    let (id, _) = model.remove(&k).unwrap();
+                    s.free(id).unwrap();
+                }
+            }
+            _ => {
+                for (&k, (id, bytes)) in &model {
+                    assert_eq!(&read(&s, *id, k).unwrap_or_else(|e| panic!("round {round}: key {k}: {e}")), bytes, "round {round}: key {k}");
+                }
+            }
+        }
+    }
+    assert!(s.flush_frees(Duration::from_secs(20)), "frees did not reach the cluster");
+    // Exactly the live records are on the cluster (and the owner key).
+    assert_eq!(c.keys().unwrap(), model.len() as u64 + 1);
+    for (&k, (id, bytes)) in &model {
+        assert_eq!(&read(&s, *id, k).unwrap(), bytes);
+    }
+    let st = s.stats();
+    assert_eq!(st.records, model.len() as u64);
+    assert!(st.records_read > 0 && st.read_p50_ns > 0 && st.read_p99_ns >= st.read_p50_ns);
+    assert_eq!((st.failed_reads, st.failed_writes), (0, 0));
+}
+
+#[test]
+fn a_record_of_another_generation_or_page_is_refused() {
+    let Some(c) = cluster(5000) else { return };
+    let s = store(&c, "gens");
+    let ids = s.put_batch(&[(7, b"generation one".as_slice())]).unwrap();
+    let old = ids[0].unwrap();
+    let ids = s.put_batch(&[(7, b"generation two".as_slice()), (8, b"another page".as_slice())]).unwrap();
+    let (new, other) = (ids[0].unwrap(), ids[1].unwrap());
+    // A node answers a read of the newer record with the older one's
+    // value, then with another page's: both refused, never handed on.
+    let client = redis::cluster::ClusterClient::new(vec![format!("redis://127.0.0.1:{}", c.ports()[0])]).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    for (from, what) in [(old, "Generation"), (other, "Key")] {
+        let v: Vec<u8> = redis::cmd("GET").arg(s.key_of(from)).query(&mut conn).unwrap();
+        let _: () = redis::cmd("SET").arg(s.key_of(new)).arg(v).query(&mut conn).unwrap();
+        let e = read(&s, new, 7).unwrap_err();
+        let text = format!("{e:?}");
+        assert!(text.contains(what), "{text}");
+    }
+    // A flipped byte: the checksum.
+    let mut v: Vec<u8> = redis::cmd("GET").arg(s.key_of(old)).query(&mut conn).unwrap();
+    *v.last_mut().unwrap() ^= 0x40;
+    let _: () = redis::cmd("SET").arg(s.key_of(old)).arg(v).query(&mut conn).unwrap();
+    assert!(format!("{:?}", read(&s, old, 7).unwrap_err()).contains("Checksum"));
+    assert_eq!(s.stats().failed_reads, 3);
+    // A freed record is not live: the engine looks its page up again.
+    s.free(other).unwrap();
+    assert!(s.flush_frees(Duration::from_secs(10)));
+    assert!(matches!(read(&s, other, 8), Err(ColdError::NotLive { .. })));
+}
+
+#[test]
+fn a_master_killed_in_a_writeback_storm_loses_no_acknowledged_page() {
+    let Some(mut c) = cluster(1000) else { return };
+    let s = store(&c, "storm");
+    let mut rng = XorShift::new(99);
+    let mut acked: Vec<(u64, RecordId, Vec<u8>)> = Vec::new();
+    let (mut failed, mut after_kill_ok) = (0u64, 0u64);
+    let victim = c.masters().unwrap()[1].0;
+    let start = Instant::now();
+    let mut killed_at = None;
+    let mut key = 0u64;
+    // Write for 3 s after the kill and until the replica has taken over
+    // and a batch went to it.
+    loop {
+        let objs: Vec<(u64, Vec<u8>)> = (0..64)
+            .map(|_| {
+                key += 1;
+                (key, object(&mut rng, key))
+            })
+            .collect();
+        let refs: Vec<(u64, &[u8])> = objs.iter().map(|(k, o)| (*k, &o[..])).collect();
+        match s.put_batch(&refs) {
+            Ok(ids) => {
+                if killed_at.is_some() {
+                    after_kill_ok += 1;
+                }
+                acked.extend(objs.into_iter().zip(ids).map(|((k, o), id)| (k, id.unwrap(), o)));
+            }
+            Err(_) => failed += 1,
+        }
+        if killed_at.is_none() && start.elapsed() > Duration::from_millis(500) {
+            c.kill(victim).unwrap();
+            killed_at = Some(Instant::now());
+        }
+        if killed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(3)) && c.wait_state(0, Duration::ZERO).is_ok() {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the replica did not take over in a minute");
+    }
+    c.wait_state(0, Duration::from_secs(30)).unwrap();
+    eprintln!("{} pages acknowledged, {failed} batches refused, {after_kill_ok} acknowledged after the kill", acked.len());
+    assert!(after_kill_ok > 0, "the store did not go on after the kill");
+    for (k, id, bytes) in &acked {
+        assert_eq!(&read(&s, *id, *k).unwrap_or_else(|e| panic!("acknowledged page {k} after the failover: {e}")), bytes);
+    }
+    // And it goes on writing to every master once the old one is back
+    // as a replica of its successor.
+    c.restart(victim).unwrap();
+    c.wait_state(1, Duration::from_secs(60)).unwrap();
+    let ids = s.put_batch(&[(1 << 40, b"after".as_slice())]).unwrap();
+    assert_eq!(read(&s, ids[0].unwrap(), 1 << 40).unwrap(), b"after");
+}
+
+#[test]
+fn a_stopped_cluster_gives_errors_within_the_deadline_and_recovers() {
+    let Some(c) = cluster(5000) else { return };
+    let mut cfg = RemoteConfig::new(&c.url(), "stopped").unwrap();
+    cfg.deadline = Duration::from_millis(600);
+    let s = RemoteStore::open(cfg).unwrap();
+    let ids = s.put_batch(&[(1, b"one".as_slice()), (2, b"two".as_slice())]).unwrap();
+    c.signal_all(true).unwrap();
+    let resume = Guard(&c);
+    for (k, id) in [(1, ids[0].unwrap()), (2, ids[1].unwrap())] {
+        let t = Instant::now();
+        let e = read(&s, id, k).unwrap_err();
+        let took = t.elapsed();
+        eprintln!("read of a hung cluster: {e} after {took:?}");
+        assert!(took < Duration::from_millis(600 + 900), "a read took {took:?}, past its deadline");
+    }
+    let t = Instant::now();
+    assert!(s.put_batch(&[(3, b"three".as_slice())]).is_err());
+    assert!(t.elapsed() < Duration::from_secs(4), "a batch to a hung cluster took {:?}", t.elapsed());
+    drop(resume);
+    // Back: the old records read, new batches go.
+    let end = Instant::now() + Duration::from_secs(60);
+    let back = loop {
+        if let Ok(v) = read(&s, ids[0].unwrap(), 1) {
+            break v;
+        }
+        assert!(Instant::now() < end, "the store did not recover in 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(back, b"one");
+    let end = Instant::now() + Duration::from_secs(60);
+    while s.put_batch(&[(4, b"four".as_slice())]).is_err() {
+        assert!(Instant::now() < end, "writes did not resume in 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(s.stats().failed_reads >= 2);
+}
+
+/// Resumes a paused cluster when dropped (also when the test fails).
+struct Guard<'a>(&'a LocalCluster);
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.signal_all(false);
+    }
+}
+
+#[test]
+fn freed_records_give_the_cluster_its_memory_back_and_a_restart_sweeps_the_rest() {
+    let Some(c) = cluster(5000) else { return };
+    let s = store(&c, "dead");
+    let mut rng = XorShift::new(5);
+    let mut ids = Vec::new();
+    // The empty size is that of a cluster that has been written to: each
+    // master's replication backlog (1 MiB by default) fills with the first
+    // writes and stays, whatever they were. One round of writes and frees
+    // fills it; the second round is the one measured.
+    let round = |rng: &mut XorShift, ids: &mut Vec<RecordId>| {
+        for b in 0..200u64 {
+            let objs: Vec<(u64, Vec<u8>)> = (0..64).map(|i| (b * 64 + i, object(rng, b * 64 + i))).collect();
+            let refs: Vec<(u64, &[u8])> = objs.iter().map(|(k, o)| (*k, &o[..])).collect();
+            ids.extend(s.put_batch(&refs).unwrap().into_iter().map(Option::unwrap));
+        }
+    };
+    round(&mut rng, &mut ids);
+    for id in ids.drain(..) {
+        s.free(id).unwrap();
+    }
+    assert!(s.flush_frees(Duration::from_secs(30)));
+    std::thread::sleep(Duration::from_millis(500));
+    let empty = c.used_memory().unwrap();
+    round(&mut rng, &mut ids);
+    let full = c.used_memory().unwrap();
+    for id in ids.drain(..) {
+        s.free(id).unwrap();
+    }
+    assert!(s.flush_frees(Duration::from_secs(30)));
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut now = c.used_memory().unwrap();
+    while now as f64 > empty as f64 * 1.05 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+        now = c.used_memory().unwrap();
+    }
+    eprintln!("cluster used_memory: empty {empty}, with 12800 records {full}, after freeing them {now}");
+    assert!(full > empty + 12800 * 1000, "the records did not reach the cluster");
+    assert!(now as f64 <= empty as f64 * 1.05, "used_memory {now} is more than 5 % above the empty cluster's {empty}");
+    // A server that dies leaves records; the next under its name sweeps them.
+    let ids = s.put_batch(&[(1, b"left behind".as_slice()), (2, b"too".as_slice())]).unwrap();
+    std::mem::forget(s);
+    assert_eq!(c.keys().unwrap(), 3);
+    let _ = ids;
+    // It died: its owner key names a process of this machine that is gone.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let dead_pid = (4_000_000..).find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).unwrap();
+    let client = redis::cluster::ClusterClient::new(vec![format!("redis://127.0.0.1:{}", c.ports()[0])]).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let _: () = redis::cmd("SET").arg(zmem_remote::keys::owner_key("dead")).arg(format!("{} {dead_pid} 1", host.trim())).query(&mut conn).unwrap();
+    let s2 = store(&c, "dead");
+    assert_eq!(s2.cleaned(), 2);
+    assert_eq!(c.keys().unwrap(), 1, "only the owner key is left");
+    // A second live server under the same name is refused.
+    let e = RemoteStore::open(RemoteConfig::new(&c.url(), "dead").unwrap()).err().expect("a second owner");
+    assert!(e.to_string().contains("is served by"), "{e}");
+    drop(s2);
+    assert_eq!(c.keys().unwrap(), 0, "a clean close deletes its records and its owner key");
+}

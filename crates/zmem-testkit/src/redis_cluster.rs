@@ -1,0 +1,333 @@
+//! A real Redis Cluster on loopback, started by a test or a benchmark and
+//! torn down by `Drop`, also when the test fails.
+//!
+//! It runs Debian's `redis-server` (one process per node, cluster mode,
+//! no persistence) and forms the cluster with `redis-cli --cluster create`,
+//! as an operator would. Nothing here speaks the protocol itself: the
+//! harness drives the nodes through `redis-cli`, so what it checks is what
+//! the cluster says, not what zmem's client thinks.
+//!
+//! Ports: each node takes a client port P and the cluster bus P + 10000;
+//! both are checked free before a node starts.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether `redis-server` and `redis-cli` are on this machine.
+pub fn available() -> bool {
+    ["redis-server", "redis-cli"]
+        .iter()
+        .all(|t| Command::new(t).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()))
+}
+
+/// One node: its client port and, while it runs, its process.
+struct Node {
+    port: u16,
+    child: Option<Child>,
+}
+
+/// A cluster of `masters` masters with `replicas` replicas each on
+/// 127.0.0.1. Dropping it kills every node and removes its directory.
+pub struct LocalCluster {
+    nodes: Vec<Node>,
+    dir: PathBuf,
+    node_timeout_ms: u32,
+}
+
+/// How the harness fails: what it ran and what came back.
+#[derive(Debug)]
+pub struct ClusterError(pub String);
+
+impl std::fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ClusterError {}
+
+type Result<T> = std::result::Result<T, ClusterError>;
+
+fn err<T>(what: impl Into<String>) -> Result<T> {
+    Err(ClusterError(what.into()))
+}
+
+/// `count` client ports whose bus ports (+10000) are free too.
+fn free_ports(count: usize) -> Result<Vec<u16>> {
+    let mut ports = Vec::new();
+    // Tests of one process start clusters at once: each call draws from
+    // its own stream (time, pid and a counter), and a port is taken only
+    // if it can be bound now.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let seed = now ^ (std::process::id() as u64) << 32 ^ CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed).wrapping_mul(0xA24B_AED4_963E_E407);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for _ in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let p = 20000 + (x % 30000) as u16;
+        if ports.contains(&p) || ports.iter().any(|&q: &u16| q.abs_diff(p) == 10000) {
+            continue;
+        }
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(p) && free(p + 10000) {
+            ports.push(p);
+            if ports.len() == count {
+                return Ok(ports);
+            }
+        }
+    }
+    err("no free loopback ports for a Redis cluster")
+}
+
+impl LocalCluster {
+    /// Start `masters` × (1 + `replicas`) nodes and form the cluster;
+    /// returns when every slot is served, every node agrees the cluster is
+    /// ok and every replica's link to its master is up. `node_timeout_ms`
+    /// is `cluster-node-timeout`: how long a dead master goes unnoticed
+    /// before its replica takes over.
+    pub fn start(masters: usize, replicas: usize, node_timeout_ms: u32) -> Result<LocalCluster> {
+        let n = masters * (1 + replicas);
+        let ports = free_ports(n)?;
+        let dir = std::env::temp_dir().join(format!("zmem-redis-{}-{}", std::process::id(), ports[0]));
+        std::fs::create_dir_all(&dir).map_err(|e| ClusterError(format!("{}: {e}", dir.display())))?;
+        let mut c = LocalCluster { nodes: ports.iter().map(|&port| Node { port, child: None }).collect(), dir, node_timeout_ms };
+        for i in 0..n {
+            c.start_node(i)?;
+        }
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
+        args.extend(["--cluster-replicas".into(), replicas.to_string(), "--cluster-yes".into()]);
+        let out = Command::new("redis-cli").args(&args).output().map_err(|e| ClusterError(format!("redis-cli: {e}")))?;
+        if !out.status.success() {
+            return err(format!("redis-cli --cluster create failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+        }
+        c.wait_healthy(Duration::from_secs(60))?;
+        Ok(c)
+    }
+
+    fn start_node(&mut self, i: usize) -> Result<()> {
+        let port = self.nodes[i].port;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--protected-mode", "no"])
+            .args(["--cluster-enabled", "yes", "--cluster-config-file", &format!("nodes-{port}.conf")])
+            .args(["--cluster-node-timeout", &self.node_timeout_ms.to_string()])
+            .args(["--appendonly", "no", "--save", "", "--daemonize", "no"])
+            .args(["--dir", &self.dir.display().to_string(), "--logfile", &format!("{port}.log")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| ClusterError(format!("redis-server: {e}")))?;
+        self.nodes[i].child = Some(child);
+        let end = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > end {
+                return err(format!("redis-server on port {port} did not listen in 20 s (log: {})", self.dir.join(format!("{port}.log")).display()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// The seeds as zmem's `--remote` takes them.
+    pub fn url(&self) -> String {
+        let live: Vec<String> = self.nodes.iter().filter(|n| n.child.is_some()).map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis://{}", live.join(","))
+    }
+
+    /// Every node's client port.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// The directory holding the nodes' logs and cluster files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `redis-cli -p PORT ARGS…`'s output.
+    pub fn cli(&self, port: u16, args: &[&str]) -> Result<String> {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "--no-auth-warning"])
+            .args(args)
+            .output()
+            .map_err(|e| ClusterError(format!("redis-cli: {e}")))?;
+        if !out.status.success() {
+            return err(format!("redis-cli -p {port} {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A field of `INFO` on `port` (e.g. `used_memory`).
+    pub fn info_field(&self, port: u16, field: &str) -> Result<String> {
+        let info = self.cli(port, &["INFO"])?;
+        info.lines()
+            .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
+            .ok_or_else(|| ClusterError(format!("INFO on {port} has no {field}")))
+    }
+
+    /// The running nodes' roles from `CLUSTER NODES`, as seen by a live
+    /// node: the client ports of the masters serving slots, with the ports
+    /// of their connected replicas.
+    pub fn masters(&self) -> Result<Vec<(u16, Vec<u16>)>> {
+        let asker = self.live_port().ok_or_else(|| ClusterError("no node is running".into()))?;
+        let text = self.cli(asker, &["CLUSTER", "NODES"])?;
+        let mut masters: Vec<(String, u16, Vec<u16>)> = Vec::new();
+        let mut replicas: Vec<(String, u16)> = Vec::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 8 || f[2].contains("fail") || f[7] != "connected" {
+                continue;
+            }
+            let Some(port) = f[1].split('@').next().and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse().ok()) else { continue };
+            if f[2].contains("master") && f.len() > 8 {
+                masters.push((f[0].to_string(), port, Vec::new()));
+            } else if f[2].contains("slave") {
+                replicas.push((f[3].to_string(), port));
+            }
+        }
+        for (of, port) in replicas {
+            if let Some(m) = masters.iter_mut().find(|m| m.0 == of) {
+                m.2.push(port);
+            }
+        }
+        Ok(masters.into_iter().map(|(_, p, r)| (p, r)).collect())
+    }
+
+    fn live_port(&self) -> Option<u16> {
+        self.nodes.iter().find(|n| n.child.is_some()).map(|n| n.port)
+    }
+
+    /// Wait until every running node says `cluster_state:ok` with all
+    /// 16384 slots, and every master has at least `min_replicas`
+    /// replicas whose link is up.
+    pub fn wait_state(&self, min_replicas: usize, within: Duration) -> Result<()> {
+        let end = Instant::now() + within;
+        loop {
+            let last = match self.state(min_replicas) {
+                Ok(()) => return Ok(()),
+                Err(e) => e.0,
+            };
+            if Instant::now() > end {
+                return err(format!("the cluster did not settle in {within:?}: {last}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_healthy(&self, within: Duration) -> Result<()> {
+        let replicas = (self.nodes.len() > 3) as usize;
+        self.wait_state(replicas, within)
+    }
+
+    fn state(&self, min_replicas: usize) -> Result<()> {
+        let masters = self.masters()?;
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let info = self.cli(n.port, &["CLUSTER", "INFO"])?;
+            if !info.contains("cluster_state:ok") || !info.contains("cluster_slots_ok:16384") {
+                return err(format!("node {} is not ok yet", n.port));
+            }
+            // Every node's view (what a client's CLUSTER SLOTS shows) has
+            // the replicas too, not only the master's own.
+            let slots = self.cli(n.port, &["CLUSTER", "SLOTS"])?;
+            let entries = masters.len();
+            let addrs = slots.lines().filter(|l| l.trim() == "127.0.0.1").count();
+            if addrs < entries * (1 + min_replicas) {
+                return err(format!("node {} lists {addrs} addresses in CLUSTER SLOTS, {} wanted", n.port, entries * (1 + min_replicas)));
+            }
+        }
+        for (m, _) in masters {
+            let links = self.info_field(m, "connected_slaves")?.parse::<usize>().unwrap_or(0);
+            let ups = self.cli(m, &["INFO", "replication"])?.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
+            if links.min(ups) < min_replicas {
+                return err(format!("master {m} has {ups} replicas online, {min_replicas} wanted"));
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILL the node on `port` (its files stay, so it can come back).
+    pub fn kill(&mut self, port: u16) -> Result<()> {
+        let n = self.nodes.iter_mut().find(|n| n.port == port).ok_or_else(|| ClusterError(format!("no node on {port}")))?;
+        if let Some(mut c) = n.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        Ok(())
+    }
+
+    /// Start the node on `port` again with its cluster file: it rejoins
+    /// (a killed master comes back as a replica of its successor).
+    pub fn restart(&mut self, port: u16) -> Result<()> {
+        let i = self.nodes.iter().position(|n| n.port == port).ok_or_else(|| ClusterError(format!("no node on {port}")))?;
+        if self.nodes[i].child.is_none() {
+            self.start_node(i)?;
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP (`pause`) or SIGCONT every running node: a cluster that
+    /// hangs instead of refusing, and comes back with its data.
+    pub fn signal_all(&self, pause: bool) -> Result<()> {
+        for n in &self.nodes {
+            if let Some(c) = &n.child {
+                let sig = if pause { "-STOP" } else { "-CONT" };
+                let st = Command::new("kill").args([sig, &c.id().to_string()]).status().map_err(|e| ClusterError(format!("kill: {e}")))?;
+                if !st.success() {
+                    return err(format!("kill {sig} {} failed", c.id()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILL every node.
+    pub fn kill_all(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// Start every stopped node again.
+    pub fn restart_all(&mut self) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].child.is_none() {
+                self.start_node(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The sum of `used_memory` over the running masters.
+    pub fn used_memory(&self) -> Result<u64> {
+        let mut sum = 0;
+        for (m, _) in self.masters()? {
+            sum += self.info_field(m, "used_memory")?.parse::<u64>().map_err(|e| ClusterError(format!("used_memory on {m}: {e}")))?;
+        }
+        Ok(sum)
+    }
+
+    /// The number of keys on the running masters.
+    pub fn keys(&self) -> Result<u64> {
+        let mut sum = 0;
+        for (m, _) in self.masters()? {
+            sum += self.cli(m, &["DBSIZE"])?.trim().parse::<u64>().map_err(|e| ClusterError(format!("DBSIZE on {m}: {e}")))?;
+        }
+        Ok(sum)
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        let _ = self.signal_all(false);
+        self.kill_all();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
