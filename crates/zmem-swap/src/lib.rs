@@ -120,7 +120,9 @@ pub struct ServerConfig {
     pub charge_to: Option<PathBuf>,
     pub max_pool: u64,
     pub dedup: bool,
-    pub backing: Option<PathBuf>,
+    /// Where cold pages go (a backing file, a cluster), as `zmem stat`
+    /// shows it.
+    pub backing: Option<String>,
     /// The policy threads beside the pool.
     pub policies: Policies,
 }
@@ -612,7 +614,7 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
         algorithm: comp.to_string(),
         dedup: a.dedup,
         endpoint: mnt.join(IMAGE).display().to_string(),
-        backing: a.backing.as_ref().map(|p| p.display().to_string()),
+        backing: a.backing.clone(),
     };
     std::fs::write(a.dir.join("ready"), format!("{}\n", std::process::id()))?;
     eprintln!("zmem: swap server {} ready: {} bytes, {comp}, image {}", std::process::id(), a.size, info.endpoint);

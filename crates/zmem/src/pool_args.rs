@@ -44,6 +44,26 @@ pub struct PoolArgs {
     /// Cap on the backing file's size (e.g. 4G).
     #[arg(long, value_parser = parse_size, requires = "backing")]
     pub backing_limit: Option<u64>,
+    /// Write cold pages back to a Redis Cluster (or Valkey) instead of a
+    /// file: redis://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…], the cluster's
+    /// seed nodes. A page leaves RAM once --remote-replicas replicas have
+    /// it; a read of it that the cluster does not answer within
+    /// --remote-timeout fails (EIO).
+    #[arg(long, value_name = "URL", conflicts_with = "backing")]
+    pub remote: Option<String>,
+    /// This device's namespace on the cluster (default HOST/DEVICE).
+    /// Records an earlier server left under it are deleted at start; a
+    /// second live server under it is refused.
+    #[arg(long, value_name = "NAME", requires = "remote")]
+    pub remote_namespace: Option<String>,
+    /// Replicas that must acknowledge a batch (Redis WAIT) before its
+    /// pages leave RAM; 0 for a cluster without replicas.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "remote")]
+    pub remote_replicas: u32,
+    /// Deadline of a read from the cluster, and of a batch's
+    /// acknowledgement (500ms, 2s).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::util::parse_millis, requires = "remote")]
+    pub remote_timeout: std::time::Duration,
     /// zswap's exclusive loads: on, off or auto. On: a page read from the
     /// pool is taken to be held by the kernel's swap or page cache from
     /// then on, so its compressed copy is the first written back (never
@@ -77,6 +97,13 @@ pub struct PoolArgs {
     /// data sets; zstd gains 7-11 %).
     #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub dict_lz4: bool,
+}
+
+/// The remote namespace of `device` on this machine: `HOST/DEVICE`.
+fn default_namespace(device: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let clean = |s: &str| s.trim().chars().map(|c| if c.is_ascii_graphic() && c != '{' && c != '}' { c } else { '_' }).collect::<String>();
+    format!("{}/{}", clean(&host), clean(device))
 }
 
 /// `--dict`: off, auto, or a dictionary file's bytes.
@@ -127,8 +154,16 @@ impl PoolArgs {
     /// any), and its compressor.
     /// `default` is the command's default for --exclusive-loads; with
     /// auto, the caller runs [`PoolArgs::policies`].
-    pub fn build(&self, default: ExclusiveLoads) -> anyhow::Result<(Pool, Compressor)> {
+    /// `device` names the device in the remote tier's default namespace.
+    pub fn build(&self, default: ExclusiveLoads, device: &str) -> anyhow::Result<(Pool, Compressor)> {
         let (cfg, comp) = self.config(default)?;
+        if let Some(url) = &self.remote {
+            let store = zmem_remote::RemoteStore::open(self.remote_config(url, device)?)?;
+            if store.cleaned() > 0 {
+                eprintln!("zmem: deleted {} records an earlier server left on the cluster under this namespace", store.cleaned());
+            }
+            return Ok((Pool::with_cold_store(cfg, Box::new(store))?, comp));
+        }
         let pool = match &self.backing {
             Some(path) => {
                 let existing = if self.force { zmem_backing::Existing::Overwrite } else { zmem_backing::Existing::Refuse };
@@ -142,6 +177,25 @@ impl PoolArgs {
             None => Pool::new(cfg)?,
         };
         Ok((pool, comp))
+    }
+
+    /// The remote tier's settings for `device`.
+    fn remote_config(&self, url: &str, device: &str) -> anyhow::Result<zmem_remote::RemoteConfig> {
+        let ns = self.remote_namespace.clone().unwrap_or_else(|| default_namespace(device));
+        let mut rc = zmem_remote::RemoteConfig::new(url, &ns)?;
+        rc.replicas = self.remote_replicas;
+        rc.deadline = self.remote_timeout;
+        Ok(rc)
+    }
+
+    /// Where cold pages go, as `zmem stat` shows it (no password).
+    pub fn cold_store(&self, device: &str) -> Option<String> {
+        if let Some(url) = &self.remote {
+            let hosts = url.split_once("://").map_or(url.as_str(), |(_, r)| r.rsplit_once('@').map_or(r, |(_, h)| h));
+            let ns = self.remote_namespace.clone().unwrap_or_else(|| default_namespace(device));
+            return Some(format!("redis://{hosts} (namespace {ns})"));
+        }
+        self.backing.as_ref().map(|p| p.display().to_string())
     }
 
     /// The pool's configuration from these options, and its compressor.
@@ -166,8 +220,8 @@ impl PoolArgs {
     /// more than `max_compressed` bytes; at 4096 it keeps every page (one
     /// that does not compress as it is).
     pub fn build_clean_cache(&self, max_compressed: usize) -> anyhow::Result<(Pool, Compressor)> {
-        if self.backing.is_some() {
-            anyhow::bail!("--backing and --origin exclude each other: a cache of an origin drops its cold pages, it writes none back");
+        if self.backing.is_some() || self.remote.is_some() {
+            anyhow::bail!("--backing and --remote exclude --origin: a cache of an origin drops its cold pages, it writes none back");
         }
         let (mut cfg, comp) = self.config(ExclusiveLoads::Off)?;
         if max_compressed < zmem_core::PAGE_SIZE {
@@ -216,6 +270,13 @@ impl PoolArgs {
             v.extend(["--recompress-idle".into(), s.to_string(), "--recompress-cpu".into(), self.recompress_cpu.to_string()]);
         }
         v.extend(["--dict".into(), self.dict.clone(), "--dict-lz4".into(), if self.dict_lz4 { "on" } else { "off" }.into()]);
+        if let Some(url) = &self.remote {
+            v.extend(["--remote".into(), url.clone(), "--remote-replicas".into(), self.remote_replicas.to_string()]);
+            v.extend(["--remote-timeout".into(), format!("{}ms", self.remote_timeout.as_millis())]);
+            if let Some(ns) = &self.remote_namespace {
+                v.extend(["--remote-namespace".into(), ns.clone()]);
+            }
+        }
         if let Some(b) = &self.backing {
             v.extend(["--backing".into(), b.display().to_string()]);
             if self.force {

@@ -173,7 +173,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if size > MAX_SIZE {
                 bail!("--size must be at most {MAX_SIZE} bytes (8 EiB): NBD clients read the size as a signed 64-bit number");
             }
-            let (pool, comp) = a.pool.build(ExclusiveLoads::Off)?;
+            let (pool, comp) = a.pool.build(ExclusiveLoads::Off, &serve_device(&a.export_name))?;
             (Export::new(Arc::new(pool), size), comp)
         }
         (None, None) => bail!("give --size (a RAM device) or --origin (a cache of a device)"),
@@ -211,11 +211,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         fuse: a.fuse.clone().map(|dir| (dir, zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), uring: a.fuse_uring, ..Default::default() })),
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
-        backing: a.pool.backing.as_ref().map(|p| p.display().to_string()),
+        backing: a.pool.cold_store(&serve_device(&a.export_name)),
         policies: a.pool.policies(ExclusiveLoads::Off),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
     Ok(zmem_server::device::serve(export, &cfg, stop)?)
+}
+
+/// The device name of `zmem serve`'s export, for the remote namespace.
+fn serve_device(export_name: &str) -> String {
+    if export_name.is_empty() {
+        "serve".to_string()
+    } else {
+        format!("serve-{export_name}")
+    }
 }
 
 #[cfg(test)]

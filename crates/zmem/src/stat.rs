@@ -179,8 +179,27 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
             st.promoted_pages,
             if st.exclusive_loads { "on" } else { "off" },
             st.cold_queued_pages
-        )
+        ) + &remote_lines(v)
     })
+}
+
+/// The remote tier's line: where, read latency, queue depth, failures.
+fn remote_lines(v: &StatsReply) -> String {
+    let st = &v.stats;
+    let Some(to) = v.backing.as_deref().filter(|b| b.starts_with("redis://")) else { return String::new() };
+    let us = |ns: u64| format!("{:.0} µs", ns as f64 / 1000.0);
+    format!(
+        "remote: {to}: {} pages there; read p50 {} p99 {}; {} batches in flight, {} frees pending\nremote failures: {} batches kept in RAM, {} reads failed, {} found no record, {} frees given up\n",
+        st.bd_count,
+        us(st.backing_read_p50_ns),
+        us(st.backing_read_p99_ns),
+        st.backing_in_flight,
+        st.backing_frees_pending,
+        st.backing_failed_writes,
+        st.backing_failed_reads,
+        st.backing_missing_reads,
+        st.backing_frees_failed
+    )
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {

@@ -213,11 +213,16 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         charge_to: a.charge_to.clone(),
         max_pool: a.pool.max_pool,
         dedup: a.pool.dedup,
-        backing: a.pool.backing.clone(),
+        backing: a.pool.cold_store(&device_name(&a.dir)),
         policies: a.pool.policies(EXCLUSIVE_LOADS),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
-    zmem_swap::serve(&cfg, || a.pool.build(EXCLUSIVE_LOADS), stop)
+    zmem_swap::serve(&cfg, || a.pool.build(EXCLUSIVE_LOADS, &device_name(&a.dir)), stop)
+}
+
+/// A swap server's device name: its directory's (zmem0, …).
+fn device_name(dir: &std::path::Path) -> String {
+    dir.file_name().map_or_else(|| "zmem".to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// The devices of a config file: `[name]` sections of `key = value` lines,

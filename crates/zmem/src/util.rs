@@ -50,9 +50,34 @@ pub fn parse_secs(s: &str) -> anyhow::Result<u32> {
     u32::try_from(n.saturating_mul(mult)).map_err(|_| anyhow::anyhow!("duration `{s}` is too long"))
 }
 
+/// A duration from `500ms`, `2s` or `2` (seconds), at least 1 ms.
+pub fn parse_millis(s: &str) -> anyhow::Result<std::time::Duration> {
+    let t = s.trim();
+    let bad = || anyhow::anyhow!("bad duration `{s}`: milliseconds with ms (500ms), or seconds (2s, 2)");
+    let (num, mult) = match t.strip_suffix("ms") {
+        Some(n) => (n, 1),
+        None => (t.strip_suffix('s').unwrap_or(t), 1000),
+    };
+    let ms = num.parse::<u64>().map_err(|_| bad())?.checked_mul(mult).ok_or_else(bad)?;
+    if ms == 0 {
+        bail!("duration `{s}` must be at least 1ms");
+    }
+    Ok(std::time::Duration::from_millis(ms))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn millis() {
+        assert_eq!(parse_millis("500ms").unwrap().as_millis(), 500);
+        assert_eq!(parse_millis("2s").unwrap().as_millis(), 2000);
+        assert_eq!(parse_millis("3").unwrap().as_millis(), 3000);
+        for bad in ["", "0", "0ms", "1.5s", "-1", "ms", "99999999999999999999s"] {
+            assert!(parse_millis(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -1,0 +1,79 @@
+//! `zmem serve --remote redis://…`: the block device's cold pages on a
+//! real Redis cluster (3 masters, 3 replicas on loopback, started here and
+//! killed when the test ends), driven by a real NBD client. No root needed.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use zmem_testkit::redis_cluster::{available, LocalCluster};
+
+const T: Duration = Duration::from_secs(120);
+
+fn cluster() -> Option<LocalCluster> {
+    if !available() {
+        zmem_testkit::ci::skip("redis-server and redis-cli are not installed (scripts/setup.sh installs them)");
+        return None;
+    }
+    Some(LocalCluster::start(3, 1, 5000).expect("starting a 3+3 Redis cluster"))
+}
+
+#[test]
+fn written_back_pages_come_back_from_the_cluster() {
+    require_tools!("nbdcopy", "sha256sum");
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let url = c.url();
+    let mut s = ZmemServer::start("48M", &["--max-pool", "4M", "--remote", &url, "--remote-namespace", "nbdtest"]);
+    let src = dir.path().join("src.img");
+    let back = dir.path().join("back.img");
+    std::fs::write(&src, test_data(48 << 20, 7)).unwrap();
+    run_ok(Command::new("nbdcopy").arg(&src).arg(s.uri()), T);
+
+    let st = s.stats();
+    let g = |k: &str| st["stats"][k].as_u64().unwrap_or_else(|| panic!("no stats.{k}: {st}"));
+    assert!(g("written_back_pages") > 1000, "a 4 MiB pool must write back most of 48 MiB: {st}");
+    assert!(g("backing_bytes_written") < g("written_back_pages") * 4096, "writeback is compressed: {st}");
+    let on_cluster = c.keys().unwrap();
+    assert!(on_cluster > 1000 && on_cluster <= g("bd_count") + 1 + 64, "{on_cluster} keys on the cluster for {} pages written back", g("bd_count"));
+
+    // The whole device reads back exactly, most of it from the cluster.
+    run_ok(Command::new("nbdcopy").arg(s.uri()).arg(&back), T);
+    assert_eq!(sha256(&src), sha256(&back), "data read back differs");
+    assert!(s.stat_u64("bd_reads") > 1000);
+    assert!(s.stat_u64("backing_read_p50_ns") > 0);
+    assert_eq!(s.stat_u64("backing_failed_reads"), 0);
+
+    let text = run_ok(Command::new(ZMEM).arg("stat").arg("--control").arg(&s.control), Duration::from_secs(10));
+    assert!(text.contains("remote: redis://127.0.0.1:") && text.contains("namespace nbdtest") && text.contains("read p50"), "{text}");
+
+    // A clean stop deletes the device's records: nothing is left behind.
+    assert!(s.stop().is_some_and(|st| st.success()), "{}", s.log_text());
+    assert_eq!(c.keys().unwrap(), 0, "records left on the cluster after a clean stop");
+}
+
+#[test]
+fn remote_flags_that_cannot_work_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s.sock");
+    let serve = |extra: &[&str]| {
+        let out = run_timeout(Command::new(ZMEM).args(["serve", "--size", "16M", "--socket"]).arg(&sock).args(extra), Duration::from_secs(30));
+        assert!(!out.status.success(), "zmem serve {extra:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Nothing listens on port 1.
+    let e = serve(&["--remote", "redis://127.0.0.1:1", "--remote-timeout", "300ms"]);
+    assert!(e.contains("cannot reach the cluster at redis://127.0.0.1:1"), "{e}");
+    let e = serve(&["--remote", "127.0.0.1:7000"]);
+    assert!(e.contains("no redis:// scheme"), "{e}");
+    let e = serve(&["--remote", "redis://h:1", "--backing", "/tmp/x"]);
+    assert!(e.contains("cannot be used with"), "{e}");
+    let e = serve(&["--remote", "redis://h:1", "--remote-namespace", "a{b}"]);
+    assert!(e.contains("without spaces or braces"), "{e}");
+    let e = serve(&["--remote-replicas", "2"]);
+    assert!(e.contains("--remote"), "{e}");
+    let e = serve(&["--remote", "redis://h:1", "--remote-timeout", "0ms"]);
+    assert!(e.contains("at least 1ms"), "{e}");
+}
