@@ -16,6 +16,8 @@
 //! * [`cache`] — `zmem bench cache`: zcache's iozone experiment, fio over
 //!   a real data set on a throttled disk, with and without `zmem serve
 //!   --origin` in the path, zmem's memory counted in the reader's budget.
+//! * [`remote`] — `zmem bench remote`: the writeback tier's cold store on
+//!   a throttled disk against a Redis Cluster on loopback.
 //! * [`swap`] — `zmem bench swap`, the seed experiment: a workload under a
 //!   memory limit swapping to disk, zswap, zram and zmem; [`plot`] draws it;
 //!   [`kv`] is its second built-in workload (a key-value store's heap).
@@ -32,6 +34,7 @@ pub mod kernel_zram;
 pub mod kv;
 pub mod pages;
 pub mod plot;
+pub mod remote;
 pub mod store;
 pub mod store_dict;
 pub mod swap;

@@ -39,6 +39,7 @@ fn colour(s: System) -> RGBColor {
         System::Zswap => RGBColor(31, 119, 180),
         System::Zram => RGBColor(44, 160, 44),
         System::Zmem => RGBColor(214, 39, 40),
+        System::ZmemRemote => RGBColor(148, 103, 189),
     }
 }
 

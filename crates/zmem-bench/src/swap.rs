@@ -68,10 +68,19 @@ pub enum System {
     Zswap,
     Zram,
     Zmem,
+    /// zmem with a Redis Cluster on loopback as its cold tier instead of
+    /// a backing file on the disk (`zmem swap on --remote`).
+    #[serde(rename = "zmem-remote")]
+    ZmemRemote,
 }
 
 impl System {
-    pub const ALL: [System; 4] = [System::Disk, System::Zswap, System::Zram, System::Zmem];
+    pub const ALL: [System; 5] = [System::Disk, System::Zswap, System::Zram, System::Zmem, System::ZmemRemote];
+
+    /// A zmem swap device, with either cold tier.
+    pub fn is_zmem(self) -> bool {
+        matches!(self, System::Zmem | System::ZmemRemote)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -79,6 +88,7 @@ impl System {
             System::Zswap => "zswap",
             System::Zram => "zram",
             System::Zmem => "zmem",
+            System::ZmemRemote => "zmem-remote",
         }
     }
 }
@@ -86,7 +96,7 @@ impl System {
 impl std::str::FromStr for System {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        System::ALL.into_iter().find(|x| x.name() == s).ok_or_else(|| format!("unknown system `{s}`: use disk, zswap, zram or zmem"))
+        System::ALL.into_iter().find(|x| x.name() == s).ok_or_else(|| format!("unknown system `{s}`: use disk, zswap, zram, zmem or zmem-remote"))
     }
 }
 
@@ -361,7 +371,7 @@ impl RunResult {
 
     /// zmem: the server's CPU per page swapped in or out, in microseconds.
     pub fn server_us_per_page(&self) -> Option<f64> {
-        (self.system == System::Zmem).then(|| ratio(self.server_cpu_secs * 1e6, (self.pswpin + self.pswpout) as f64)).flatten()
+        self.system.is_zmem().then(|| ratio(self.server_cpu_secs * 1e6, (self.pswpin + self.pswpout) as f64)).flatten()
     }
 }
 
@@ -461,6 +471,10 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                         System::Zswap => format!("workload cgroup = budget - zswap pool_total_size; zswap max_pool_percent = {pct} % of RAM"),
                         System::Zram => "workload cgroup = budget - zram mem_used_total; zram mem_limit = pool cap".to_string(),
                         System::Zmem => "workload cgroup = budget - zmem server RSS; zmem --max-pool = pool cap".to_string(),
+                        System::ZmemRemote => {
+                            "workload cgroup = budget - zmem server RSS; zmem --max-pool = pool cap; the cluster's RAM is another machine's (here loopback, outside the budget)"
+                                .to_string()
+                        }
                     };
                     let r = measure(cfg, jobs, Some(kind), &disk, sys, b, cap, rule, stop, &zswap)?;
                     progress(Progress::Done { index, total, result: &r });
@@ -524,8 +538,11 @@ fn preflight(cfg: &Config) -> anyhow::Result<()> {
             bail!("`{t}` is missing (bash scripts/setup.sh installs it)");
         }
     }
-    if cfg.systems.contains(&System::Zmem) && !cfg.zmem.is_file() {
+    if cfg.systems.iter().any(|s| s.is_zmem()) && !cfg.zmem.is_file() {
         bail!("the zmem binary {} does not exist", cfg.zmem.display());
+    }
+    if cfg.systems.contains(&System::ZmemRemote) && !zmem_testkit::redis_cluster::available() {
+        bail!("zmem-remote needs redis-server and redis-cli (bash scripts/setup.sh installs them)");
     }
     if cfg.jobs.len() > 1 && !cfg.workload.iter().any(|a| a.contains("{jobs}")) {
         bail!("a -j sweep needs `{{jobs}}` in the workload's command line");
@@ -546,6 +563,8 @@ struct Setup {
     /// FUSE's io_uring switch, on while a zmem device asked for it
     /// (`--zmem-arg=--fuse-uring --zmem-arg=on`), put back after it.
     fuse_uring: Option<host::FuseUringOn>,
+    /// zmem-remote's cluster, stopped after the device that uses it.
+    cluster: Option<zmem_testkit::redis_cluster::LocalCluster>,
 }
 
 impl Drop for Setup {
@@ -600,7 +619,7 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
             s.swaps.push(SwapOn::on(dev.node(), 100, true)?);
             s.zram = Some(dev);
         }
-        System::Zmem => {
+        System::Zmem | System::ZmemRemote => {
             let run_dir = cfg.scratch.join("run");
             let backing = disk.mnt().join("zmem.backing");
             let z = ZmemSwap { zmem: cfg.zmem.clone(), run_dir: run_dir.clone(), backing: backing.clone() };
@@ -614,9 +633,7 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
                     .args(zmem_compressor(&cfg.compressor, &cfg.zmem_args))
                     .arg("--max-pool")
                     .arg(cap.to_string())
-                    .arg("--backing")
-                    .arg(&backing)
-                    .arg("--force")
+                    .args(cold_tier(sys, &backing, &mut s)?)
                     .arg("--run-dir")
                     .arg(&run_dir)
                     .args(&cfg.zmem_args),
@@ -626,6 +643,18 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
         }
     }
     Ok(s)
+}
+
+/// `zmem swap on`'s cold tier: the backing file on the disk, or for
+/// zmem-remote a loopback cluster started now (kept in `s`).
+fn cold_tier(sys: System, backing: &Path, s: &mut Setup) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    if sys != System::ZmemRemote {
+        return Ok(vec!["--backing".into(), backing.into(), "--force".into()]);
+    }
+    let c = zmem_testkit::redis_cluster::LocalCluster::start(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a Redis cluster for zmem-remote: {e}"))?;
+    let url = c.url();
+    s.cluster = Some(c);
+    Ok(vec!["--remote".into(), url.into(), "--remote-namespace".into(), "bench-swap".into()])
 }
 
 /// Whether the zmem arguments turn on FUSE over io_uring.
@@ -655,7 +684,7 @@ fn pool_gauge(sys: System, s: &Setup, server_pid: Option<u32>) -> anyhow::Result
             let dev = s.zram.as_ref().context("no zram device")?;
             Box::new(field_of(PathBuf::from("/sys/block").join(dev.name()).join("mm_stat"), 2))
         }
-        System::Zmem => {
+        System::Zmem | System::ZmemRemote => {
             let pid = server_pid.context("the zmem server's pid is unknown")?;
             Box::new(move || shared_budget::rss_of(pid))
         }
@@ -920,7 +949,7 @@ impl Trial<'_> {
                     f.peak = z.mm_stat().map(|m| m.mem_used_max).unwrap_or(0);
                 }
             }
-            System::Zmem => {
+            System::Zmem | System::ZmemRemote => {
                 if let Some(v) = rig.setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status()) {
                     let st = &v["server"]["stats"];
                     f.peak = st["mem_used_max"].as_u64().unwrap_or(0);

@@ -2,7 +2,7 @@
 //!
 //! The engine frees a record when its page is overwritten, discarded or
 //! brought back to RAM; a failed batch leaves orphans. Both queue ids on a
-//! bounded channel; one thread drains it into pipelined `UNLINK`s (the
+//! channel of at most [`QUEUE`] ids; one thread drains it into pipelined `UNLINK`s (the
 //! cluster frees the memory in the background). A batch that fails is
 //! tried again until it succeeds or the store closes, so a cluster that is
 //! down for a while gets its frees when it returns. If the queue is full
@@ -14,13 +14,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use crate::{keys, Conns};
 
-/// Ids waiting to be deleted at most (8 MiB of them).
-const QUEUE: usize = 1 << 20;
+/// Ids waiting to be deleted at most (8 MiB of them). The channel grows
+/// with what it holds (a bounded one would take its whole size at start,
+/// in a swap server's budget).
+const QUEUE: u64 = 1 << 20;
 /// Keys per pipeline.
 const BATCH: usize = 1024;
 
@@ -41,7 +43,7 @@ pub(crate) struct Freer {
 
 impl Freer {
     pub(crate) fn start(conns: Arc<Conns>, namespace: String) -> Freer {
-        let (tx, rx) = bounded(QUEUE);
+        let (tx, rx) = unbounded();
         let sh = Arc::new(Shared {
             pending: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -56,8 +58,7 @@ impl Freer {
 
     pub(crate) fn free(&self, id: u64) {
         let Some(tx) = &self.tx else { return };
-        self.sh.pending.fetch_add(1, Relaxed);
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = tx.try_send(id) {
+        if self.sh.pending.fetch_add(1, Relaxed) >= QUEUE || tx.send(id).is_err() {
             self.sh.pending.fetch_sub(1, Relaxed);
             self.sh.failed.fetch_add(1, Relaxed);
         }

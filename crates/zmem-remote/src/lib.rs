@@ -170,6 +170,7 @@ struct Counters {
     records_read: AtomicU64,
     bytes_read: AtomicU64,
     read_ops: AtomicU64,
+    prefetch_ops: AtomicU64,
     failed_writes: AtomicU64,
     failed_reads: AtomicU64,
     missing: AtomicU64,
@@ -219,6 +220,40 @@ pub struct RemoteStore {
     cleaned: u64,
     /// This store's value under the namespace's owner key.
     owner: String,
+    /// Values fetched ahead for the reads of one request.
+    ahead: Mutex<Ahead>,
+}
+
+/// Records fetched by [`ColdStore::prefetch`] and not read yet, oldest
+/// first; at most [`AHEAD`] of them. An id is never reused, so a value
+/// here can only ever answer the read of its own record (and is checked
+/// like any other).
+#[derive(Default)]
+struct Ahead {
+    order: std::collections::VecDeque<u64>,
+    values: std::collections::HashMap<u64, Vec<u8>>,
+}
+
+/// Records kept fetched ahead at most (a few requests' worth).
+const AHEAD: usize = 512;
+
+impl Ahead {
+    fn put(&mut self, id: u64, v: Vec<u8>) {
+        if self.values.insert(id, v).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > AHEAD {
+            if let Some(old) = self.order.pop_front() {
+                self.values.remove(&old);
+            }
+        }
+    }
+
+    fn take(&mut self, id: u64) -> Option<Vec<u8>> {
+        let v = self.values.remove(&id)?;
+        self.order.retain(|&x| x != id);
+        Some(v)
+    }
 }
 
 impl RemoteStore {
@@ -271,6 +306,7 @@ impl RemoteStore {
             freer,
             cleaned,
             owner,
+            ahead: Mutex::new(Ahead::default()),
         })
     }
 
@@ -395,8 +431,15 @@ impl ColdStore for RemoteStore {
 
     fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), ColdError> {
         let k = keys::key(&self.cfg.namespace, id.to_raw());
-        self.c.read_ops.fetch_add(1, Relaxed);
-        let v = match self.get(&k) {
+        let ahead = self.ahead.lock().take(id.to_raw());
+        if ahead.is_none() {
+            self.c.read_ops.fetch_add(1, Relaxed);
+        }
+        let got = match ahead {
+            Some(v) => Ok(Some(v)),
+            None => self.get(&k),
+        };
+        let v = match got {
             Ok(Some(v)) => v,
             Ok(None) => {
                 // Freed meanwhile (the engine looks again), or lost with
@@ -424,6 +467,38 @@ impl ColdStore for RemoteStore {
         }
     }
 
+    /// One pipeline of GETs for the records of one request (an NBD or
+    /// FUSE read of several pages): one round trip instead of one per
+    /// page. Best effort: what fails is left for each read to fetch.
+    fn prefetch(&self, ids: &[RecordId]) -> usize {
+        if ids.len() < 2 {
+            return 0;
+        }
+        let ids = &ids[..ids.len().min(AHEAD / 2)];
+        let start = Instant::now();
+        let Ok(mut conn) = self.conns.take(start + self.cfg.deadline) else { return 0 };
+        let mut pipe = redis::cluster::cluster_pipe();
+        for id in ids {
+            pipe.cmd("GET").arg(keys::key(&self.cfg.namespace, id.to_raw()));
+        }
+        let Ok(values) = pipe.query::<Vec<Option<Vec<u8>>>>(&mut conn) else { return 0 };
+        self.conns.give(conn);
+        self.reads.record(start.elapsed());
+        self.c.read_ops.fetch_add(1, Relaxed);
+        self.c.prefetch_ops.fetch_add(1, Relaxed);
+        let mut ahead = self.ahead.lock();
+        for (id, v) in ids.iter().zip(values) {
+            if let Some(v) = v {
+                ahead.put(id.to_raw(), v);
+            }
+        }
+        1
+    }
+
+    fn buffer_bytes(&self) -> u64 {
+        (AHEAD * (zmem_core::PAGE_SIZE + record::HEADER)) as u64
+    }
+
     fn free(&self, id: RecordId) -> Result<(), ColdError> {
         self.c.live.fetch_sub(1, Relaxed);
         self.freer.free(id.to_raw());
@@ -437,6 +512,7 @@ impl ColdStore for RemoteStore {
             bytes_written: c.bytes_written.load(Relaxed),
             bytes_read: c.bytes_read.load(Relaxed),
             read_ops: c.read_ops.load(Relaxed),
+            prefetch_ops: c.prefetch_ops.load(Relaxed),
             records_written: c.records_written.load(Relaxed),
             records_read: c.records_read.load(Relaxed),
             failed_writes: c.failed_writes.load(Relaxed),

@@ -68,7 +68,15 @@ fn a_model_of_writes_rewrites_frees_and_reads_matches_byte_for_byte() {
                     s.free(id).unwrap();
                 }
             }
-            _ => {
+            r => {
+                // Every other read round reads ahead first, as a frontend
+                // does for a request of several pages.
+                if r % 2 == 0 {
+                    let ids: Vec<RecordId> = model.values().map(|(id, _)| *id).collect();
+                    for chunk in ids.chunks(32) {
+                        s.prefetch(chunk);
+                    }
+                }
                 for (&k, (id, bytes)) in &model {
                     assert_eq!(&read(&s, *id, k).unwrap_or_else(|e| panic!("round {round}: key {k}: {e}")), bytes, "round {round}: key {k}");
                 }
@@ -84,6 +92,7 @@ fn a_model_of_writes_rewrites_frees_and_reads_matches_byte_for_byte() {
     let st = s.stats();
     assert_eq!(st.records, model.len() as u64);
     assert!(st.records_read > 0 && st.read_p50_ns > 0 && st.read_p99_ns >= st.read_p50_ns);
+    assert!(st.prefetch_ops > 0, "no round read ahead");
     assert_eq!((st.failed_reads, st.failed_writes), (0, 0));
 }
 

@@ -14,6 +14,7 @@
 
 mod bench_blockdev;
 mod bench_cache;
+mod bench_remote;
 mod bench_store;
 mod bench_swap;
 mod pool_args;
@@ -70,6 +71,10 @@ enum BenchCmd {
     /// disk, with and without `zmem serve --origin` in the path, zmem's
     /// memory counted in the reader's budget (root).
     Cache(bench_cache::Args),
+    /// The writeback tier's cold store on a throttled disk (root) against
+    /// a Redis Cluster on loopback: store, writeback and load throughput,
+    /// read latency of a written-back page, bytes per page written back.
+    Remote(bench_remote::Args),
     /// The swap bench's second workload on its own: a key-value store's
     /// heap, filled, then read and updated at random by several clients,
     /// every read checked (`zmem bench swap --workload kv` runs it).
@@ -97,6 +102,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Blockdev(a)) => bench_blockdev::run(a),
         Cmd::Bench(BenchCmd::Swap(a)) => bench_swap::run(a),
         Cmd::Bench(BenchCmd::Cache(a)) => bench_cache::run(a),
+        Cmd::Bench(BenchCmd::Remote(a)) => bench_remote::run(a),
         Cmd::Bench(BenchCmd::Kv(a)) => bench_swap::run_kv(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Swap(c) => swap::run(c),

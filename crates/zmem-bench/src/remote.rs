@@ -1,0 +1,270 @@
+//! `zmem bench remote`: the writeback tier's cold store on a throttled
+//! local disk against a Redis Cluster on loopback, same pages, same pool
+//! cap, one run.
+//!
+//! For each cold store, a fresh pool capped at a share of the data:
+//! 1. **store**: every page stored (the shrinker writes the coldest back
+//!    as the pool reaches its cap), timed, then the shrinker settles;
+//! 2. **writeback**: what is still in RAM written back at once
+//!    (`Pool::writeback(All)`), timed: MB/s of original data;
+//! 3. **load**: every page loaded in order and compared, timed (most come
+//!    from the cold store), in 128 KiB requests whose written-back pages
+//!    are read ahead together first (`Pool::prefetch`), as the NBD and
+//!    FUSE frontends do;
+//! 4. **read latency**: everything written back again, then single loads
+//!    of pages spread over the device, each timed: p50 and p99 of a load
+//!    of a written-back page, decompression included;
+//! 5. **bytes per page written back**: what left the machine (the
+//!    masters' `total_net_input_bytes`) or reached the disk (its write
+//!    bytes), per page written back in steps 1 and 2; for the cluster also
+//!    what the masters sent their replicas.
+//!
+//! The disk is a loop device with direct I/O holding an ext4, throttled
+//! with blkio to 3,000 IOPS and 125 MB/s each way (a small cloud disk);
+//! it needs root, and without it the run has the cluster alone. The
+//! cluster is 3 masters and 3 replicas of the machine's `redis-server`,
+//! started for the run and stopped after it, with `--remote-replicas 1`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+use zmem_compress::Compressor;
+use zmem_core::{ColdStore, Pool, PoolConfig, WritebackMode};
+use zmem_host::{LoopDisk, Throttle};
+use zmem_testkit::redis_cluster::{self, LocalCluster};
+
+use crate::pages::{self, PAGE_SIZE};
+use crate::store::mbps;
+
+/// Pages per read request of the load pass (128 KiB).
+const REQUEST: usize = 32;
+
+/// The throttled disk: a small cloud disk's limits.
+pub const DISK: Throttle = Throttle { iops: 3000, bps: 125_000_000 };
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Files or directories to read (default /usr/lib/x86_64-linux-gnu).
+    pub paths: Vec<PathBuf>,
+    /// Stop reading input after this much data.
+    pub max_bytes: u64,
+    pub compressor: Compressor,
+    /// The pool's cap as `1/den` of the data set.
+    pub pool_share_den: u64,
+    /// Single loads timed for the latency percentiles.
+    pub samples: usize,
+    /// Where the disk's image goes (a directory on the host's disk).
+    pub scratch: PathBuf,
+    /// Leave out the throttled disk.
+    pub no_disk: bool,
+}
+
+/// One cold store's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct System {
+    pub name: String,
+    pub store_mbps: f64,
+    pub writeback_mbps: f64,
+    pub load_mbps: f64,
+    pub read_p50_us: f64,
+    pub read_p99_us: f64,
+    /// The mean and the slowest: a throttled disk answers most reads at
+    /// once and makes one wait a whole throttle slice now and then.
+    pub read_mean_us: f64,
+    pub read_max_us: f64,
+    pub written_back_pages: u64,
+    /// Bytes that left for the cold store per page written back.
+    pub bytes_per_page: f64,
+    /// The cluster's masters' bytes to their replicas, per page.
+    pub replication_bytes_per_page: Option<f64>,
+    pub failed_writebacks: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub pages: u64,
+    pub data_bytes: u64,
+    pub max_pool_bytes: u64,
+    pub compressor: String,
+    pub systems: Vec<System>,
+    /// Why a system did not run.
+    pub notes: Vec<String>,
+}
+
+/// Counters of the cold store's medium, read before and after a phase.
+trait Medium {
+    /// (bytes sent to it, bytes it sent on to replicas).
+    fn sent(&self) -> anyhow::Result<(u64, u64)>;
+}
+
+struct Disk(LoopDisk);
+
+impl Medium for Disk {
+    fn sent(&self) -> anyhow::Result<(u64, u64)> {
+        Ok((self.0.stat().write_bytes, 0))
+    }
+}
+
+impl Medium for LocalCluster {
+    fn sent(&self) -> anyhow::Result<(u64, u64)> {
+        let (mut input, mut repl) = (0, 0);
+        for (m, _) in self.masters()? {
+            let f = |k: &str| -> anyhow::Result<u64> { self.info_field(m, k)?.parse::<u64>().with_context(|| format!("INFO {k} on {m}")) };
+            input += f("total_net_input_bytes")?;
+            repl += f("total_net_repl_output_bytes")?;
+        }
+        Ok((input, repl))
+    }
+}
+
+pub fn run(cfg: &Config, mut note: impl FnMut(&str)) -> anyhow::Result<Report> {
+    if cfg.pool_share_den < 2 || cfg.samples == 0 {
+        bail!("the pool must be at most half the data (--max-pool 1/N, N >= 2) and --samples at least 1");
+    }
+    let paths = if cfg.paths.is_empty() { vec![PathBuf::from("/usr/lib/x86_64-linux-gnu")] } else { cfg.paths.clone() };
+    let set = pages::read_paths(&paths, Some(cfg.max_bytes)).with_context(|| format!("reading {}", paths[0].display()))?;
+    if set.is_empty() {
+        bail!("no pages to benchmark: the inputs were empty");
+    }
+    let data = &set.data;
+    let max_pool = (data.len() as u64 / cfg.pool_share_den).max(PAGE_SIZE as u64);
+    let mut report = Report {
+        pages: set.pages() as u64,
+        data_bytes: data.len() as u64,
+        max_pool_bytes: max_pool,
+        compressor: cfg.compressor.to_string(),
+        systems: Vec::new(),
+        notes: Vec::new(),
+    };
+    let pool_cfg = PoolConfig { compressor: cfg.compressor, max_pool: Some(max_pool), ..PoolConfig::default() };
+    if cfg.no_disk {
+        report.notes.push("the throttled disk was left out (--no-disk)".into());
+    } else if rustix::process::geteuid().is_root() {
+        note("the throttled disk...");
+        let img = cfg.scratch.join("zmem-bench-remote.img");
+        let mnt = cfg.scratch.join("zmem-bench-remote.mnt");
+        let mut disk = LoopDisk::create(&img, data.len() as u64 * 2 + (256 << 20), &mnt)?;
+        disk.throttle(Some(DISK))?;
+        let (store, buffered) = zmem_backing::BackingStore::open(&mnt.join("cold.img"), None, zmem_backing::Existing::Refuse)?;
+        report.notes.extend(buffered);
+        let disk = Disk(disk);
+        let r = measure("disk", &pool_cfg, Box::new(store), &disk, data, cfg.samples);
+        drop(disk);
+        let _ = std::fs::remove_dir(&mnt);
+        report.systems.push(r?);
+    } else {
+        report.notes.push("the throttled disk needs root (a loop device and a blkio throttle); run as root to compare".into());
+    }
+    if !redis_cluster::available() {
+        bail!("redis-server and redis-cli are missing (bash scripts/setup.sh installs them)");
+    }
+    note("the loopback cluster...");
+    let cluster = LocalCluster::start(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a Redis cluster: {e}"))?;
+    let store = zmem_remote::RemoteStore::open(zmem_remote::RemoteConfig::new(&cluster.url(), "bench")?)?;
+    report.systems.push(measure("cluster", &pool_cfg, Box::new(store), &cluster, data, cfg.samples)?);
+    Ok(report)
+}
+
+/// Steps 1 to 5 of the module notes on one cold store.
+fn measure(name: &str, cfg: &PoolConfig, store: Box<dyn ColdStore>, medium: &dyn Medium, data: &[u8], samples: usize) -> anyhow::Result<System> {
+    let pool = Pool::with_cold_store(cfg.clone(), store)?;
+    let n = data.len() / PAGE_SIZE;
+    let before = medium.sent()?;
+    let t = Instant::now();
+    for i in 0..n {
+        pool.store(i as u64, &data[i * PAGE_SIZE..][..PAGE_SIZE]).with_context(|| format!("storing page {i}"))?;
+    }
+    let store_secs = t.elapsed().as_secs_f64();
+    pool.settle(Duration::from_secs(120));
+    let t = Instant::now();
+    let wb = pool.writeback(WritebackMode::All, None)?;
+    let wb_secs = t.elapsed().as_secs_f64();
+    let written = pool.stats().written_back_pages;
+    let after = medium.sent()?;
+    let mut buf = vec![0u8; PAGE_SIZE];
+    // In 128 KiB requests, as the NBD and FUSE frontends read: each
+    // request's written-back pages are read ahead together first.
+    let t = Instant::now();
+    for i in 0..n {
+        if i % REQUEST == 0 {
+            pool.prefetch(i as u64..(i + REQUEST).min(n) as u64);
+        }
+        pool.load(i as u64, &mut buf).with_context(|| format!("loading page {i}"))?;
+        if buf[..] != data[i * PAGE_SIZE..][..PAGE_SIZE] {
+            bail!("page {i} read back wrong from {name}: this is a bug, please report it");
+        }
+    }
+    let load_secs = t.elapsed().as_secs_f64();
+    pool.writeback(WritebackMode::All, None)?;
+    // Pages in a random order: neighbours would share the disk store's
+    // read-ahead windows and time a RAM copy instead of a read.
+    let mut lat: Vec<f64> = Vec::with_capacity(samples);
+    let mut rng = zmem_testkit::XorShift::new(0x5eed);
+    for _ in 0..samples.min(n) {
+        let i = rng.below(n as u64);
+        let t = Instant::now();
+        pool.load(i, &mut buf)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1];
+    let st = pool.stats();
+    let per_page = |b: u64| if written > 0 { b as f64 / written as f64 } else { 0.0 };
+    Ok(System {
+        name: name.to_string(),
+        store_mbps: mbps(data.len() as u64, store_secs),
+        writeback_mbps: mbps(wb * PAGE_SIZE as u64, wb_secs),
+        load_mbps: mbps(data.len() as u64, load_secs),
+        read_p50_us: pct(0.50),
+        read_p99_us: pct(0.99),
+        read_mean_us: lat.iter().sum::<f64>() / lat.len().max(1) as f64,
+        read_max_us: lat.last().copied().unwrap_or(0.0),
+        written_back_pages: written,
+        bytes_per_page: per_page(after.0 - before.0),
+        replication_bytes_per_page: (after.1 > before.1).then(|| per_page(after.1 - before.1)),
+        failed_writebacks: st.writeback_fail,
+    })
+}
+
+pub fn render(r: &Report) -> String {
+    let mut out = format!(
+        "{} pages ({:.0} MiB), {}, pool capped at {:.0} MiB (1/{} of the data)\n\n",
+        r.pages,
+        r.data_bytes as f64 / (1 << 20) as f64,
+        r.compressor,
+        r.max_pool_bytes as f64 / (1 << 20) as f64,
+        r.data_bytes / r.max_pool_bytes.max(1)
+    );
+    out += &format!("{:<34}", "");
+    for s in &r.systems {
+        out += &format!("{:>12}", s.name);
+    }
+    out.push('\n');
+    let row = |label: &str, f: &dyn Fn(&System) -> String| {
+        let mut l = format!("{label:<34}");
+        for s in &r.systems {
+            l += &format!("{:>12}", f(s));
+        }
+        l + "\n"
+    };
+    out += &row("store MB/s (under writeback)", &|s| format!("{:.0}", s.store_mbps));
+    out += &row("writeback MB/s (original data)", &|s| format!("{:.0}", s.writeback_mbps));
+    out += &row("load MB/s (from the cold store)", &|s| format!("{:.0}", s.load_mbps));
+    out += &row("read of a written-back page p50", &|s| format!("{:.0} µs", s.read_p50_us));
+    out += &row("                            p99", &|s| format!("{:.0} µs", s.read_p99_us));
+    out += &row("                           mean", &|s| format!("{:.0} µs", s.read_mean_us));
+    out += &row("                            max", &|s| format!("{:.0} µs", s.read_max_us));
+    out += &row("pages written back", &|s| s.written_back_pages.to_string());
+    out += &row("bytes out per page written back", &|s| format!("{:.0}", s.bytes_per_page));
+    out += &row("  and on to replicas", &|s| s.replication_bytes_per_page.map_or("-".into(), |b| format!("{b:.0}")));
+    out += &row("writeback batches refused", &|s| s.failed_writebacks.to_string());
+    out += "\ndisk: a loop device (direct I/O, ext4) throttled to 3,000 IOPS and 125 MB/s each way\n";
+    out += "cluster: Redis Cluster on loopback, 3 masters + 3 replicas, a batch acknowledged by a replica (WAIT 1)\n";
+    for n in &r.notes {
+        out += &format!("note: {n}\n");
+    }
+    out
+}
