@@ -5,7 +5,8 @@
 //! For each cold store, a fresh pool capped at a share of the data:
 //! 1. **store**: every page stored (the shrinker writes the coldest back
 //!    as the pool reaches its cap), timed, then the shrinker settles;
-//! 2. **writeback**: what is still in RAM written back at once
+//! 2. **writeback**: every page stored into a pool without a cap (and a
+//!    cold store of its own), then all written back at once
 //!    (`Pool::writeback(All)`), timed: MB/s of original data;
 //! 3. **load**: every page loaded in order and compared, timed (most come
 //!    from the cold store), in 128 KiB requests whose written-back pages
@@ -81,6 +82,18 @@ pub struct System {
     /// The cluster's masters' bytes to their replicas, per page.
     pub replication_bytes_per_page: Option<f64>,
     pub failed_writebacks: u64,
+    /// A cluster's masters' memory (`used_memory`) before steps 1, 3 and
+    /// 4 (after step 2's store closed and deleted its records), with
+    /// every page written back, and once every page was discarded and
+    /// its record deleted; each without the buffers of replication (a
+    /// ring per master that the first writes fill and that then stays,
+    /// whatever was written) and of client connections (zmem's own, open
+    /// while it runs): neither holds records.
+    pub memory_empty: Option<u64>,
+    pub memory_full: Option<u64>,
+    pub memory_after_frees: Option<u64>,
+    /// Those buffers at the end.
+    pub replication_buffers: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -98,6 +111,11 @@ pub struct Report {
 trait Medium {
     /// (bytes sent to it, bytes it sent on to replicas).
     fn sent(&self) -> anyhow::Result<(u64, u64)>;
+    /// The memory it holds and, of that, the buffers of its replication
+    /// links and client connections (a cluster), if it is memory.
+    fn memory(&self) -> anyhow::Result<Option<(u64, u64)>> {
+        Ok(None)
+    }
 }
 
 struct Disk(LoopDisk);
@@ -117,6 +135,16 @@ impl Medium for LocalCluster {
             repl += f("total_net_repl_output_bytes")?;
         }
         Ok((input, repl))
+    }
+
+    fn memory(&self) -> anyhow::Result<Option<(u64, u64)>> {
+        let (mut used, mut repl) = (0, 0);
+        for (m, _) in self.masters()? {
+            let f = |k: &str| -> anyhow::Result<u64> { self.info_field(m, k)?.parse::<u64>().with_context(|| format!("INFO {k} on {m}")) };
+            used += f("used_memory")?;
+            repl += f("mem_total_replication_buffers")? + f("mem_clients_normal")?;
+        }
+        Ok(Some((used, repl)))
     }
 }
 
@@ -148,10 +176,15 @@ pub fn run(cfg: &Config, mut note: impl FnMut(&str)) -> anyhow::Result<Report> {
         let mnt = cfg.scratch.join("zmem-bench-remote.mnt");
         let mut disk = LoopDisk::create(&img, data.len() as u64 * 2 + (256 << 20), &mnt)?;
         disk.throttle(Some(DISK))?;
-        let (store, buffered) = zmem_backing::BackingStore::open(&mnt.join("cold.img"), None, zmem_backing::Existing::Refuse)?;
-        report.notes.extend(buffered);
         let disk = Disk(disk);
-        let r = measure("disk", &pool_cfg, Box::new(store), &disk, data, cfg.samples);
+        let mut buffered = None;
+        let open = |name: &str| -> anyhow::Result<Box<dyn ColdStore>> {
+            let (store, why) = zmem_backing::BackingStore::open(&mnt.join(format!("{name}.img")), None, zmem_backing::Existing::Refuse)?;
+            buffered = buffered.take().or(why);
+            Ok(Box::new(store))
+        };
+        let r = measure("disk", &pool_cfg, open, &disk, data, cfg.samples);
+        report.notes.extend(buffered);
         drop(disk);
         let _ = std::fs::remove_dir(&mnt);
         report.systems.push(r?);
@@ -163,15 +196,26 @@ pub fn run(cfg: &Config, mut note: impl FnMut(&str)) -> anyhow::Result<Report> {
     }
     note("the loopback cluster...");
     let cluster = LocalCluster::start(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a Redis cluster: {e}"))?;
-    let store = zmem_remote::RemoteStore::open(zmem_remote::RemoteConfig::new(&cluster.url(), "bench")?)?;
-    report.systems.push(measure("cluster", &pool_cfg, Box::new(store), &cluster, data, cfg.samples)?);
+    let open = |name: &str| -> anyhow::Result<Box<dyn ColdStore>> {
+        Ok(Box::new(zmem_remote::RemoteStore::open(zmem_remote::RemoteConfig::new(&cluster.url(), &format!("bench-{name}"))?)?))
+    };
+    report.systems.push(measure("cluster", &pool_cfg, open, &cluster, data, cfg.samples)?);
     Ok(report)
 }
 
 /// Steps 1 to 5 of the module notes on one cold store.
-fn measure(name: &str, cfg: &PoolConfig, store: Box<dyn ColdStore>, medium: &dyn Medium, data: &[u8], samples: usize) -> anyhow::Result<System> {
-    let pool = Pool::with_cold_store(cfg.clone(), store)?;
+fn measure(
+    name: &str,
+    cfg: &PoolConfig,
+    mut open: impl FnMut(&str) -> anyhow::Result<Box<dyn ColdStore>>,
+    medium: &dyn Medium,
+    data: &[u8],
+    samples: usize,
+) -> anyhow::Result<System> {
     let n = data.len() / PAGE_SIZE;
+    let writeback_mbps = writeback_all(cfg, open("writeback")?, data)?;
+    let pool = Pool::with_cold_store(cfg.clone(), open("main")?)?;
+    let mem0 = medium.memory()?;
     let before = medium.sent()?;
     let t = Instant::now();
     for i in 0..n {
@@ -179,11 +223,10 @@ fn measure(name: &str, cfg: &PoolConfig, store: Box<dyn ColdStore>, medium: &dyn
     }
     let store_secs = t.elapsed().as_secs_f64();
     pool.settle(Duration::from_secs(120));
-    let t = Instant::now();
-    let wb = pool.writeback(WritebackMode::All, None)?;
-    let wb_secs = t.elapsed().as_secs_f64();
+    pool.writeback(WritebackMode::All, None)?;
     let written = pool.stats().written_back_pages;
     let after = medium.sent()?;
+    let mem1 = medium.memory()?;
     let mut buf = vec![0u8; PAGE_SIZE];
     // In 128 KiB requests, as the NBD and FUSE frontends read: each
     // request's written-back pages are read ahead together first.
@@ -212,11 +255,13 @@ fn measure(name: &str, cfg: &PoolConfig, store: Box<dyn ColdStore>, medium: &dyn
     lat.sort_by(f64::total_cmp);
     let pct = |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1];
     let st = pool.stats();
+    let mem2 = discard_all(&pool, n, medium)?;
+    let without = |m: Option<(u64, u64)>| m.map(|(used, repl)| used.saturating_sub(repl));
     let per_page = |b: u64| if written > 0 { b as f64 / written as f64 } else { 0.0 };
     Ok(System {
         name: name.to_string(),
         store_mbps: mbps(data.len() as u64, store_secs),
-        writeback_mbps: mbps(wb * PAGE_SIZE as u64, wb_secs),
+        writeback_mbps,
         load_mbps: mbps(data.len() as u64, load_secs),
         read_p50_us: pct(0.50),
         read_p99_us: pct(0.99),
@@ -226,7 +271,39 @@ fn measure(name: &str, cfg: &PoolConfig, store: Box<dyn ColdStore>, medium: &dyn
         bytes_per_page: per_page(after.0 - before.0),
         replication_bytes_per_page: (after.1 > before.1).then(|| per_page(after.1 - before.1)),
         failed_writebacks: st.writeback_fail,
+        memory_empty: without(mem0),
+        memory_full: without(mem1),
+        memory_after_frees: without(mem2),
+        replication_buffers: mem2.map(|m| m.1),
     })
+}
+
+/// Step 2: every page into a pool with no cap, then all of it written
+/// back at once, timed: MB/s of original data.
+fn writeback_all(cfg: &PoolConfig, store: Box<dyn ColdStore>, data: &[u8]) -> anyhow::Result<f64> {
+    let pool = Pool::with_cold_store(PoolConfig { max_pool: None, ..cfg.clone() }, store)?;
+    for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        pool.store(i as u64, page).with_context(|| format!("storing page {i}"))?;
+    }
+    let t = Instant::now();
+    let wb = pool.writeback(WritebackMode::All, None)?;
+    Ok(mbps(wb * PAGE_SIZE as u64, t.elapsed().as_secs_f64()))
+}
+
+/// Discard every page (the engine frees their records), wait until the
+/// cold store has deleted them, and read the medium's memory.
+fn discard_all(pool: &Pool, n: usize, medium: &dyn Medium) -> anyhow::Result<Option<(u64, u64)>> {
+    pool.invalidate_range(0..n as u64);
+    let end = Instant::now() + Duration::from_secs(60);
+    while pool.stats().backing_frees_pending > 0 {
+        if Instant::now() > end {
+            bail!("the cold store did not delete the discarded pages' records in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The cluster resizes its emptied tables in its next cron runs.
+    std::thread::sleep(Duration::from_millis(1500));
+    medium.memory()
 }
 
 pub fn render(r: &Report) -> String {
@@ -260,6 +337,11 @@ pub fn render(r: &Report) -> String {
     out += &row("pages written back", &|s| s.written_back_pages.to_string());
     out += &row("bytes out per page written back", &|s| format!("{:.0}", s.bytes_per_page));
     out += &row("  and on to replicas", &|s| s.replication_bytes_per_page.map_or("-".into(), |b| format!("{b:.0}")));
+    let mib = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64));
+    out += &row("cluster memory: empty", &|s| mib(s.memory_empty));
+    out += &row("  every page written back", &|s| mib(s.memory_full));
+    out += &row("  after discarding them all", &|s| mib(s.memory_after_frees));
+    out += &row("  (+ replication, client buffers)", &|s| mib(s.replication_buffers));
     out += &row("writeback batches refused", &|s| s.failed_writebacks.to_string());
     out += "\ndisk: a loop device (direct I/O, ext4) throttled to 3,000 IOPS and 125 MB/s each way\n";
     out += "cluster: Redis Cluster on loopback, 3 masters + 3 replicas, a batch acknowledged by a replica (WAIT 1)\n";

@@ -61,6 +61,7 @@ pub mod keys;
 mod latency;
 pub mod record;
 mod topology;
+mod writers;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -69,13 +70,13 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::Value;
 use zmem_core::{ColdError, ColdStats, ColdStore, RecordId};
 
 use crate::conns::Conns;
 use crate::freer::Freer;
 use crate::latency::Histogram;
 use crate::topology::Topology;
+use crate::writers::Writers;
 
 /// How a remote store is reached and what it promises.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,6 +223,8 @@ pub struct RemoteStore {
     owner: String,
     /// Values fetched ahead for the reads of one request.
     ahead: Mutex<Ahead>,
+    /// Connections to the masters for batches.
+    writers: Writers,
 }
 
 /// Records fetched by [`ColdStore::prefetch`] and not read yet, oldest
@@ -263,6 +266,10 @@ impl RemoteStore {
         if !keys::valid_namespace(&cfg.namespace) {
             return Err(RemoteError::Namespace(cfg.namespace.clone()));
         }
+        let Some(first) = cfg.seeds.first() else {
+            return Err(RemoteError::Url { url: String::new(), why: "no seed nodes".into() });
+        };
+        let writers = Writers::new(first, cfg.deadline);
         let seeds = cfg.seeds.join(",");
         let part = (cfg.deadline / 4).max(Duration::from_millis(10));
         let client = ClusterClient::builder(cfg.seeds.clone())
@@ -307,6 +314,7 @@ impl RemoteStore {
             cleaned,
             owner,
             ahead: Mutex::new(Ahead::default()),
+            writers,
         })
     }
 
@@ -326,7 +334,7 @@ impl RemoteStore {
     }
 
     /// The master and slot for the next batch.
-    fn pick(&self) -> Result<u16, RemoteError> {
+    fn pick(&self) -> Result<(String, u16), RemoteError> {
         let now = Instant::now();
         let mut t = self.topo.lock();
         if t.stale(now) {
@@ -344,12 +352,14 @@ impl RemoteStore {
         let w = t.writable(now);
         let n = self.batches.fetch_add(1, Relaxed);
         let m = &w[(n % w.len() as u64) as usize];
-        Ok(m.slot(n / w.len() as u64))
+        Ok((m.addr.clone(), m.slot(n / w.len() as u64)))
     }
 
-    fn write(&self, conn: &mut ClusterConnection, slot: u16, objects: &[(u64, &[u8])], ids: &mut Vec<u64>) -> Result<u64, RemoteError> {
+    /// One pipeline to the master of `slot`: a `SET` per object, then
+    /// `WAIT` for the replicas; the bytes sent.
+    fn write(&self, conn: &mut redis::Connection, slot: u16, objects: &[(u64, &[u8])], ids: &mut Vec<u64>) -> Result<u64, RemoteError> {
         let first = self.next_gen.fetch_add(objects.len() as u64, Relaxed);
-        let mut pipe = redis::cluster::cluster_pipe();
+        let mut pipe = redis::pipe();
         let mut buf = Vec::new();
         let mut bytes = 0;
         for (i, &(key, object)) in objects.iter().enumerate() {
@@ -361,18 +371,14 @@ impl RemoteStore {
             pipe.cmd("SET").arg(k).arg(&buf[..]).ignore();
             ids.push(id);
         }
-        pipe.query::<()>(conn).map_err(|source| RemoteError::Redis { op: "SET (a writeback batch)", source })?;
-        if self.cfg.replicas > 0 {
-            let wait = redis::cmd("WAIT").arg(self.cfg.replicas).arg(self.cfg.deadline.as_millis() as u64).clone();
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)));
-            let v = conn.route_command(&wait, route).map_err(|source| RemoteError::Redis { op: "WAIT", source })?;
-            let acked = match v {
-                Value::Int(n) => n,
-                _ => -1,
-            };
-            if acked < self.cfg.replicas as i64 {
-                return Err(RemoteError::Replicas { slot, acked, wanted: self.cfg.replicas, deadline: self.cfg.deadline });
-            }
+        if self.cfg.replicas == 0 {
+            pipe.query::<()>(conn).map_err(|source| RemoteError::Redis { op: "SET (a writeback batch)", source })?;
+            return Ok(bytes);
+        }
+        pipe.cmd("WAIT").arg(self.cfg.replicas).arg(self.cfg.deadline.as_millis() as u64);
+        let (acked,): (i64,) = pipe.query(conn).map_err(|source| RemoteError::Redis { op: "SET and WAIT (a writeback batch)", source })?;
+        if acked < self.cfg.replicas as i64 {
+            return Err(RemoteError::Replicas { slot, acked, wanted: self.cfg.replicas, deadline: self.cfg.deadline });
         }
         Ok(bytes)
     }
@@ -408,12 +414,15 @@ impl ColdStore for RemoteStore {
             return Ok(Vec::new());
         }
         let _permit = self.flight.acquire();
-        let slot = self.pick()?;
+        let (addr, slot) = self.pick()?;
         let mut ids = Vec::with_capacity(objects.len());
-        let mut conn = self.conns.take(Instant::now() + self.cfg.deadline)?;
-        match self.write(&mut conn, slot, objects, &mut ids) {
+        let written = self.writers.take(&addr).and_then(|mut conn| {
+            let bytes = self.write(&mut conn, slot, objects, &mut ids)?;
+            self.writers.give(&addr, conn);
+            Ok(bytes)
+        });
+        match written {
             Ok(bytes) => {
-                self.conns.give(conn);
                 self.c.records_written.fetch_add(ids.len() as u64, Relaxed);
                 self.c.bytes_written.fetch_add(bytes, Relaxed);
                 self.c.live.fetch_add(ids.len() as u64, Relaxed);

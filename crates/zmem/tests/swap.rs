@@ -648,6 +648,33 @@ fn writeback_under_swap() {
     let _turn = exclusive();
     let run = RunDir::new();
     on_with_backing(&run, "w0", "1G", "12M", &[]);
+    writeback_under_swap_on(&run, "w0", "the file");
+}
+
+/// The same swap storm with the cold pages on a Redis cluster (3 masters,
+/// 3 replicas on loopback): every page the workload reads back that left
+/// RAM came from the cluster, checked by the workload byte for byte.
+#[test]
+fn writeback_under_swap_to_a_cluster() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    if !zmem_testkit::redis_cluster::available() {
+        zmem_testkit::ci::skip("redis-server and redis-cli are not installed (scripts/setup.sh installs them)");
+        return;
+    }
+    let _turn = exclusive();
+    let cluster = zmem_testkit::redis_cluster::LocalCluster::start(3, 1, 5000).expect("starting a 3+3 Redis cluster");
+    let run = RunDir::new();
+    let url = cluster.url();
+    run.ok(&["swap", "on", "--name", "r0", "--size", "1G", "--max-pool", "12M", "--priority", "32767", "--remote", &url]);
+    writeback_under_swap_on(&run, "r0", "the cluster");
+    assert_eq!(cluster.keys().unwrap(), 0, "swap off left records on the cluster");
+}
+
+/// A churn of 256 MiB in an 80 MiB cgroup over device `name` (up with a
+/// 12 MiB pool and a cold store, `cold`), checked byte for byte; then off.
+fn writeback_under_swap_on(run: &RunDir, name: &str, cold: &str) {
     // The kernel's memcg (v1) reclaim gives up on a cgroup whose pages are
     // all under writeback, here while swap-outs wait for the shrinker: at
     // 80 MiB its OOM killer ended the workload in 3 of 8 runs, and with the
@@ -681,10 +708,10 @@ fn writeback_under_swap() {
     drop(cg);
     assert!(o.status.success(), "churn failed ({}, limit raised by {} MiB): {}", o.status, raised >> 20, String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    let stats = run.server_stats("w0");
+    let stats = run.server_stats(name);
     let st = &stats["stats"];
     eprintln!(
-        "writeback under swap: {:?}; written back {}, read from the file {}, promoted {}, max_pool hits {}",
+        "writeback under swap to {cold}: {:?}; written back {}, read back {}, promoted {}, max_pool hits {}",
         out.trim(),
         st["written_back_pages"],
         st["bd_reads"],
@@ -693,11 +720,11 @@ fn writeback_under_swap() {
     );
     assert!(out.starts_with("OK"), "{out}");
     assert!(st["written_back_pages"].as_u64().unwrap() > 1000, "{st}");
-    assert!(st["bd_reads"].as_u64().unwrap() > 0, "some swap-ins came from the file: {st}");
+    assert!(st["bd_reads"].as_u64().unwrap() > 0, "some swap-ins came from {cold}: {st}");
     assert_eq!(st["failed_writes"].as_u64(), Some(0));
     assert_eq!(st["failed_reads"].as_u64(), Some(0));
     assert!(st["pool_total_size"].as_u64().unwrap() <= 12 << 20, "{st}");
-    run.ok(&["swap", "off", "--name", "w0"]);
+    run.ok(&["swap", "off", "--name", name]);
 }
 
 /// A `/proc/PID/status` field in KiB ("RssAnon:", "VmLck:").
