@@ -107,7 +107,7 @@ pub enum RemoteError {
     Unreachable { seeds: String, why: String },
     #[error("the cluster at {seeds} cannot be used: {why}")]
     Cluster { seeds: String, why: String },
-    #[error("remote namespace {namespace:?} is served by {owner} (stop that server, or give this one another --remote-namespace)")]
+    #[error("remote namespace {namespace:?} is served by {owner} (stop that server, or give this one another --remote-namespace; if that server is gone for good, delete the key zm:{namespace}:owner on the cluster)")]
     InUse { namespace: String, owner: String },
     #[error("{op} on the cluster failed: {source}")]
     Redis { op: &'static str, source: redis::RedisError },
@@ -509,7 +509,7 @@ impl ColdStore for RemoteStore {
     }
 
     fn free(&self, id: RecordId) -> Result<(), ColdError> {
-        self.c.live.fetch_sub(1, Relaxed);
+        let _ = self.c.live.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
         self.freer.free(id.to_raw());
         Ok(())
     }
@@ -640,6 +640,24 @@ mod ownership {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_flight_holds_the_next_batch_until_one_lands() {
+        let f = Arc::new(Flight { n: Mutex::new(0), room: Condvar::new(), max: 2 });
+        let (a, b) = (f.acquire(), f.acquire());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f2 = Arc::clone(&f);
+        let waiter = std::thread::spawn(move || {
+            let _p = f2.acquire();
+            tx.send(()).unwrap();
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "a third batch went while two were in flight");
+        drop(a);
+        rx.recv_timeout(Duration::from_secs(10)).expect("the waiting batch went once one landed");
+        waiter.join().unwrap();
+        drop(b);
+        assert_eq!(*f.n.lock(), 0);
+    }
 
     #[test]
     fn urls_become_seeds_or_say_what_is_wrong() {

@@ -103,6 +103,9 @@ pub struct Device {
     /// The command that runs the device's server (program and arguments);
     /// `--dir DIR` is added.
     pub server: Vec<std::ffi::OsString>,
+    /// Its environment beyond ours: what must not show in the process
+    /// list (a cluster URL with its password).
+    pub server_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 /// What the server behind a device runs with ([`serve`]).
@@ -205,7 +208,7 @@ fn bring_up(a: &Device, dir: &Path) -> anyhow::Result<State> {
     let log = std::fs::File::create(dir.join("server.log"))?;
     let (exe, args) = a.server.split_first().context("no server command to start")?;
     let mut cmd = Command::new(exe);
-    cmd.args(args).arg("--dir").arg(dir).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    cmd.args(args).arg("--dir").arg(dir).envs(a.server_env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // Its own process group: a ^C at the terminal that ran `on` must not
     // stop the swap device.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

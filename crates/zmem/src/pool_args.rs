@@ -49,7 +49,9 @@ pub struct PoolArgs {
     /// seed nodes. A page leaves RAM once --remote-replicas replicas have
     /// it; a read of it that the cluster does not answer within
     /// --remote-timeout fails (EIO).
-    #[arg(long, value_name = "URL", conflicts_with = "backing")]
+    /// The URL may come from the environment instead (ZMEM_REMOTE_URL),
+    /// which keeps a password out of the process list.
+    #[arg(long, value_name = "URL", conflicts_with = "backing", env = REMOTE_URL_ENV, hide_env_values = true)]
     pub remote: Option<String>,
     /// This device's namespace on the cluster (default HOST/DEVICE).
     /// Records an earlier server left under it are deleted at start; a
@@ -98,6 +100,9 @@ pub struct PoolArgs {
     #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub dict_lz4: bool,
 }
+
+/// The environment variable `--remote` is read from when not given.
+pub const REMOTE_URL_ENV: &str = "ZMEM_REMOTE_URL";
 
 /// The remote namespace of `device` on this machine: `HOST/DEVICE`.
 fn default_namespace(device: &str) -> String {
@@ -245,7 +250,15 @@ impl PoolArgs {
         self.exclusive_loads.unwrap_or(default)
     }
 
-    /// The same options as command-line words (for a child server process).
+    /// What a child server process takes from its environment: the
+    /// cluster URL, which may hold a password (`ps` shows arguments to
+    /// every user of the machine, an environment only to its owner).
+    pub fn to_env(&self) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+        self.remote.iter().map(|u| (REMOTE_URL_ENV.into(), u.into())).collect()
+    }
+
+    /// The same options as command-line words (for a child server
+    /// process), but for the cluster URL ([`PoolArgs::to_env`]).
     pub fn to_args(&self) -> Vec<String> {
         let mut v = vec![
             "--compressor".to_string(),
@@ -270,8 +283,9 @@ impl PoolArgs {
             v.extend(["--recompress-idle".into(), s.to_string(), "--recompress-cpu".into(), self.recompress_cpu.to_string()]);
         }
         v.extend(["--dict".into(), self.dict.clone(), "--dict-lz4".into(), if self.dict_lz4 { "on" } else { "off" }.into()]);
-        if let Some(url) = &self.remote {
-            v.extend(["--remote".into(), url.clone(), "--remote-replicas".into(), self.remote_replicas.to_string()]);
+        if self.remote.is_some() {
+            // The URL itself goes by the environment ([`PoolArgs::to_env`]).
+            v.extend(["--remote-replicas".into(), self.remote_replicas.to_string()]);
             v.extend(["--remote-timeout".into(), format!("{}ms", self.remote_timeout.as_millis())]);
             if let Some(ns) = &self.remote_namespace {
                 v.extend(["--remote-namespace".into(), ns.clone()]);
@@ -312,6 +326,25 @@ mod tests {
         assert!(err.contains("on") && err.contains("auto"), "names the choices: {err}");
         let c = Cli::try_parse_from(["zmem"]).unwrap();
         assert_eq!(c.pool.exclusive_mode(ExclusiveLoads::Auto), ExclusiveLoads::Auto);
+    }
+
+    #[test]
+    fn a_cluster_url_goes_to_a_child_server_by_its_environment_not_its_arguments() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            pool: PoolArgs,
+        }
+        let url = "redis://:secret@10.0.0.5:7000";
+        let c = Cli::try_parse_from(["zmem", "--remote", url, "--remote-replicas", "2", "--remote-timeout", "250ms"]).unwrap();
+        let words = c.pool.to_args();
+        assert!(!words.iter().any(|w| w.contains("secret")), "{words:?}");
+        assert_eq!(c.pool.to_env(), vec![(REMOTE_URL_ENV.into(), url.into())]);
+        let i = words.iter().position(|w| w == "--remote-timeout").unwrap();
+        assert_eq!((words[i + 1].as_str(), c.pool.remote_timeout.as_millis()), ("250ms", 250));
+        assert!(c.pool.cold_store("zmem0").unwrap().starts_with("redis://10.0.0.5:7000 (namespace "), "no password in what stat shows");
+        assert!(Cli::try_parse_from(["zmem", "--remote", url, "--backing", "/tmp/x"]).is_err());
     }
 
     #[test]

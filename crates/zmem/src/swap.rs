@@ -190,6 +190,7 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
         max_pool: a.pool.max_pool,
         compressor: a.pool.compressor.clone(),
         server,
+        server_env: a.pool.to_env(),
     })
 }
 
