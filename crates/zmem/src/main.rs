@@ -11,12 +11,15 @@
 //! * `zmem writeback` — zram's explicit writeback, for `zmem serve --backing`.
 //! * `zmem recompress` — zram's recompression with a stronger algorithm.
 //! * `zmem swap on|off|status` — zmem as a swap device (FUSE image + loop).
+//! * `zmem man DIR`, `zmem completions SHELL` — the manual pages and shell
+//!   completions, generated from these very definitions (`docs.rs`).
 
 mod bench_blockdev;
 mod bench_cache;
 mod bench_remote;
 mod bench_store;
 mod bench_swap;
+mod docs;
 mod pool_args;
 mod recompress;
 mod serve;
@@ -26,7 +29,7 @@ mod sys;
 mod util;
 mod writeback;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "zmem", version, about = "Compressed memory for Linux, in userspace")]
@@ -53,6 +56,10 @@ enum Cmd {
     /// zmem as swap (zswap's job): `on`, `off`, `status`.
     #[command(subcommand)]
     Swap(swap::SwapCmd),
+    /// Write the manual pages (zmem.1 and one per subcommand) into DIR.
+    Man(docs::ManArgs),
+    /// Print a shell's completion script for zmem.
+    Completions(docs::CompletionArgs),
 }
 
 #[derive(Subcommand)]
@@ -109,6 +116,8 @@ fn main() {
         Cmd::Stat(a) => stat::run(a),
         Cmd::Writeback(a) => writeback::run(a),
         Cmd::Recompress(a) => recompress::run(a),
+        Cmd::Man(a) => docs::man(&Cli::command(), &a),
+        Cmd::Completions(a) => docs::completions(Cli::command(), &a),
     };
     if let Err(e) = res {
         eprintln!("zmem: error: {e:#}");
