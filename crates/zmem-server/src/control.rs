@@ -34,6 +34,9 @@ pub enum Frontend {
 
 /// Everything the control socket reports and acts on.
 pub struct Info {
+    /// The device's name (a swap device's, or `zmem serve`'s export's):
+    /// the `device` label of its metrics.
+    pub device: String,
     pub export: Arc<Export>,
     pub frontend: Frontend,
     pub algorithm: String,
@@ -51,6 +54,7 @@ impl Info {
             _ => None,
         };
         let mut r = StatsReply {
+            device: self.device.clone(),
             disksize: self.export.size(),
             algorithm: self.algorithm.clone(),
             dedup: self.dedup,

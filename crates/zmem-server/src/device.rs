@@ -17,6 +17,7 @@ use zmem_fuse::{FuseConfig, Mounted};
 use zmem_nbd::{Listener, Server, ServerConfig};
 
 use crate::control::{bind_unix, control_loop, BindError, Frontend, Info};
+use crate::metrics::{render, MetricsAddr, MetricsError, MetricsServer};
 use crate::policy::Policies;
 
 /// Where NBD clients connect.
@@ -46,6 +47,8 @@ pub struct DeviceConfig {
     pub backing: Option<String>,
     /// The policy threads beside the pool.
     pub policies: Policies,
+    /// Serve Prometheus metrics here (off: `None`).
+    pub metrics: Option<MetricsAddr>,
 }
 
 /// Why a device could not be served.
@@ -59,6 +62,8 @@ pub enum ServeError {
     Bind(#[from] BindError),
     #[error("serving: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
 }
 
 /// Serve `export` as `cfg` says until `stop` is set (see the module notes).
@@ -100,7 +105,9 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         }
         None => None,
     };
+    let metrics = cfg.metrics.as_ref().map(MetricsServer::bind).transpose()?;
     let info = Info {
+        device: if cfg.export_name.is_empty() { "serve".into() } else { cfg.export_name.clone() },
         export: Arc::clone(server.export()),
         frontend: Frontend::Nbd { server: Arc::clone(server), fuse: fuse.map(|m| Arc::clone(m.stats())) },
         algorithm: cfg.algorithm.clone(),
@@ -121,6 +128,10 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         if let Some(l) = control {
             let info = &info;
             s.spawn(move || control_loop(l, info, stop));
+        }
+        if let Some(ep) = &metrics {
+            let info = &info;
+            s.spawn(move || ep.serve(|| render(&info.stats(), &info.device), stop));
         }
         cfg.policies.spawn(s, server.export().pool(), stop);
         let r = server.run(&listener, stop);

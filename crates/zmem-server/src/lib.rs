@@ -1,6 +1,6 @@
 //! What every zmem server runs beside its frontend: the control socket and
-//! its typed protocol, the policy threads, and a swap server's protection
-//! from reclaim.
+//! its typed protocol, Prometheus metrics, the policy threads, and a swap
+//! server's protection from reclaim.
 //!
 //! * [`protocol`] — the control requests and replies, one JSON line each
 //!   way, typed on both ends (the server and `zmem stat`, `zmem
@@ -9,6 +9,8 @@
 //!   and what a server reports ([`control::Info`]).
 //! * [`device`] — `zmem serve`'s server: an export over NBD, optionally
 //!   also as a FUSE file, with its control socket and policy threads.
+//! * [`metrics`] — what `zmem stat` shows as Prometheus metrics, served
+//!   over HTTP (`--metrics`) or rendered once (`zmem stat --prometheus`).
 //! * [`policy`] — threads that follow the system's swap fullness and
 //!   recompress idle pages.
 //! * [`reclaim`] — `mlockall`, `PR_SET_IO_FLUSHER`, `oom_score_adj` and
@@ -21,6 +23,7 @@
 pub mod control;
 pub mod device;
 mod malloc;
+pub mod metrics;
 pub mod policy;
 pub mod protocol;
 pub mod reclaim;

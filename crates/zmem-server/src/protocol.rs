@@ -101,6 +101,9 @@ pub enum Answer {
 /// Everything a server reports (`zmem stat`, `zmem stat --json`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatsReply {
+    /// The device's name (its metrics' `device` label).
+    #[serde(default)]
+    pub device: String,
     /// The device's size in bytes.
     pub disksize: u64,
     pub algorithm: String,

@@ -128,6 +128,8 @@ pub struct ServerConfig {
     pub backing: Option<String>,
     /// The policy threads beside the pool.
     pub policies: Policies,
+    /// Serve Prometheus metrics here (off: `None`).
+    pub metrics: Option<zmem_server::metrics::MetricsAddr>,
 }
 
 /// A device name: 1 to 32 letters, digits, `-` or `_`.
@@ -611,7 +613,9 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
     // (1 MiB) of it, and faulting in all of it held 32 MiB for two workers.
     let control_path = a.dir.join("control.sock");
     let control = bind_unix(&control_path, 0o600, None)?;
+    let metrics = a.metrics.as_ref().map(zmem_server::metrics::MetricsServer::bind).transpose()?;
     let info = Info {
+        device: a.dir.file_name().map_or_else(|| "zmem".into(), |n| n.to_string_lossy().into_owned()),
         export: Arc::clone(&export),
         frontend: Frontend::Fuse { stats: Arc::clone(mounted.stats()), safety, budget },
         algorithm: comp.to_string(),
@@ -624,6 +628,9 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
     let image = mnt.join(IMAGE);
     std::thread::scope(|s| {
         s.spawn(|| control_loop(control, &info, stop));
+        if let Some(ep) = &metrics {
+            s.spawn(|| ep.serve(|| zmem_server::metrics::render(&info.stats(), &info.device), stop));
+        }
         a.policies.spawn(s, export.pool(), stop);
         loop {
             while !stop.load(Ordering::Relaxed) {

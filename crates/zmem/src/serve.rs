@@ -55,6 +55,12 @@ pub struct Args {
     /// Name of the export ("" is the default export clients ask for).
     #[arg(long, default_value = "")]
     pub export_name: String,
+    /// Serve Prometheus metrics (every counter `zmem stat` shows) at
+    /// http://ADDR/metrics (127.0.0.1:9940) or on a unix socket
+    /// (unix:PATH); off unless given. Bind loopback or a socket unless the
+    /// metrics are meant for other machines.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<zmem_server::metrics::MetricsAddr>,
     /// Control socket for `zmem stat` [default: zmem.ctl in the directory
     /// of the default socket]; `none` disables it.
     #[arg(long)]
@@ -213,6 +219,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&serve_device(&a.export_name)),
         policies: a.pool.policies(ExclusiveLoads::Off),
+        metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
     Ok(zmem_server::device::serve(export, &cfg, stop)?)

@@ -15,8 +15,12 @@ pub struct Args {
     #[arg(long)]
     pub control: Option<PathBuf>,
     /// Print the server's JSON instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prometheus")]
     pub json: bool,
+    /// Print the counters once as Prometheus metrics (what --metrics
+    /// serves) instead of a table.
+    #[arg(long)]
+    pub prometheus: bool,
 }
 
 use zmem_host::human_size as human;
@@ -207,6 +211,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let v = protocol::stats(&path)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if a.prometheus {
+        print!("{}", zmem_server::metrics::render(&v, &v.device));
     } else {
         print!("{}", render(&v));
     }

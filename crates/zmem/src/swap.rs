@@ -84,6 +84,12 @@ pub struct OnArgs {
     /// its own swap-out). Needs a --max-pool below 3/4 of the budget.
     #[arg(long)]
     pub charge_to: Option<PathBuf>,
+    /// Serve Prometheus metrics (every counter `zmem stat` shows) at
+    /// http://ADDR/metrics (127.0.0.1:9940) or on a unix socket
+    /// (unix:PATH); off unless given. Bind loopback or a socket unless the
+    /// metrics are meant for other machines.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<zmem_server::metrics::MetricsAddr>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -124,6 +130,8 @@ pub struct ServeArgs {
     pub cgroup: Option<PathBuf>,
     #[arg(long)]
     pub charge_to: Option<PathBuf>,
+    #[arg(long)]
+    pub metrics: Option<zmem_server::metrics::MetricsAddr>,
 }
 
 /// swapon's discard policy (`--discard`): both, pages, once or off.
@@ -179,6 +187,13 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
             server.extend([flag.into(), p.clone().into_os_string()]);
         }
     }
+    if let Some(m) = &a.metrics {
+        let m = match m {
+            zmem_server::metrics::MetricsAddr::Tcp(a) => a.to_string(),
+            zmem_server::metrics::MetricsAddr::Unix(p) => format!("unix:{}", p.display()),
+        };
+        server.extend(["--metrics".into(), m.into()]);
+    }
     Ok(Device {
         name: a.name.clone(),
         size,
@@ -216,6 +231,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&device_name(&a.dir)),
         policies: a.pool.policies(EXCLUSIVE_LOADS),
+        metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
     zmem_swap::serve(&cfg, || a.pool.build(EXCLUSIVE_LOADS, &device_name(&a.dir)), stop)

@@ -162,7 +162,8 @@ fn swap_on_a_workload_then_off() {
     }
     let _turn = exclusive();
     let run = RunDir::new();
-    let out = run.ok(&["swap", "on", "--name", "t0", "--size", "512M", "--max-pool", "256M", "--priority", "32767"]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let out = run.ok(&["swap", "on", "--name", "t0", "--size", "512M", "--max-pool", "256M", "--priority", "32767", "--metrics", &metrics]);
     assert!(out.contains("t0") && out.contains("swap"), "{out}");
     let lo = run.loop_dev("t0");
     let pid = run.server_pid("t0");
@@ -184,6 +185,12 @@ fn swap_on_a_workload_then_off() {
     assert!(stats["fuse"]["discards"].as_u64().unwrap() > 0, "{}", stats["fuse"]);
     assert!(st["notify_free"].as_u64().unwrap() >= 4096, "{st}");
     assert_eq!(stats["reclaim_safety"]["mlockall"], true);
+    // A scrape of the live device has every counter `zmem stat` shows.
+    let (_, text) = scrape(&format!("http://{metrics}/metrics"));
+    let got = samples(&text, "t0");
+    let n = every_field_is_there(&stats["stats"], &got, &run.server_stats("t0")["stats"]);
+    assert!(n > 50, "only {n} fields held still: {st}");
+    assert!(got["zmem_fuse_writes_total"] > 0.0 && got["zmem_reclaim_mlockall"] == 1.0, "{text}");
     assert!(status_kib(pid, "VmLck:") > 0, "the server's memory is locked");
     // Locked as touched, not faulted in whole: fuser's receive buffer is
     // 16 MiB per worker, of which the kernel fills at most 1 MiB; beyond

@@ -422,3 +422,58 @@ pub fn make_tree(root: &Path) {
 pub fn checksums(root: &Path) -> String {
     sh(&format!("cd '{}' && find . -type f -print0 | sort -z | xargs -0 sha256sum", root.display()), Duration::from_secs(120))
 }
+
+// ---- metrics ----------------------------------------------------------
+
+use std::collections::HashMap;
+
+/// A free loopback port (bound and released: a race no test here loses).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn scrape(url: &str) -> (String, String) {
+    let mut resp = ureq::get(url).call().unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let ct = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    (ct, resp.body_mut().read_to_string().unwrap())
+}
+
+/// The samples of `text`, by metric name, for `device`.
+pub fn samples(text: &str, device: &str) -> HashMap<String, f64> {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("the text parses as Prometheus metrics");
+    let mut out = HashMap::new();
+    for s in scrape.samples {
+        assert_eq!(s.labels.get("device"), Some(device), "{}: device label", s.metric);
+        let v = match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            other => panic!("{}: unexpected {other:?}", s.metric),
+        };
+        assert!(out.insert(s.metric.clone(), v).is_none(), "{} appears twice", s.metric);
+    }
+    out
+}
+
+/// Every number and flag of a stats reply's `stats` is in the scrape
+/// `got` under its metric name; where `zmem stat` read the same value
+/// before (`before`) and after (`after`) the scrape, the scrape has it
+/// too (a field that moved meanwhile is only looked for). Returns how
+/// many fields had their value checked.
+pub fn every_field_is_there(before: &serde_json::Value, got: &HashMap<String, f64>, after: &serde_json::Value) -> usize {
+    let num = |v: &serde_json::Value| match v {
+        serde_json::Value::Number(x) => x.as_f64(),
+        serde_json::Value::Bool(b) => Some(*b as u8 as f64),
+        _ => None,
+    };
+    let mut n = 0;
+    for (field, v) in before.as_object().unwrap() {
+        let Some(want) = num(v) else { continue };
+        let (name, scale) = zmem_server::metrics::metric_name(field);
+        let have = *got.get(&name).unwrap_or_else(|| panic!("`{field}` of zmem stat is not in the scrape as {name}"));
+        if after.get(field).and_then(num) == Some(want) {
+            assert!((have - want * scale).abs() <= 1e-9 * (want * scale).abs().max(1.0), "{name}: {have}, zmem stat says {want}");
+            n += 1;
+        }
+    }
+    n
+}
