@@ -27,6 +27,9 @@ want swapon util-linux
 # that the tests start on loopback (Debian's Redis 7, BSD-3).
 want redis-server redis-server
 want redis-cli redis-tools
+# The unit files are checked with systemd-analyze, the manual pages with man.
+want systemd-analyze systemd
+want man man-db
 # zmem bench swap draws its plot with this font.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_pkgs+=(fonts-dejavu-core)
 

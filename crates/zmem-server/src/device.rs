@@ -124,6 +124,7 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         server.export().origin_description().map(|d| format!(", caching {d}")).unwrap_or_default(),
         cfg.control.as_ref().map(|p| format!(", control {}", p.display())).unwrap_or_default()
     );
+    crate::notify::ready(&format!("serving {} bytes at {endpoint}", server.export().size()));
     std::thread::scope(|s| {
         if let Some(l) = control {
             let info = &info;
@@ -135,6 +136,7 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         }
         cfg.policies.spawn(s, server.export().pool(), stop);
         let r = server.run(&listener, stop);
+        crate::notify::stopping();
         stop.store(true, Ordering::SeqCst); // also ends the control thread on error
         r
     })

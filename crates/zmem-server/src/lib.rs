@@ -9,6 +9,8 @@
 //!   and what a server reports ([`control::Info`]).
 //! * [`device`] — `zmem serve`'s server: an export over NBD, optionally
 //!   also as a FUSE file, with its control socket and policy threads.
+//! * [`notify`] — `sd_notify`: READY, STATUS and STOPPING for `Type=notify`
+//!   units.
 //! * [`metrics`] — what `zmem stat` shows as Prometheus metrics, served
 //!   over HTTP (`--metrics`) or rendered once (`zmem stat --prometheus`).
 //! * [`policy`] — threads that follow the system's swap fullness and
@@ -24,6 +26,7 @@ pub mod control;
 pub mod device;
 mod malloc;
 pub mod metrics;
+pub mod notify;
 pub mod policy;
 pub mod protocol;
 pub mod reclaim;

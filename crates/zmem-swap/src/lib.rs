@@ -624,6 +624,7 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
         backing: a.backing.clone(),
     };
     std::fs::write(a.dir.join("ready"), format!("{}\n", std::process::id()))?;
+    zmem_server::notify::ready(&format!("serving {} bytes as {}", a.size, info.endpoint));
     eprintln!("zmem: swap server {} ready: {} bytes, {comp}, image {}", std::process::id(), a.size, info.endpoint);
     let image = mnt.join(IMAGE);
     std::thread::scope(|s| {
@@ -640,9 +641,11 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
             // device with it: keep serving until its loop device is gone.
             let users = loops_backed_by(&image);
             if users.is_empty() {
+                zmem_server::notify::stopping();
                 break;
             }
             eprintln!("zmem: asked to stop, but {} still use the image; `zmem swap off` detaches them first", users.join(" "));
+            zmem_server::notify::status(&format!("asked to stop, but {} still use the image", users.join(" ")));
             stop.store(false, Ordering::SeqCst);
         }
         // Ends the control thread too.

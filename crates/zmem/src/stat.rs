@@ -19,8 +19,93 @@ pub struct Args {
     pub json: bool,
     /// Print the counters once as Prometheus metrics (what --metrics
     /// serves) instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "watch")]
     pub prometheus: bool,
+    /// Redraw the table every SECS seconds (default 1) with rates per
+    /// second, until interrupted; one line per interval when the output is
+    /// not a terminal.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1", value_parser = parse_interval, conflicts_with = "json")]
+    pub watch: Option<std::time::Duration>,
+}
+
+/// `--watch`'s interval: 0.1 to 3600 seconds.
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number of seconds (1, 0.5)"))?;
+    if !(0.1..=3600.0).contains(&secs) {
+        return Err(format!("the interval must be between 0.1 and 3600 seconds, got {s}"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// Rates between two replies `secs` apart: what `--watch` adds to the
+/// table (stores, loads, pages written back and read back, cache hits
+/// and misses, per second).
+fn rates(prev: &StatsReply, now: &StatsReply, secs: f64) -> Vec<(&'static str, f64)> {
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / secs.max(1e-9);
+    let (p, n) = (&prev.stats, &now.stats);
+    let hits = |r: &StatsReply| r.origin.as_ref().map_or((0, 0), |o| (o.counters.cache_hits, o.counters.cache_misses));
+    let (ph, pm) = hits(prev);
+    let (nh, nm) = hits(now);
+    vec![
+        ("stores/s", per(p.stores, n.stores)),
+        ("loads/s", per(p.loads, n.loads)),
+        ("writeback/s", per(p.written_back_pages, n.written_back_pages)),
+        ("readback/s", per(p.bd_reads, n.bd_reads)),
+        ("hits/s", per(ph, nh)),
+        ("misses/s", per(pm, nm)),
+    ]
+}
+
+/// `--watch`: the table redrawn in place on a terminal, else one line
+/// per interval (time, the rates, data and memory used).
+fn watch(path: &std::path::Path, every: std::time::Duration) -> anyhow::Result<()> {
+    use std::io::{IsTerminal, Write};
+    let tty = std::io::stdout().is_terminal();
+    let mut prev = protocol::stats(path)?;
+    let mut at = std::time::Instant::now();
+    let mut out = std::io::stdout().lock();
+    if !tty {
+        writeln!(
+            out,
+            "{:>8} {:>10} {:>10} {:>12} {:>11} {:>9} {:>10} {:>10} {:>10}",
+            "TIME", "stores/s", "loads/s", "writeback/s", "readback/s", "hits/s", "misses/s", "DATA", "TOTAL"
+        )?;
+    }
+    loop {
+        std::thread::sleep(every);
+        let now = protocol::stats(path)?;
+        let secs = at.elapsed().as_secs_f64();
+        at = std::time::Instant::now();
+        let r = rates(&prev, &now, secs);
+        let line = r.iter().map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join("  ");
+        let written = if tty {
+            // Home, clear, redraw.
+            write!(out, "\x1b[H\x1b[2J{}\n{line}\n", render(&now))
+        } else {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() % 86400);
+            let v: Vec<String> = r.iter().map(|(_, v)| format!("{v:.0}")).collect();
+            writeln!(
+                out,
+                "{:02}:{:02}:{:02} {:>10} {:>10} {:>12} {:>11} {:>9} {:>10} {:>10} {:>10}",
+                t / 3600,
+                t / 60 % 60,
+                t % 60,
+                v[0],
+                v[1],
+                v[2],
+                v[3],
+                v[4],
+                v[5],
+                human(now.stats.orig_data_size),
+                human(now.stats.mem_used_total)
+            )
+        };
+        // A reader that went away (`| head`) ends the watch, not in error.
+        if written.and_then(|()| out.flush()).is_err() {
+            return Ok(());
+        }
+        prev = now;
+    }
 }
 
 use zmem_host::human_size as human;
@@ -208,6 +293,9 @@ fn remote_lines(v: &StatsReply) -> String {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let path = a.control.unwrap_or_else(crate::serve::default_control_path);
+    if let Some(every) = a.watch {
+        return watch(&path, every);
+    }
     let v = protocol::stats(&path)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -222,6 +310,26 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watch_rates_and_intervals() {
+        let mut a = StatsReply::default();
+        a.stats.stores = 100;
+        a.stats.loads = 50;
+        let mut b = a.clone();
+        b.stats.stores = 300;
+        b.stats.written_back_pages = 10;
+        let r = rates(&a, &b, 2.0);
+        assert_eq!(r[0], ("stores/s", 100.0));
+        assert_eq!(r[1], ("loads/s", 0.0));
+        assert_eq!(r[2], ("writeback/s", 5.0));
+        // A counter that went back (a restarted server) is no negative rate.
+        assert_eq!(rates(&b, &a, 1.0)[0].1, 0.0);
+        assert_eq!(parse_interval("0.5").unwrap(), std::time::Duration::from_millis(500));
+        for bad in ["0", "-1", "x", "3601", "NaN"] {
+            assert!(parse_interval(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn renders_a_row() {
