@@ -27,6 +27,11 @@ want swapon util-linux
 # that the tests start on loopback (Debian's Redis 7, BSD-3).
 want redis-server redis-server
 want redis-cli redis-tools
+# The Debian package is built with dpkg-deb (dpkg-dev for the architecture
+# names, binutils for strip).
+want dpkg-deb dpkg
+want dpkg-architecture dpkg-dev
+want strip binutils
 # The unit files are checked with systemd-analyze, the manual pages with man.
 want systemd-analyze systemd
 want man man-db

@@ -8,8 +8,10 @@ export RUST_BACKTRACE=1
 # The tree keeps itself tidy: formatting and lints fail the run, as tests do.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -q -- -D warnings
-# Release build of the binary for the end-to-end tests that run it.
-cargo build --release -q -p zmem
+# Release build of the binary for the end-to-end tests that run it, and
+# the Debian package the install test puts on the machine.
+cargo build --release -q -p zmem -p zmem-cache-ffi
+bash scripts/package.sh target/debian
 cargo test --workspace --no-fail-fast -- --test-threads=2
 
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
