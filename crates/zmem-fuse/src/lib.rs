@@ -104,6 +104,8 @@ pub struct FuseStats {
     pub errors: AtomicU64,
     /// Requests answered over io_uring ([`FuseConfig::uring`]).
     pub uring_requests: AtomicU64,
+    /// How long reads and writes take to run.
+    pub latency: zmem_core::LatencyHistogram,
 }
 
 /// What the file system answers, whichever transport carries the request
@@ -210,7 +212,9 @@ impl FileOps {
             return Err(Errno::EISDIR);
         }
         let n = (buf.len() as u64).min(self.export.size().saturating_sub(offset)) as usize;
+        let t = std::time::Instant::now();
         self.export.read(offset, &mut buf[..n]).map_err(|e| self.failed(&e))?;
+        self.stats.latency.observe(t.elapsed());
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.bytes_read.fetch_add(n as u64, Relaxed);
         Ok(n)
@@ -226,7 +230,9 @@ impl FileOps {
             self.stats.errors.fetch_add(1, Relaxed);
             return Err(Errno::ENOSPC);
         }
+        let t = std::time::Instant::now();
         self.export.write(offset, data).map_err(|e| self.failed(&e))?;
+        self.stats.latency.observe(t.elapsed());
         self.stats.writes.fetch_add(1, Relaxed);
         self.stats.bytes_written.fetch_add(data.len() as u64, Relaxed);
         Ok(data.len() as u32)

@@ -538,6 +538,8 @@ pub struct Server {
     next_id: AtomicU64,
     total: AtomicU64,
     requests: AtomicU64,
+    /// How long requests take to run.
+    latency: zmem_core::LatencyHistogram,
     request_errors: AtomicU64,
     dropped: AtomicU64,
     panics: AtomicU64,
@@ -576,6 +578,7 @@ impl Server {
             next_id: AtomicU64::new(1),
             total: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            latency: zmem_core::LatencyHistogram::default(),
             request_errors: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             panics: AtomicU64::new(0),
@@ -590,6 +593,11 @@ impl Server {
 
     pub fn info(&self) -> &ExportInfo {
         &self.info
+    }
+
+    /// How long requests took to run, as a histogram.
+    pub fn latency(&self) -> zmem_core::Latencies {
+        self.latency.snapshot()
     }
 
     pub fn stats(&self) -> ServerStats {
@@ -926,10 +934,17 @@ impl Server {
         }
     }
 
-    /// Run one request and encode its complete reply.
-    /// The reply is appended to `out` (which may already hold earlier
-    /// replies of a batch).
+    /// Run one request and encode its complete reply, timed (the server's
+    /// share of the request's latency: from its header read to its reply
+    /// encoded). The reply is appended to `out` (which may already hold
+    /// earlier replies of a batch).
     fn execute(&self, req: &Request, payload: &[u8], s: &Session, out: &mut Vec<u8>) {
+        let t = std::time::Instant::now();
+        self.execute_untimed(req, payload, s, out);
+        self.latency.observe(t.elapsed());
+    }
+
+    fn execute_untimed(&self, req: &Request, payload: &[u8], s: &Session, out: &mut Vec<u8>) {
         let h = req.handle;
         let base = out.len();
         let fail = |out: &mut Vec<u8>, errno: u32, msg: &str| {

@@ -79,6 +79,7 @@ impl Info {
                     warnings_suppressed: ss.warnings_suppressed,
                     requests: ss.requests,
                     request_errors: ss.request_errors,
+                    latency: server.latency(),
                 });
                 r.fuse = fuse.as_deref().map(fuse_reply);
             }
@@ -118,6 +119,7 @@ fn fuse_reply(fs: &FuseStats) -> FuseReply {
         discards: n(&fs.discards),
         errors: n(&fs.errors),
         uring_requests: n(&fs.uring_requests),
+        latency: fs.latency.snapshot(),
     }
 }
 

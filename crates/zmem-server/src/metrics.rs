@@ -223,7 +223,8 @@ fn fields(reply: &StatsReply) -> Vec<(String, f64)> {
 fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, f64)>) {
     match v {
         Value::Object(m) => {
-            for (k, v) in m {
+            // Histograms are rendered as histograms ([`histograms`]).
+            for (k, v) in m.iter().filter(|(k, _)| *k != "latency") {
                 let name = if prefix.is_empty() { k.clone() } else { format!("{prefix}_{k}") };
                 flatten(&name, v, out);
             }
@@ -236,6 +237,53 @@ fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, f64)>) {
         Value::Bool(b) => out.push((prefix.to_string(), if *b { 1.0 } else { 0.0 })),
         _ => {}
     }
+}
+
+/// A histogram as read from a snapshot (prometheus-client's own
+/// `Histogram` can only be fed observations one by one).
+#[derive(Debug)]
+struct ConstHistogram {
+    /// (upper bound in seconds, count in that bucket); the last bound is
+    /// `f64::MAX`, which the encoder writes as `+Inf`.
+    buckets: Vec<(f64, u64)>,
+    sum: f64,
+    count: u64,
+}
+
+impl prometheus_client::metrics::TypedMetric for ConstHistogram {
+    const TYPE: prometheus_client::metrics::MetricType = prometheus_client::metrics::MetricType::Histogram;
+}
+
+impl prometheus_client::encoding::EncodeMetric for ConstHistogram {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
+impl ConstHistogram {
+    fn of(l: &zmem_core::Latencies) -> Option<ConstHistogram> {
+        if l.counts.len() != l.bounds_ns.len() + 1 {
+            return None;
+        }
+        let bounds = l.bounds_ns.iter().map(|&b| b as f64 * 1e-9).chain(std::iter::once(f64::MAX));
+        Some(ConstHistogram { buckets: bounds.zip(l.counts.iter().copied()).collect(), sum: l.sum_ns as f64 * 1e-9, count: l.count() })
+    }
+}
+
+/// The request-duration histograms of `reply`'s frontends.
+fn histograms(reply: &StatsReply) -> Vec<(&'static str, ConstHistogram)> {
+    let mut out = Vec::new();
+    if let Some(h) = reply.nbd.as_ref().and_then(|n| ConstHistogram::of(&n.latency)) {
+        out.push(("nbd_request_duration", h));
+    }
+    if let Some(h) = reply.fuse.as_ref().and_then(|f| ConstHistogram::of(&f.latency)) {
+        out.push(("fuse_request_duration", h));
+    }
+    out
 }
 
 /// The OpenMetrics text of `reply`, labelled `device="DEVICE"`.
@@ -257,6 +305,9 @@ pub fn render(reply: &StatsReply, device: &str) -> String {
             (false, false, Some(u)) => reg.register_with_unit(s.name, help, u, ConstGauge::new(x)),
             (false, false, None) => reg.register(s.name, help, ConstGauge::new(x)),
         }
+    }
+    for (name, h) in histograms(reply) {
+        reg.register_with_unit(name, "how long requests took to run (the server's share)", Unit::Seconds, h);
     }
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, &root).is_err() {

@@ -158,6 +158,9 @@ pub struct NbdReply {
     pub warnings_suppressed: u64,
     pub requests: u64,
     pub request_errors: u64,
+    /// How long requests took to run.
+    #[serde(default)]
+    pub latency: zmem_core::Latencies,
 }
 
 /// NBD connections: open now, ever, and dropped for misbehaving.
@@ -179,6 +182,9 @@ pub struct FuseReply {
     pub errors: u64,
     /// Requests answered over io_uring.
     pub uring_requests: u64,
+    /// How long reads and writes took to run.
+    #[serde(default)]
+    pub latency: zmem_core::Latencies,
 }
 
 /// How a control request failed, on the client's side.

@@ -31,6 +31,9 @@ fn a_scrape_has_every_counter_zmem_stat_shows() {
     assert!(n > 70, "only {n} fields checked");
     assert!(got["zmem_stores_total"] >= 4096.0 && got["zmem_orig_data_size_bytes"] > 0.0);
     assert!(got["zmem_nbd_requests_total"] > 0.0 && got.contains_key("zmem_nbd_connections_active"));
+    // Every request but the disconnect ran and was timed.
+    let timed = got["zmem_nbd_request_duration_seconds"];
+    assert!(timed > 0.0 && timed <= got["zmem_nbd_requests_total"], "{timed} timed of {} requests", got["zmem_nbd_requests_total"]);
     assert_eq!(got["zmem_disksize_bytes"], (16 << 20) as f64);
 
     // The same text, once, from the control socket.

@@ -191,6 +191,7 @@ fn swap_on_a_workload_then_off() {
     let n = every_field_is_there(&stats["stats"], &got, &run.server_stats("t0")["stats"]);
     assert!(n > 50, "only {n} fields held still: {st}");
     assert!(got["zmem_fuse_writes_total"] > 0.0 && got["zmem_reclaim_mlockall"] == 1.0, "{text}");
+    assert!(got["zmem_fuse_request_duration_seconds"] >= got["zmem_fuse_writes_total"], "every write was timed: {text}");
     assert!(status_kib(pid, "VmLck:") > 0, "the server's memory is locked");
     // Locked as touched, not faulted in whole: fuser's receive buffer is
     // 16 MiB per worker, of which the kernel fills at most 1 MiB; beyond

@@ -447,6 +447,11 @@ pub fn samples(text: &str, device: &str) -> HashMap<String, f64> {
         assert_eq!(s.labels.get("device"), Some(device), "{}: device label", s.metric);
         let v = match s.value {
             prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            // A histogram: its count (the +Inf bucket), its buckets in order.
+            prometheus_parse::Value::Histogram(b) => {
+                assert!(b.windows(2).all(|w| w[0].less_than < w[1].less_than && w[0].count <= w[1].count), "{}: buckets {b:?}", s.metric);
+                b.last().map_or(0.0, |h| h.count)
+            }
             other => panic!("{}: unexpected {other:?}", s.metric),
         };
         assert!(out.insert(s.metric.clone(), v).is_none(), "{} appears twice", s.metric);
