@@ -627,12 +627,17 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
     zmem_server::notify::ready(&format!("serving {} bytes as {}", a.size, info.endpoint));
     eprintln!("zmem: swap server {} ready: {} bytes, {comp}, image {}", std::process::id(), a.size, info.endpoint);
     let image = mnt.join(IMAGE);
+    // The threads beside the pool end when the server does, not at every
+    // signal: a stray SIGTERM to an active device's server is refused
+    // below, and the control socket, the metrics and the policies must
+    // go on answering.
+    let quit = AtomicBool::new(false);
     std::thread::scope(|s| {
-        s.spawn(|| control_loop(control, &info, stop));
+        s.spawn(|| control_loop(control, &info, &quit));
         if let Some(ep) = &metrics {
-            s.spawn(|| ep.serve(|| zmem_server::metrics::render(&info.stats(), &info.device), stop));
+            s.spawn(|| ep.serve(|| zmem_server::metrics::render(&info.stats(), &info.device), &quit));
         }
-        a.policies.spawn(s, export.pool(), stop);
+        a.policies.spawn(s, export.pool(), &quit);
         loop {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));
@@ -648,8 +653,7 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
             zmem_server::notify::status(&format!("asked to stop, but {} still use the image", users.join(" ")));
             stop.store(false, Ordering::SeqCst);
         }
-        // Ends the control thread too.
-        stop.store(true, Ordering::SeqCst);
+        quit.store(true, Ordering::SeqCst);
     });
     let _ = std::fs::remove_file(&control_path);
     let _ = std::fs::remove_file(a.dir.join("ready"));

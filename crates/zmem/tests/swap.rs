@@ -355,6 +355,9 @@ fn off_undoes_crashes_and_half_done_ons() {
     let mut dev = std::fs::File::open(&lo).unwrap();
     let mut buf = vec![0u8; 4096];
     std::io::Read::read_exact(&mut dev, &mut buf).unwrap();
+    // And its control socket still answers (its threads did not take the
+    // signal for a stop).
+    assert!(run.server_stats("c0")["stats"].is_object(), "the control socket went quiet after a stray SIGTERM");
 
     // SIGKILL: the image is gone; off must still undo swap, loop and mount.
     run_ok(Command::new("kill").args(["-KILL", &pid.to_string()]), T);
