@@ -140,17 +140,13 @@ impl RemoteConfig {
 /// node, each with the credentials.
 pub fn parse_seeds(url: &str) -> Result<Vec<String>, RemoteError> {
     let bad = |why: &str| RemoteError::Url { url: url.to_string(), why: why.to_string() };
-    let rest = match url.split_once("://") {
-        Some(("redis", r)) => r,
-        Some(("rediss", _)) => return Err(bad("TLS (rediss://) is not built into this zmem; reach the cluster over a TLS tunnel, or use redis://")),
-        Some((s, _)) => return Err(bad(&format!("unknown scheme {s:?}"))),
+    let (scheme, auth, hosts) = split_url(url);
+    match scheme {
+        Some("redis") => {}
+        Some("rediss") => return Err(bad("TLS (rediss://) is not built into this zmem; reach the cluster over a TLS tunnel, or use redis://")),
+        Some(s) => return Err(bad(&format!("unknown scheme {s:?}"))),
         None => return Err(bad("no redis:// scheme")),
-    };
-    let rest = rest.trim_end_matches('/');
-    let (auth, hosts) = match rest.rsplit_once('@') {
-        Some((a, h)) => (format!("{a}@"), h),
-        None => (String::new(), rest),
-    };
+    }
     let mut seeds = Vec::new();
     for h in hosts.split(',') {
         let (host, port) = h.rsplit_once(':').ok_or_else(|| bad(&format!("{h:?} has no :PORT")))?;
@@ -161,6 +157,26 @@ pub fn parse_seeds(url: &str) -> Result<Vec<String>, RemoteError> {
         seeds.push(format!("redis://{auth}{host}:{port}"));
     }
     Ok(seeds)
+}
+
+/// A URL's scheme, its `USER:PASSWORD@` (empty without one) and its
+/// `HOST:PORT[,…]`: the one place that takes the URL apart.
+fn split_url(url: &str) -> (Option<&str>, &str, &str) {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (Some(s), r),
+        None => (None, url),
+    };
+    let rest = rest.trim_end_matches('/');
+    match rest.rsplit_once('@') {
+        Some((a, h)) => (scheme, &rest[..a.len() + 1], h),
+        None => (scheme, "", rest),
+    }
+}
+
+/// `url` without its credentials, to show (`zmem stat`, logs).
+pub fn redacted(url: &str) -> String {
+    let (scheme, _, hosts) = split_url(url);
+    format!("{}://{hosts}", scheme.unwrap_or("redis"))
 }
 
 /// The store's counters.
@@ -214,7 +230,7 @@ pub struct RemoteStore {
     next_gen: AtomicU64,
     batches: AtomicU64,
     flight: Flight,
-    c: Arc<Counters>,
+    c: Counters,
     reads: Histogram,
     freer: Freer,
     /// Records of an earlier server found and deleted at open.
@@ -227,10 +243,11 @@ pub struct RemoteStore {
     writers: Writers,
 }
 
-/// Records fetched by [`ColdStore::prefetch`] and not read yet, oldest
-/// first; at most [`AHEAD`] of them. An id is never reused, so a value
-/// here can only ever answer the read of its own record (and is checked
-/// like any other).
+/// Records fetched by [`ColdStore::prefetch`] and not read yet; the ids
+/// of the last [`AHEAD`] fetched, oldest first (a read takes its value
+/// and leaves its id to age out). An id is never reused, so a value here
+/// can only ever answer the read of its own record (and is checked like
+/// any other).
 #[derive(Default)]
 struct Ahead {
     order: std::collections::VecDeque<u64>,
@@ -253,9 +270,7 @@ impl Ahead {
     }
 
     fn take(&mut self, id: u64) -> Option<Vec<u8>> {
-        let v = self.values.remove(&id)?;
-        self.order.retain(|&x| x != id);
-        Some(v)
+        self.values.remove(&id)
     }
 }
 
@@ -269,7 +284,7 @@ impl RemoteStore {
         let Some(first) = cfg.seeds.first() else {
             return Err(RemoteError::Url { url: String::new(), why: "no seed nodes".into() });
         };
-        let writers = Writers::new(first, cfg.deadline);
+        let writers = Writers::new(split_url(first).1, cfg.deadline);
         let seeds = cfg.seeds.join(",");
         let part = (cfg.deadline / 4).max(Duration::from_millis(10));
         let client = ClusterClient::builder(cfg.seeds.clone())
@@ -296,7 +311,6 @@ impl RemoteStore {
         ownership::claim(&mut conn, &cfg.namespace, &owner)?;
         let cleaned = sweep(&mut conn, &cfg.namespace, &masters)?;
         conns.give(conn);
-        let c = Arc::new(Counters::default());
         let freer = Freer::start(Arc::clone(&conns), cfg.namespace.clone());
         let mut topo = Topology::default();
         topo.set(masters, Instant::now());
@@ -308,7 +322,7 @@ impl RemoteStore {
             topo: Mutex::new(topo),
             next_gen: AtomicU64::new(1),
             batches: AtomicU64::new(0),
-            c,
+            c: Counters::default(),
             reads: Histogram::default(),
             freer,
             cleaned,
@@ -668,5 +682,7 @@ mod tests {
             assert!(e.contains(bad), "{bad}: {e}");
         }
         assert!(matches!(RemoteConfig::new("redis://h:1", "a b"), Err(RemoteError::Namespace(_))));
+        assert_eq!(redacted("redis://u:p@h:1,g:2/"), "redis://h:1,g:2");
+        assert_eq!(split_url("redis://u:p@h:1").1, "u:p@");
     }
 }

@@ -22,9 +22,8 @@ pub(crate) struct Writers {
 }
 
 impl Writers {
-    pub(crate) fn new(first_seed: &str, timeout: Duration) -> Writers {
-        let rest = first_seed.strip_prefix("redis://").unwrap_or(first_seed);
-        let auth = rest.rsplit_once('@').map_or(String::new(), |(a, _)| format!("{a}@"));
+    /// Connections made with the seeds' credentials (`USER:PASSWORD@`).
+    pub(crate) fn new(auth: &str, timeout: Duration) -> Writers {
         Writers { prefix: format!("redis://{auth}"), timeout, idle: Mutex::new(HashMap::new()) }
     }
 

@@ -52,10 +52,11 @@ impl std::str::FromStr for MetricsAddr {
     }
 }
 
+/// As `--metrics` takes it (so it parses back).
 impl std::fmt::Display for MetricsAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MetricsAddr::Tcp(a) => write!(f, "http://{a}/metrics"),
+            MetricsAddr::Tcp(a) => write!(f, "{a}"),
             MetricsAddr::Unix(p) => write!(f, "unix:{}", p.display()),
         }
     }
@@ -438,5 +439,8 @@ mod tests {
         assert_eq!("unix:/run/m.sock".parse::<MetricsAddr>().unwrap(), MetricsAddr::Unix("/run/m.sock".into()));
         assert_eq!("/run/m.sock".parse::<MetricsAddr>().unwrap(), MetricsAddr::Unix("/run/m.sock".into()));
         assert!("localhost".parse::<MetricsAddr>().unwrap_err().contains("neither"));
+        for a in ["127.0.0.1:9940", "[::1]:9940", "unix:/run/m.sock"] {
+            assert_eq!(a.parse::<MetricsAddr>().unwrap().to_string(), a, "round trip");
+        }
     }
 }

@@ -105,7 +105,7 @@ impl LocalCluster {
         if !out.status.success() {
             return err(format!("redis-cli --cluster create failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
         }
-        c.wait_healthy(Duration::from_secs(60))?;
+        c.wait_state(replicas, Duration::from_secs(60))?;
         Ok(c)
     }
 
@@ -217,11 +217,6 @@ impl LocalCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    fn wait_healthy(&self, within: Duration) -> Result<()> {
-        let replicas = (self.nodes.len() > 3) as usize;
-        self.wait_state(replicas, within)
     }
 
     fn state(&self, min_replicas: usize) -> Result<()> {

@@ -186,19 +186,21 @@ impl PoolArgs {
 
     /// The remote tier's settings for `device`.
     fn remote_config(&self, url: &str, device: &str) -> anyhow::Result<zmem_remote::RemoteConfig> {
-        let ns = self.remote_namespace.clone().unwrap_or_else(|| default_namespace(device));
-        let mut rc = zmem_remote::RemoteConfig::new(url, &ns)?;
+        let mut rc = zmem_remote::RemoteConfig::new(url, &self.namespace(device))?;
         rc.replicas = self.remote_replicas;
         rc.deadline = self.remote_timeout;
         Ok(rc)
     }
 
+    /// `--remote-namespace`, or `device`'s default.
+    fn namespace(&self, device: &str) -> String {
+        self.remote_namespace.clone().unwrap_or_else(|| default_namespace(device))
+    }
+
     /// Where cold pages go, as `zmem stat` shows it (no password).
     pub fn cold_store(&self, device: &str) -> Option<String> {
         if let Some(url) = &self.remote {
-            let hosts = url.split_once("://").map_or(url.as_str(), |(_, r)| r.rsplit_once('@').map_or(r, |(_, h)| h));
-            let ns = self.remote_namespace.clone().unwrap_or_else(|| default_namespace(device));
-            return Some(format!("redis://{hosts} (namespace {ns})"));
+            return Some(format!("{} (namespace {})", zmem_remote::redacted(url), self.namespace(device)));
         }
         self.backing.as_ref().map(|p| p.display().to_string())
     }

@@ -188,11 +188,7 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
         }
     }
     if let Some(m) = &a.metrics {
-        let m = match m {
-            zmem_server::metrics::MetricsAddr::Tcp(a) => a.to_string(),
-            zmem_server::metrics::MetricsAddr::Unix(p) => format!("unix:{}", p.display()),
-        };
-        server.extend(["--metrics".into(), m.into()]);
+        server.extend(["--metrics".into(), m.to_string().into()]);
     }
     Ok(Device {
         name: a.name.clone(),

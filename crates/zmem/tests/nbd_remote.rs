@@ -10,8 +10,6 @@ use std::time::Duration;
 use common::*;
 use zmem_testkit::redis_cluster::{available, LocalCluster};
 
-const T: Duration = Duration::from_secs(120);
-
 fn cluster() -> Option<LocalCluster> {
     if !available() {
         zmem_testkit::ci::skip("redis-server and redis-cli are not installed (scripts/setup.sh installs them)");
@@ -27,10 +25,7 @@ fn written_back_pages_come_back_from_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let url = c.url();
     let mut s = ZmemServer::start("48M", &["--max-pool", "4M", "--remote", &url, "--remote-namespace", "nbdtest"]);
-    let src = dir.path().join("src.img");
-    let back = dir.path().join("back.img");
-    std::fs::write(&src, test_data(48 << 20, 7)).unwrap();
-    run_ok(Command::new("nbdcopy").arg(&src).arg(s.uri()), T);
+    let src = fill_device(&s, dir.path(), 48 << 20, 7);
 
     let st = s.stats();
     let g = |k: &str| st["stats"][k].as_u64().unwrap_or_else(|| panic!("no stats.{k}: {st}"));
@@ -52,8 +47,7 @@ fn written_back_pages_come_back_from_the_cluster() {
     }
 
     // The whole device reads back exactly, most of it from the cluster.
-    run_ok(Command::new("nbdcopy").arg(s.uri()).arg(&back), T);
-    assert_eq!(sha256(&src), sha256(&back), "data read back differs");
+    assert_reads_back(&s, &src, dir.path());
     assert!(s.stat_u64("bd_reads") > 1000);
     assert!(s.stat_u64("backing_read_p50_ns") > 0);
     assert_eq!(s.stat_u64("backing_failed_reads"), 0);

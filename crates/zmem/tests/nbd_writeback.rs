@@ -17,10 +17,7 @@ fn block_device_over_a_small_pool_writes_back_and_reads_back() {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("backing.img");
     let s = ZmemServer::start("48M", &["--max-pool", "4M", "--backing", backing.to_str().unwrap()]);
-    let src = dir.path().join("src.img");
-    let back = dir.path().join("back.img");
-    std::fs::write(&src, test_data(48 << 20, 7)).unwrap();
-    run_ok(Command::new("nbdcopy").arg(&src).arg(s.uri()), T);
+    let src = fill_device(&s, dir.path(), 48 << 20, 7);
 
     let st = s.stats();
     let g = |k: &str| st["stats"][k].as_u64().unwrap_or_else(|| panic!("no stats.{k}: {st}"));
@@ -31,8 +28,7 @@ fn block_device_over_a_small_pool_writes_back_and_reads_back() {
     assert!(std::fs::metadata(&backing).unwrap().len() > 0);
 
     // The whole device reads back exactly, most of it from the file.
-    run_ok(Command::new("nbdcopy").arg(s.uri()).arg(&back), T);
-    assert_eq!(sha256(&src), sha256(&back), "data read back differs");
+    assert_reads_back(&s, &src, dir.path());
     assert!(s.stat_u64("bd_reads") > 0);
 
     // zramctl-like output names the tier.

@@ -423,6 +423,22 @@ pub fn checksums(root: &Path) -> String {
     sh(&format!("cd '{}' && find . -type f -print0 | sort -z | xargs -0 sha256sum", root.display()), Duration::from_secs(120))
 }
 
+/// Write `bytes` of test data (seed `seed`) to `s`'s device with
+/// nbdcopy; returns the source image (in `dir`).
+pub fn fill_device(s: &ZmemServer, dir: &Path, bytes: usize, seed: u64) -> PathBuf {
+    let src = dir.join("src.img");
+    std::fs::write(&src, test_data(bytes, seed)).unwrap();
+    run_ok(Command::new("nbdcopy").arg(&src).arg(s.uri()), Duration::from_secs(120));
+    src
+}
+
+/// Read `s`'s whole device back with nbdcopy and compare it with `src`.
+pub fn assert_reads_back(s: &ZmemServer, src: &Path, dir: &Path) {
+    let back = dir.join("back.img");
+    run_ok(Command::new("nbdcopy").arg(s.uri()).arg(&back), Duration::from_secs(120));
+    assert_eq!(sha256(src), sha256(&back), "data read back differs");
+}
+
 // ---- metrics ----------------------------------------------------------
 
 use std::collections::HashMap;
