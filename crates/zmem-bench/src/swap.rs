@@ -291,9 +291,39 @@ pub struct DeadShare {
     pub mapped_pages_max: u64,
     /// The longest page-table scan, in milliseconds.
     pub scan_ms_max: f64,
+    /// The pool's share of compressed data (`Stats::pool_data_share`)
+    /// when what `max_pool` counts was highest, and its mean.
+    pub data_share_at_peak: f64,
+    pub data_share_mean: f64,
+    /// RAM per written-back page, every table included
+    /// (`Stats::table_bytes_per_backed_page`): mean and highest.
+    pub table_bytes_per_backed_page_mean: f64,
+    pub table_bytes_per_backed_page_max: f64,
+    /// Samples of the pool (the two above), and its highest `max_pool` use.
+    pub pool_samples: u64,
+    pub pool_used_peak: u64,
+    pub backed_samples: u64,
 }
 
 impl DeadShare {
+    /// Add a sample of the pool's own counters: what its cap holds.
+    pub fn add_pool(&mut self, st: &zmem_core::Stats) {
+        if let Some(share) = st.pool_data_share() {
+            self.pool_samples += 1;
+            self.data_share_mean += (share - self.data_share_mean) / self.pool_samples as f64;
+            let used = if st.max_pool_bytes > 0 { st.max_pool_used_bytes } else { st.mem_used_total };
+            if used >= self.pool_used_peak {
+                self.pool_used_peak = used;
+                self.data_share_at_peak = share;
+            }
+        }
+        if let Some(b) = st.table_bytes_per_backed_page() {
+            self.backed_samples += 1;
+            self.table_bytes_per_backed_page_mean += (b - self.table_bytes_per_backed_page_mean) / self.backed_samples as f64;
+            self.table_bytes_per_backed_page_max = self.table_bytes_per_backed_page_max.max(b);
+        }
+    }
+
     /// Add a sample: `held` pages in the pool, `used` slots on its device,
     /// `mapped` of them seen in page tables.
     pub fn add(&mut self, held: u64, used: u64, mapped: u64) {
@@ -341,6 +371,9 @@ impl DeadSampler {
         let Ok(st) = crate::zmem_stats(&self.zmem, &self.control) else { return };
         let n = |k: &str| st["stats"][k].as_u64();
         let (Some(ram), Some(file)) = (n("stored_pages"), n("bd_count")) else { return };
+        if let Ok(pool) = serde_json::from_value::<zmem_core::Stats>(st["stats"].clone()) {
+            self.share.add_pool(&pool);
+        }
         let areas = host::swap_areas();
         let Some(ty) = areas.iter().position(|a| a.name == self.loop_dev) else { return };
         let t0 = Instant::now();
@@ -1030,7 +1063,7 @@ pub fn render(report: &Report) -> String {
     }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
-        "mem MB", "wb pages", "ops/in", "ops/fpg", "dead%", "us/pg", "t/disk", "t/zswap", "io/disk", "io/zswap",
+        "mem MB", "wb pages", "ops/in", "ops/fpg", "dead%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap", "io/disk", "io/zswap",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -1056,6 +1089,8 @@ pub fn render(report: &Report) -> String {
             f2(r.read_ops_per_swapin()),
             f2(r.read_ops_per_file_page()),
             r.dead.map_or("-".to_string(), |d| format!("{:.0}", d.mean_share * 100.0)),
+            r.dead.filter(|d| d.pool_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.data_share_at_peak * 100.0)),
+            r.dead.filter(|d| d.backed_samples > 0).map_or("-".to_string(), |d| format!("{:.1}", d.table_bytes_per_backed_page_mean)),
             r.server_us_per_page().map_or("-".to_string(), |u| format!("{u:.1}")),
             f2(q.wall_vs_disk),
             f2(q.wall_vs_zswap),

@@ -106,6 +106,16 @@ impl Lru {
         self.q.len()
     }
 
+    /// Items the queue has room for.
+    pub fn capacity(&self) -> usize {
+        self.q.capacity()
+    }
+
+    /// Victims taken out and not yet settled.
+    pub fn out(&self) -> usize {
+        self.out
+    }
+
     /// Heap bytes held (what is charged).
     pub fn bytes(&self) -> u64 {
         self.q.capacity() as u64 * ITEM

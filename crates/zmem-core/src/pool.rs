@@ -1024,6 +1024,7 @@ impl Engine {
             }
             dedup_bytes += DedupTable::fixed_bytes();
         }
+        let keys = st.stored_pages;
         st.stored_pages -= backed_pages;
         let a = self.objects.alloc_stats();
         st.orig_data_size = st.stored_pages * PAGE_SIZE as u64;
@@ -1046,6 +1047,12 @@ impl Engine {
         if let Some(t) = &self.tier {
             t.fill_stats(&mut st);
             tier_bytes += st.backing_metadata_bytes;
+        }
+        if keys > 0 {
+            // Every key costs the index alike; the written-back ones also
+            // hold the cold store's records.
+            let index_share = (index_bytes as u128 * backed_pages as u128 / keys as u128) as u64;
+            st.backed_table_bytes = index_share + st.backing_metadata_bytes.saturating_sub(st.backing_buffer_bytes);
         }
         let meta = a.metadata_bytes + index_bytes + dedup_bytes + tier_bytes + st.dict_bytes;
         st.mem_used_total = a.pages_used * PAGE_SIZE as u64 + meta;

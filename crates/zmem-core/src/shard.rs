@@ -105,6 +105,9 @@ pub(crate) struct Shard {
     huge_pages: u64,
     /// Entries written back to the cold store (zram's bd_count).
     backed_pages: u64,
+    /// Entries whose object is in RAM: what the LRU's live items can name
+    /// (each at most twice: in store order, and queued cold once loaded).
+    ram_objs: u64,
     /// Objects (in RAM or written back) per dictionary slot.
     dict_objs: [u64; DICT_SLOTS],
 }
@@ -121,16 +124,17 @@ impl Shard {
             same_pages: 0,
             huge_pages: 0,
             backed_pages: 0,
+            ram_objs: 0,
             dict_objs: [0; DICT_SLOTS],
         }
     }
 
     fn account(&mut self, e: Entry, add: bool) {
-        let (compr, same, huge, backed) = match e.slot() {
-            Slot::Obj(_, info) => (info.len as u64, 0, info.is_huge() as u64, 0),
-            Slot::Same(_) => (0, 1, 0, 0),
-            Slot::Dedup(..) => (0, 0, 0, 0),
-            Slot::Backed(..) => (0, 0, 0, 1),
+        let (compr, same, huge, backed, ram) = match e.slot() {
+            Slot::Obj(_, info) => (info.len as u64, 0, info.is_huge() as u64, 0, 1),
+            Slot::Same(_) => (0, 1, 0, 0, 0),
+            Slot::Dedup(..) => (0, 0, 0, 0, 0),
+            Slot::Backed(..) => (0, 0, 0, 1, 0),
         };
         if let Slot::Obj(_, info) | Slot::Backed(_, info) = e.slot() {
             count_dict(&mut self.dict_objs, info, add);
@@ -140,11 +144,13 @@ impl Shard {
             self.same_pages += same;
             self.huge_pages += huge;
             self.backed_pages += backed;
+            self.ram_objs += ram;
         } else {
             self.compr_bytes -= compr;
             self.same_pages -= same;
             self.huge_pages -= huge;
             self.backed_pages -= backed;
+            self.ram_objs -= ram;
         }
     }
 
@@ -240,9 +246,19 @@ impl Shard {
         &self.lru
     }
 
-    /// Sweep stale LRU items once they outnumber the shard's entries.
+    /// Sweep stale LRU items once there are more than the shard's objects
+    /// in RAM can account for (each has at most two live items: in store
+    /// order, and queued cold once loaded), and give back the room of a
+    /// queue that writeback emptied. Only objects in RAM count: a shard
+    /// whose pages are mostly written back (or same-filled) has few live
+    /// items, and stale ones (keys overwritten, freed or written back)
+    /// must not pile up behind them. Amortised O(1) per push: a sweep
+    /// leaves at most `2 × ram_objs` items and room for twice that, so
+    /// the next needs `ram_objs + 64` more pushes or the objects in RAM
+    /// halved.
     pub fn trim_lru(&mut self, b: &Budget) {
-        if self.lru.len() <= 2 * self.index.len() + 64 {
+        let live = 3 * self.ram_objs as usize + 64;
+        if self.lru.len() <= live && self.lru.capacity() <= 4 * live + self.lru.out() {
             return;
         }
         let index = &self.index;

@@ -205,6 +205,15 @@ pub struct Stats {
     pub backing_live_bytes: u64,
     /// RAM used by the backing store's tables (counted in mem_used_total).
     pub backing_metadata_bytes: u64,
+    /// Of that, the cold store's fixed I/O buffers (append buffers, read
+    /// windows), which do not grow with the data.
+    pub backing_buffer_bytes: u64,
+    /// RAM the tables hold for the pages that are not in RAM: the
+    /// written-back pages' share of the index (its bytes per key) and the
+    /// cold store's record tables (without its buffers). Divided by
+    /// `bd_count`, what one page costs in RAM once written back
+    /// ([`Stats::table_bytes_per_backed_page`]).
+    pub backed_table_bytes: u64,
     /// The cold store's own failures: batches it refused, reads that
     /// failed, reads that found no record; frees queued and given up on.
     pub backing_failed_writes: u64,
@@ -300,5 +309,21 @@ impl Stats {
     /// zram's `/sys/block/zramX/bd_stat` line: bd_count bd_reads bd_writes (pages).
     pub fn bd_stat(&self) -> String {
         format!("{:>8} {:>8} {:>8}", self.bd_count, self.bd_reads, self.bd_writes)
+    }
+
+    /// Bytes of RAM per written-back page, every table included
+    /// (`backed_table_bytes / bd_count`); `None` with nothing written back.
+    pub fn table_bytes_per_backed_page(&self) -> Option<f64> {
+        (self.bd_count > 0).then(|| self.backed_table_bytes as f64 / self.bd_count as f64)
+    }
+
+    /// The share of the pool that holds compressed data: compressed bytes
+    /// over what `max_pool` is compared with (pool pages and the tables
+    /// that grow with the data), or over `mem_used_total` without a
+    /// `max_pool`. The rest is allocator slack and tables. `None` when
+    /// the pool holds nothing.
+    pub fn pool_data_share(&self) -> Option<f64> {
+        let held = if self.max_pool_bytes > 0 { self.max_pool_used_bytes } else { self.mem_used_total };
+        (held > 0).then(|| self.compr_data_size as f64 / held as f64)
     }
 }

@@ -419,6 +419,7 @@ impl Tier {
         st.backing_file_bytes = b.file_bytes;
         st.backing_live_bytes = b.live_bytes;
         st.backing_metadata_bytes = b.metadata_bytes;
+        st.backing_buffer_bytes = self.store.buffer_bytes();
         st.backing_failed_writes = b.failed_writes;
         st.backing_failed_reads = b.failed_reads;
         st.backing_missing_reads = b.missing_reads;
@@ -945,6 +946,9 @@ fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item
         }
     }
     s.lru().return_out(out);
+    // The victims' places are free now: give the room back once it is
+    // most of the queue's.
+    s.trim_lru(b);
 }
 
 /// [`settle_keys`] for shared objects. A dropped one stays in the table,

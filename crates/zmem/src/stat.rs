@@ -246,6 +246,9 @@ fn pool_lines(v: &StatsReply) -> Option<String> {
             st.reject_reclaim_fail
         );
     }
+    if let (Some(share), true) = (st.pool_data_share(), st.max_pool_bytes > 0) {
+        out += &format!("pool holds: {:.0}% compressed data, the rest allocator slack and tables\n", share * 100.0);
+    }
     (!out.is_empty()).then_some(out)
 }
 
@@ -255,7 +258,7 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
     let st = &v.stats;
     (st.bd_writes > 0 || v.backing.is_some()).then(|| {
         format!(
-            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads, file {} ({} live), {} pages brought back\nexclusive loads: {} now, {} loaded pages queued at the cold end\n",
+            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads, file {} ({} live), {} pages brought back\nexclusive loads: {} now, {} loaded pages queued at the cold end\ntables: {} of RAM for the written-back pages ({} a page)\n",
             st.bd_count,
             st.bd_reads,
             st.bd_writes,
@@ -267,7 +270,9 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
             human(st.backing_live_bytes),
             st.promoted_pages,
             if st.exclusive_loads { "on" } else { "off" },
-            st.cold_queued_pages
+            st.cold_queued_pages,
+            human(st.backed_table_bytes),
+            st.table_bytes_per_backed_page().map_or("-".into(), |b| format!("{b:.1} B"))
         ) + &remote_lines(v)
     })
 }
