@@ -28,8 +28,9 @@ pub enum BackingError {
     /// The id was never issued by this store, or its record was freed.
     #[error("record id {id:#x} is not live in this backing store (never written here, already freed, or stale)")]
     InvalidRecord { id: u64 },
-    /// Payloads are compressed pages: at most one page.
-    #[error("record payload of {len} bytes exceeds the 4096-byte page size (store an incompressible page raw, as 4096 bytes)")]
+    /// Payloads are compressed pages or extents of them: at most
+    /// `MAX_PAYLOAD` bytes.
+    #[error("record payload of {len} bytes exceeds the largest record ({} bytes: an extent of a block's pages)", crate::record::MAX_PAYLOAD)]
     TooLarge { len: usize },
     /// The path names something that must not be used as a backing store
     /// (a link, a device that is not a block device, data that is not ours).

@@ -111,7 +111,7 @@ pub struct OsFile {
 
 /// Bytes read to recognise an existing zmem backing store: a record header
 /// and the largest payload.
-const SNIFF: usize = 2 * PAGE_SIZE;
+const SNIFF: usize = (crate::record::RECORD_HEADER_SIZE + crate::record::MAX_PAYLOAD).next_multiple_of(PAGE_SIZE);
 
 impl OsFile {
     /// Open the backing store at `path`: create a regular file there, or use

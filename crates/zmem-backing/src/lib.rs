@@ -15,7 +15,9 @@
 //! record is a [`RECORD_HEADER_SIZE`] (16-byte) little-endian header —
 //! magic `u16`, payload length `u16`, key `u64`, checksum `u32` (the low 32
 //! bits of xxh3-64 over the key's 8 bytes then the payload) — followed by
-//! the payload, with **no per-record padding**.
+//! the payload (a compressed page, or the tier's extent of an index
+//! block's pages, at most [`MAX_PAYLOAD`] bytes), with **no per-record
+//! padding**.
 //! [`BackingStore::write_batch`] appends a whole batch at the open
 //! segment's tail in one write, padded to 4096 only at its end, so the
 //! tail stays aligned for `O_DIRECT`. A batch that does not fit in the
@@ -33,7 +35,8 @@
 //! count and the slots appended to it (for compaction). The key is not
 //! kept in RAM: it is in the header, and [`BackingStore::read`] checks it.
 //! [`BackingStats::metadata_bytes`] reports the tables' size from their
-//! capacities (about 16–24 bytes per record). Appends and compaction also
+//! capacities (about 16–24 bytes per record, shared by the pages of an
+//! extent). Appends and compaction also
 //! own two 1 MiB aligned buffers; each reading thread owns a 16 KiB one.
 //!
 //! # Reads
@@ -114,7 +117,7 @@ mod store;
 
 pub use error::BackingError;
 pub use file::{BlockFile, Existing, FaultyFile, MemFile, OsFile};
-pub use record::RECORD_HEADER_SIZE;
+pub use record::{MAX_PAYLOAD, RECORD_HEADER_SIZE};
 pub use store::{BackingStore, BUFFER_BYTES, SEGMENT_SIZE};
 
 /// The engine's name for a cold object, which this store issues (see the
@@ -154,8 +157,8 @@ impl ColdStore for BackingStore {
     fn prefetch(&self, ids: &[RecordId]) -> usize {
         BackingStore::prefetch(self, ids)
     }
-    fn growth_bound(&self, objects: usize) -> u64 {
-        BackingStore::growth_bound(self, objects)
+    fn growth_bound(&self, records: usize, bytes: usize) -> u64 {
+        BackingStore::growth_bound(self, records, bytes)
     }
     fn metadata_bytes(&self) -> u64 {
         BackingStore::metadata_bytes(self)

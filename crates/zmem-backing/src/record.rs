@@ -3,8 +3,9 @@
 //! whether it starts with one (`file.rs`), so as never to overwrite data
 //! that is not a zmem backing store.
 //!
-//! A record is a 16-byte header and its payload (a compressed page, at
-//! most [`PAGE_SIZE`] bytes), all little-endian:
+//! A record is a 16-byte header and its payload (a compressed page, or
+//! an extent of several, at most [`MAX_PAYLOAD`] bytes), all
+//! little-endian:
 //!
 //! | bytes  | field                                            |
 //! |--------|--------------------------------------------------|
@@ -20,7 +21,8 @@ use std::ops::Range;
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::PAGE_SIZE;
+/// The largest payload: what the tier hands a cold store (an extent).
+pub const MAX_PAYLOAD: usize = zmem_core::MAX_RECORD_PAYLOAD;
 
 /// Bytes of header before every record's payload.
 pub const RECORD_HEADER_SIZE: usize = 16;
@@ -45,7 +47,7 @@ pub(crate) fn put_record(dst: &mut [u8], key: u64, payload: &[u8]) {
 /// checksum agree): the start of a zmem backing store.
 pub(crate) fn is_record_start(buf: &[u8]) -> bool {
     let Some(len) = buf.get(2..4).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes) else { return false };
-    len as usize <= PAGE_SIZE && verify(buf, len, None).is_some()
+    len as usize <= MAX_PAYLOAD && verify(buf, len, None).is_some()
 }
 
 /// Check a record's header against what the table says; returns

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::{Mutex, RwLock};
 
 use crate::file::{BlockFile, Existing, OsFile};
-use crate::record::{put_record, verify, RECORD_HEADER_SIZE};
+use crate::record::{put_record, verify, MAX_PAYLOAD, RECORD_HEADER_SIZE};
 use zmem_core::{ColdStats, RecordId};
 
 use crate::{BackingError, PAGE_SIZE};
@@ -546,11 +546,11 @@ impl BackingStore {
     /// Append a batch of records in one write (split only if it crosses a
     /// segment end): each is a 16-byte header and its payload, packed back
     /// to back, the batch padded to 4096. Returns one [`RecordId`] per
-    /// record, in order. Payloads must be at most [`PAGE_SIZE`] bytes
+    /// record, in order. Payloads must be at most [`MAX_PAYLOAD`] bytes
     /// (empty payloads are accepted). On any error nothing is recorded and
     /// the caller keeps its data; the next write works normally.
     pub fn write_batch(&self, records: &[(u64, &[u8])]) -> Result<Vec<RecordId>> {
-        if let Some(&(_, p)) = records.iter().find(|(_, p)| p.len() > PAGE_SIZE) {
+        if let Some(&(_, p)) = records.iter().find(|(_, p)| p.len() > MAX_PAYLOAD) {
             return Err(BackingError::TooLarge { len: p.len() });
         }
         if records.is_empty() {
@@ -822,17 +822,17 @@ impl BackingStore {
 
     /// An upper bound on how much [`metadata_bytes`](Self::metadata_bytes)
     /// can grow during one [`write_batch`](Self::write_batch) of `records`
-    /// records, including the compaction it may run: one gentle growth step
+    /// records holding `bytes` of payload, including the compaction it may run: one gentle growth step
     /// of the record table per 64 records, of the segment table, of the id
     /// lists of every segment the batch can touch, the ids a compaction
     /// moves before it frees their old segment, and the append buffers if
     /// they are not made yet. A caller with a memory budget charges this
     /// first and settles to the real growth afterwards.
-    pub fn growth_bound(&self, records: usize) -> u64 {
+    pub fn growth_bound(&self, records: usize, bytes: usize) -> u64 {
         let st = self.state.read();
         let steps = records / 64 + 1;
         let table = steps * ((st.table.len() + records) / 8 + 64 + records) * size_of::<Entry>();
-        let new_segs = records * (RECORD_HEADER_SIZE + PAGE_SIZE) / SEGMENT_SIZE + 4;
+        let new_segs = (records * RECORD_HEADER_SIZE + bytes) / SEGMENT_SIZE + 4;
         let segs = (st.segs.len() / 8 + 8 + new_segs) * (size_of::<Segment>() + size_of::<u32>());
         let ids_step = (SEGMENT_SIZE / RECORD_HEADER_SIZE) / 8 + 64;
         let ids = (new_segs * ids_step + records) * size_of::<u32>();

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use zmem_backing::{BackingError, BackingStore, BlockFile, Existing, FaultyFile, MemFile, OsFile, RecordId, RECORD_HEADER_SIZE, SEGMENT_SIZE};
+use zmem_backing::{BackingError, BackingStore, BlockFile, Existing, FaultyFile, MemFile, OsFile, RecordId, MAX_PAYLOAD, RECORD_HEADER_SIZE, SEGMENT_SIZE};
 
 const SEG: u64 = SEGMENT_SIZE as u64;
 
@@ -59,10 +59,10 @@ fn batch_is_one_write_and_packed() {
 #[test]
 fn too_large_and_empty_batches() {
     let (s, f) = faulty(false);
-    let big = vec![1u8; 4097];
+    let big = vec![1u8; MAX_PAYLOAD + 1];
     let ok = vec![1u8; 10];
     let r = s.write_batch(&[(1, &ok), (2, &big)]);
-    assert!(matches!(r, Err(BackingError::TooLarge { len: 4097 })), "{r:?}");
+    assert!(matches!(r, Err(BackingError::TooLarge { len }) if len == MAX_PAYLOAD + 1), "{r:?}");
     assert_eq!(s.write_batch(&[]).unwrap(), vec![]);
     assert_eq!(f.writes(), 0);
     assert_eq!(s.stats().records, 0);

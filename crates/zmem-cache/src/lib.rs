@@ -194,6 +194,9 @@ impl ColdStore for EvictCounter {
         }
         DropCold.put_batch(objects)
     }
+    fn keeps(&self) -> bool {
+        false
+    }
 }
 
 struct CachePool {

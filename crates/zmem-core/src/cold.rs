@@ -24,6 +24,11 @@
 //! depends on the engine, never the engine on an implementation, so a
 //! frontend that only drops (the clean-page cache) links no file code.
 
+/// The largest payload [`ColdStore::put_batch`] is handed: the tier
+/// writes the objects of one index block together as one record (an
+/// extent, `extent.rs`), up to this many bytes.
+pub const MAX_RECORD_PAYLOAD: usize = 48 << 10;
+
 /// A cold store's name for an object it keeps: a `u64` the store issues
 /// and the engine keeps in the page's entry, as given. What the bits mean
 /// is the store's business (the backing file's is a table slot and a
@@ -112,7 +117,9 @@ pub struct ColdStats {
 
 /// Where the objects the tier evicts go (see the module notes).
 pub trait ColdStore: Send + Sync {
-    /// Take a batch of `(key, compressed object)` out of RAM. For each, in
+    /// Take a batch of `(key, record)` out of RAM: each record a compressed
+    /// object or an extent of several (at most [`MAX_RECORD_PAYLOAD`]
+    /// bytes; the key is the first of its index block). For each, in
     /// order: `Some(id)` if it is kept and [`read`](Self::read) can give it
     /// back, `None` if it is dropped. An error keeps the whole batch in RAM.
     fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, ColdError>;
@@ -131,8 +138,9 @@ pub trait ColdStore: Send + Sync {
         0
     }
     /// An upper bound on what this store's tables grow by for a batch of
-    /// `objects` (charged to the pool's budget before the batch).
-    fn growth_bound(&self, _objects: usize) -> u64 {
+    /// `records` holding `bytes` of payload (charged to the pool's budget
+    /// before the batch).
+    fn growth_bound(&self, _records: usize, _bytes: usize) -> u64 {
         0
     }
     /// RAM its tables hold now (counted in `mem_used_total`).
@@ -147,6 +155,13 @@ pub trait ColdStore: Send + Sync {
     fn stats(&self) -> ColdStats {
         ColdStats::default()
     }
+    /// Whether it keeps what it is given. A store that drops everything
+    /// (a clean cache) is given single objects, never extents: dropping a
+    /// block's neighbours with its coldest page would be evicting pages
+    /// still in use.
+    fn keeps(&self) -> bool {
+        true
+    }
 }
 
 /// Drop every cold object: a clean-page cache (zcache), whose pages can be
@@ -158,5 +173,8 @@ pub struct DropCold;
 impl ColdStore for DropCold {
     fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, ColdError> {
         Ok(vec![None; objects.len()])
+    }
+    fn keeps(&self) -> bool {
+        false
     }
 }

@@ -10,6 +10,19 @@
 //! Entry>`; a key with no neighbours costs a whole block (~230 bytes), the
 //! price of that density. Empty blocks are freed at once.
 //!
+//! A block whose keys are all written back in one extent (`extent.rs`),
+//! same-filled zero pages aside, is kept as a [`ColdBlock`] in a second
+//! map instead: the extent's record and two masks, 16 bytes against the
+//! block's 288, so a written-back page costs the index about two bytes.
+//! Its entries are made up when asked for (written back, naming the
+//! record; or zero-filled); a store to one of its keys turns it back into
+//! a block first. A block id is in at most one of the two maps.
+//!
+//! Every entry naming a record that leaves the index is marked
+//! ([`Entry::with_last`]) when no other entry of its block names that
+//! record: an extent never spans blocks, so its last member is found in
+//! the block alone, under the lock that removes it.
+//!
 //! A new block and any resize of the map are charged to the pool's budget
 //! before the key goes in ([`BlockIndex::insert`] is refused otherwise);
 //! the bytes held are kept in a counter, so the index's share of
@@ -20,11 +33,13 @@ use std::ops::Range;
 use zmem_alloc::{AllocError, Budget};
 
 use crate::charged::{map_bytes, map_insert_new, Map};
-use crate::entry::Entry;
+use crate::entry::{Entry, ObjInfo, Slot};
 
 pub(crate) const BLOCK_SHIFT: u32 = 4;
 const BLOCK: usize = 1 << BLOCK_SHIFT;
 const MASK: u64 = BLOCK as u64 - 1;
+/// A key's place in its block: `key & BLOCK_MASK`.
+pub(crate) const BLOCK_MASK: u64 = MASK;
 
 /// Sixteen entries, and their last-access times (zram's `ac_time`, seconds
 /// since the pool was created), which every pool keeps: they name idle
@@ -47,11 +62,87 @@ impl Block {
     fn is_empty(&self) -> bool {
         self.e.iter().all(|e| e.is_empty())
     }
+    fn names(&self, rec: u64) -> bool {
+        self.e.iter().any(|e| e.record() == Some(rec))
+    }
+    /// The same keys as a cold block, if every entry is a member of one
+    /// extent written without a dictionary, or a zero-filled page.
+    fn as_cold(&self) -> Option<ColdBlock> {
+        let mut c = ColdBlock { rec: 0, members: 0, zeros: 0 };
+        for (i, e) in self.e.iter().enumerate() {
+            match e.slot() {
+                _ if e.is_empty() => {}
+                Slot::Same(0) => c.zeros |= 1 << i,
+                Slot::Backed(rec, info) if info.dict().is_none() && (c.members == 0 || rec == c.rec) => {
+                    c.rec = rec;
+                    c.members |= 1 << i;
+                }
+                _ => return None,
+            }
+        }
+        (c.members != 0).then_some(c)
+    }
+}
+
+/// A block whose keys are all members of one extent or zero-filled pages
+/// (see the module notes): what its entries would be, in 16 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ColdBlock {
+    rec: u64,
+    /// Keys written back in the extent `rec`.
+    members: u16,
+    /// Keys holding a zero-filled page.
+    zeros: u16,
+}
+
+impl ColdBlock {
+    fn entry(&self, i: usize) -> Entry {
+        if self.members >> i & 1 == 1 {
+            Entry::backed(self.rec, ObjInfo::in_extent())
+        } else if self.zeros >> i & 1 == 1 {
+            Entry::same(0)
+        } else {
+            Entry::EMPTY
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.members == 0 && self.zeros == 0
+    }
+    /// Take key `i` out; returns its entry (marked if it was the extent's
+    /// last member).
+    fn take(&mut self, i: usize) -> Entry {
+        let e = self.entry(i);
+        let bit = !(1u16 << i);
+        self.members &= bit;
+        self.zeros &= bit;
+        if e.record().is_some() && self.members == 0 {
+            e.with_last()
+        } else {
+            e
+        }
+    }
+    fn to_block(self, with_ac: bool) -> Box<Block> {
+        let mut b = Block::new(with_ac);
+        for (i, e) in b.e.iter_mut().enumerate() {
+            *e = self.entry(i);
+        }
+        b
+    }
+}
+
+/// `old`, taken from block `b`, marked if no entry left in `b` names its record.
+fn mark_last(b: &Block, old: Entry) -> Entry {
+    match old.record() {
+        Some(rec) if !b.names(rec) => old.with_last(),
+        _ => old,
+    }
 }
 
 #[derive(Default)]
 pub(crate) struct BlockIndex {
     blocks: Map<Box<Block>>,
+    /// Blocks kept cold (never also in `blocks`).
+    cold: Map<ColdBlock>,
     len: usize,
     /// Blocks keep access times (a writeback tier asks for them): each
     /// block gets its array when it is created, so a load never allocates.
@@ -74,7 +165,12 @@ impl BlockIndex {
     }
 
     pub fn get(&self, key: u64) -> Option<Entry> {
-        let e = self.blocks.get(&(key >> BLOCK_SHIFT))?.e[(key & MASK) as usize];
+        let id = key >> BLOCK_SHIFT;
+        let i = (key & MASK) as usize;
+        let e = match self.blocks.get(&id) {
+            Some(b) => b.e[i],
+            None => self.cold.get(&id)?.entry(i),
+        };
         (!e.is_empty()).then_some(e)
     }
 
@@ -96,18 +192,25 @@ impl BlockIndex {
         }
     }
 
-    /// A load's access to `key`: record the access time and hand out the
-    /// entry for flag updates, in one lookup. `None` if the key is absent.
-    pub fn access(&mut self, key: u64, now: u32) -> Option<&mut Entry> {
-        let b = self.blocks.get_mut(&(key >> BLOCK_SHIFT))?;
+    /// A load's access to `key`: record the access time and let `mark`
+    /// update the entry's flags, in one lookup; returns the entry as it is
+    /// then. `None` if the key is absent. (A cold block's keys keep no
+    /// access times and no flags: they are not in RAM.)
+    pub fn access(&mut self, key: u64, now: u32, mark: impl FnOnce(&mut Entry)) -> Option<Entry> {
+        let id = key >> BLOCK_SHIFT;
         let i = (key & MASK) as usize;
+        let Some(b) = self.blocks.get_mut(&id) else {
+            let e = self.cold.get(&id)?.entry(i);
+            return (!e.is_empty()).then_some(e);
+        };
         if b.e[i].is_empty() {
             return None;
         }
         if let Some(ac) = b.ac.as_mut() {
             ac[i] = now;
         }
-        Some(&mut b.e[i])
+        mark(&mut b.e[i]);
+        Some(b.e[i])
     }
 
     /// Replace an existing entry without touching counts (flag updates).
@@ -120,11 +223,63 @@ impl BlockIndex {
         }
     }
 
-    /// Every entry with its key and last access time.
+    /// Every entry with its key and last access time (0 in a cold block).
     pub fn iter(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
-        self.blocks.iter().flat_map(|(&id, b)| {
+        let hot = self.blocks.iter().flat_map(|(&id, b)| {
             b.e.iter().enumerate().filter(|(_, e)| !e.is_empty()).map(move |(i, &e)| (id << BLOCK_SHIFT | i as u64, e, b.ac.as_ref().map_or(0, |ac| ac[i])))
-        })
+        });
+        let cold =
+            self.cold.iter().flat_map(|(&id, c)| (0..BLOCK).map(move |i| (id << BLOCK_SHIFT | i as u64, c.entry(i), 0)).filter(|(_, e, _)| !e.is_empty()));
+        hot.chain(cold)
+    }
+
+    /// Keep `key`'s block as a cold block if it now can be (every key a
+    /// member of one extent, or zero-filled; see the module notes). Its
+    /// access times go with it. Returns whether it did; a budget that
+    /// cannot pay for the cold map's growth leaves the block as it is.
+    pub fn make_cold(&mut self, key: u64, budget: &Budget) -> bool {
+        let id = key >> BLOCK_SHIFT;
+        let Some(c) = self.blocks.get(&id).and_then(|b| b.as_cold()) else { return false };
+        if map_insert_new(&mut self.cold, id, c, budget).is_err() {
+            return false;
+        }
+        self.blocks.remove(&id);
+        let bytes = self.one_block_bytes();
+        self.block_bytes -= bytes;
+        budget.uncharge(bytes);
+        true
+    }
+
+    /// Every extent the index names, with the first key of its block and
+    /// the keys of the block that name it (pushed to `out`).
+    pub fn extents(&self, out: &mut Vec<(u64, u64, u16)>) {
+        for (&id, b) in &self.blocks {
+            let first = out.len();
+            for (i, e) in b.e.iter().enumerate() {
+                let Some(rec) = e.record() else { continue };
+                match out[first..].iter_mut().find(|x| x.0 == rec) {
+                    Some(x) => x.2 |= 1 << i,
+                    None => out.push((rec, id << BLOCK_SHIFT, 1 << i)),
+                }
+            }
+        }
+        out.extend(self.cold.iter().map(|(&id, c)| (c.rec, id << BLOCK_SHIFT, c.members)));
+    }
+
+    /// Turn `id`'s cold block, if it has one, back into a block (a store
+    /// to one of its keys), charging the block first; a refusal changes
+    /// nothing.
+    fn thaw(&mut self, id: u64, budget: &Budget) -> Result<(), AllocError> {
+        let Some(&c) = self.cold.get(&id) else { return Ok(()) };
+        let bytes = self.one_block_bytes();
+        budget.try_charge(bytes)?;
+        if let Err(err) = map_insert_new(&mut self.blocks, id, c.to_block(self.with_ac), budget) {
+            budget.uncharge(bytes);
+            return Err(err);
+        }
+        self.cold.remove(&id);
+        self.block_bytes += bytes;
+        Ok(())
     }
 
     /// Insert or replace; returns the previous entry. A key that needs a
@@ -133,10 +288,11 @@ impl BlockIndex {
     pub fn insert(&mut self, key: u64, e: Entry, budget: &Budget) -> Result<Option<Entry>, AllocError> {
         let id = key >> BLOCK_SHIFT;
         let i = (key & MASK) as usize;
+        self.thaw(id, budget)?;
         if let Some(b) = self.blocks.get_mut(&id) {
             let old = std::mem::replace(&mut b.e[i], e);
             if !old.is_empty() {
-                return Ok(Some(old));
+                return Ok(Some(mark_last(b, old)));
             }
             self.len += 1;
             return Ok(None);
@@ -157,11 +313,24 @@ impl BlockIndex {
     /// Remove `key`; a block left empty is freed and its bytes uncharged.
     pub fn remove(&mut self, key: u64, budget: &Budget) -> Option<Entry> {
         let id = key >> BLOCK_SHIFT;
-        let b = self.blocks.get_mut(&id)?;
-        let old = std::mem::replace(&mut b.e[(key & MASK) as usize], Entry::EMPTY);
+        let i = (key & MASK) as usize;
+        let Some(b) = self.blocks.get_mut(&id) else {
+            let c = self.cold.get_mut(&id)?;
+            if c.entry(i).is_empty() {
+                return None;
+            }
+            let old = c.take(i);
+            if c.is_empty() {
+                self.cold.remove(&id);
+            }
+            self.len -= 1;
+            return Some(old);
+        };
+        let old = std::mem::replace(&mut b.e[i], Entry::EMPTY);
         if old.is_empty() {
             return None;
         }
+        let old = mark_last(b, old);
         self.len -= 1;
         if b.is_empty() {
             self.blocks.remove(&id);
@@ -176,17 +345,40 @@ impl BlockIndex {
     pub fn remove_range(&mut self, range: &Range<u64>, out: &mut Vec<Entry>, budget: &Budget) {
         let before = out.len();
         let blocks_before = self.blocks.len();
-        self.blocks.retain(|&id, b| {
+        let outside = |id: u64| {
             let base = id << BLOCK_SHIFT;
-            if base > range.end.saturating_sub(1) || base.saturating_add(MASK) < range.start {
+            base > range.end.saturating_sub(1) || base.saturating_add(MASK) < range.start
+        };
+        let keys = |id: u64| (0..BLOCK).filter(move |&i| range.contains(&((id << BLOCK_SHIFT) + i as u64)));
+        self.blocks.retain(|&id, b| {
+            if outside(id) {
                 return true;
             }
-            for (i, e) in b.e.iter_mut().enumerate() {
-                if !e.is_empty() && range.contains(&(base + i as u64)) {
-                    out.push(std::mem::replace(e, Entry::EMPTY));
+            let first = out.len();
+            for i in keys(id) {
+                if !b.e[i].is_empty() {
+                    out.push(std::mem::replace(&mut b.e[i], Entry::EMPTY));
+                }
+            }
+            // One mark per record the block no longer names.
+            for j in first..out.len() {
+                let e = out[j];
+                if e.record().is_some_and(|r| !b.names(r) && !out[first..j].iter().any(|o| o.record() == Some(r))) {
+                    out[j] = e.with_last();
                 }
             }
             !b.is_empty()
+        });
+        self.cold.retain(|&id, c| {
+            if outside(id) {
+                return true;
+            }
+            for i in keys(id) {
+                if !c.entry(i).is_empty() {
+                    out.push(c.take(i));
+                }
+            }
+            !c.is_empty()
         });
         self.len -= out.len() - before;
         let bytes = (blocks_before - self.blocks.len()) as u64 * self.one_block_bytes();
@@ -194,9 +386,9 @@ impl BlockIndex {
         budget.uncharge(bytes);
     }
 
-    /// Heap bytes held: the map's table and every block (with malloc's header).
+    /// Heap bytes held: the maps' tables and every block (with malloc's header).
     pub fn heap_bytes(&self) -> u64 {
-        map_bytes(&self.blocks) + self.block_bytes
+        map_bytes(&self.blocks) + map_bytes(&self.cold) + self.block_bytes
     }
 }
 
@@ -239,6 +431,78 @@ mod tests {
             assert_eq!(ix.len(), 1);
             assert_eq!(b.used(), ix.heap_bytes());
         }
+    }
+
+    fn backed(rec: u64) -> Entry {
+        Entry::backed(rec, ObjInfo::raw())
+    }
+
+    /// A block of one extent's pages (and zero pages) is kept cold in 16
+    /// bytes, reads back the same, comes back to a block when a key is
+    /// stored, and the last of an extent's keys to leave is marked, however
+    /// it leaves (removed, replaced, in a range), in either form.
+    #[test]
+    fn cold_blocks_and_the_last_member_of_an_extent() {
+        let b = Budget::new(None);
+        let mut ix = BlockIndex::new(true);
+        for k in 16..32 {
+            ix.insert(k, if k % 4 == 0 { Entry::same(0) } else { backed(7) }, &b).unwrap();
+        }
+        let hot = ix.heap_bytes();
+        assert!(ix.make_cold(20, &b), "one extent and zero pages");
+        assert!(ix.heap_bytes() < hot && ix.block_bytes == 0, "{} of {hot}", ix.heap_bytes());
+        assert_eq!(std::mem::size_of::<(u64, ColdBlock)>(), 24, "a cold block's slot in its map");
+        assert_eq!(b.used(), ix.heap_bytes());
+        assert_eq!((ix.len(), ix.blocks.len(), ix.cold.len()), (16, 0, 1));
+        assert_eq!(ix.get(16), Some(Entry::same(0)));
+        assert_eq!(ix.get(17).and_then(Entry::record), Some(7));
+        assert_eq!(ix.access(17, 5, |_| panic!("no flags on a cold key")).and_then(Entry::record), Some(7));
+        assert_eq!(ix.iter().count(), 16);
+        let mut ext = Vec::new();
+        ix.extents(&mut ext);
+        assert_eq!(ext, vec![(7, 16, 0b1110_1110_1110_1110)]);
+        // Removed one by one: the last member is marked, zero pages never.
+        let mut marked = 0;
+        for k in [16, 17, 18, 19, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30] {
+            marked += ix.remove(k, &b).unwrap().last() as u32;
+        }
+        assert_eq!(marked, 0);
+        assert!(ix.remove(31, &b).unwrap().last(), "the extent's last key");
+        assert!(!ix.remove(20, &b).unwrap().last());
+        assert_eq!((ix.len(), ix.cold.len()), (0, 0));
+        // A store into a cold block brings the block back; the entry it
+        // replaces is marked only if it was the extent's last.
+        for k in 32..36 {
+            ix.insert(k, backed(9), &b).unwrap();
+        }
+        assert!(ix.make_cold(32, &b));
+        let old = ix.insert(33, Entry::same(5), &b).unwrap().unwrap();
+        assert!(old.record() == Some(9) && !old.last());
+        assert_eq!((ix.blocks.len(), ix.cold.len()), (1, 0));
+        assert!(!ix.make_cold(32, &b), "a non-zero same-filled page keeps the block");
+        assert!(!ix.insert(32, Entry::same(6), &b).unwrap().unwrap().last());
+        assert!(!ix.insert(34, Entry::same(7), &b).unwrap().unwrap().last());
+        assert!(ix.insert(35, Entry::same(8), &b).unwrap().unwrap().last());
+        // In a range: one mark per extent no key names any more.
+        for k in 48..64 {
+            ix.insert(k, backed(if k < 56 { 1 } else { 2 }), &b).unwrap();
+        }
+        let mut out = Vec::new();
+        ix.remove_range(&(50..60), &mut out, &b);
+        assert_eq!(out.iter().filter(|e| e.last()).count(), 0, "both extents keep keys");
+        ix.remove_range(&(0..58), &mut out, &b);
+        assert_eq!(out.iter().filter(|e| e.last()).count(), 1, "extent 1 is gone");
+        assert!(ix.make_cold(60, &b));
+        ix.remove_range(&(58..100), &mut out, &b);
+        assert_eq!(out.iter().filter(|e| e.last()).count(), 2, "and extent 2, from its cold block");
+        assert_eq!(b.used(), ix.heap_bytes());
+        // Two extents, or one with a dictionary, stay a block.
+        ix.insert(64, backed(3), &b).unwrap();
+        ix.insert(65, backed(4), &b).unwrap();
+        assert!(!ix.make_cold(64, &b));
+        let dict = Entry::backed(5, ObjInfo::with_dict(0, zmem_compress::Algorithm::Zstd, 100));
+        ix.insert(80, dict, &b).unwrap();
+        assert!(!ix.make_cold(80, &b));
     }
 
     #[test]

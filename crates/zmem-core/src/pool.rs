@@ -825,6 +825,8 @@ impl Engine {
     fn release(&self, e: Entry) {
         let r = match e.slot() {
             Slot::Same(_) => Ok(()),
+            // A member of an extent that other keys of its block still name.
+            Slot::Backed(..) if !e.last() => Ok(()),
             Slot::Backed(id, _) => match &self.tier {
                 Some(t) => {
                     let r = t.store.free(crate::cold::RecordId::from_raw(id)).map_err(|e| e.to_string());
@@ -914,9 +916,9 @@ impl Engine {
                         }
                     }
                 }
-                Slot::Backed(id, info) => {
+                Slot::Backed(id, _) => {
                     drop(s);
-                    self.tier()?.load_backed(self, key, id, info, buf)
+                    self.tier()?.load_backed(self, key, id, buf)
                 }
             };
             match r {

@@ -174,12 +174,14 @@ impl Shard {
     /// referenced bit in the same lookup; the second value says whether
     /// this access set it.
     pub fn access(&mut self, key: u64, now: u32, reference: bool) -> Option<(Entry, bool)> {
-        let e = self.index.access(key, now)?;
-        let newly = reference && matches!(e.slot(), Slot::Obj(..)) && !e.referenced();
-        if newly {
-            *e = e.with_referenced(true);
-        }
-        Some((*e, newly))
+        let mut newly = false;
+        let e = self.index.access(key, now, |e| {
+            newly = reference && matches!(e.slot(), Slot::Obj(..)) && !e.referenced();
+            if newly {
+                *e = e.with_referenced(true);
+            }
+        })?;
+        Some((e, newly))
     }
 
     /// Change only the flags of `key`'s entry (what it stores stays).
@@ -226,6 +228,19 @@ impl Shard {
         for &o in &out[start..] {
             self.account(o, false);
         }
+    }
+
+    /// Keep `key`'s index block in its cold form if every key in it is
+    /// written back in one extent or zero-filled (`index.rs`); the counts
+    /// do not change (the same pages, held in less RAM).
+    pub fn make_cold(&mut self, key: u64, b: &Budget) -> bool {
+        self.index.make_cold(key, b)
+    }
+
+    /// Every extent this shard's entries name: `(record, first key of its
+    /// block, keys of the block naming it)`.
+    pub fn extents(&self, out: &mut Vec<(u64, u64, u16)>) {
+        self.index.extents(out);
     }
 
     /// `e` with the shard's next generation (writeback tier: it tells the

@@ -234,6 +234,10 @@ pub struct Stats {
     pub exclusive_loads: bool,
     /// Writeback batches that failed (the pages stayed in RAM).
     pub writeback_fail: u64,
+    /// Extents (records of one index block's pages) emptied by a repack:
+    /// mostly dead ones whose pages were brought back to RAM when a write
+    /// failed, so that their space in the cold store came free.
+    pub extents_repacked: u64,
     /// zswap's max_pool as bytes (0: none), and accept_threshold_percent.
     pub max_pool_bytes: u64,
     /// What max_pool is compared with: pool pages plus the metadata that

@@ -16,6 +16,12 @@
 //! * **Compressed writeback.** The object goes to the file as it is in RAM,
 //!   packed with its neighbours in one write, so a written-back page costs
 //!   its compressed size in I/O, not 4 KiB.
+//! * **Extents.** A victim takes with it the other objects in RAM of its
+//!   16-key index block, and they are one record (`extent.rs`): a page on
+//!   the file then costs the tables a few bytes of RAM, not a record and
+//!   an index entry each (about 40 bytes), so `max_pool` holds pages.
+//!   A record is freed with the last key naming it; mostly dead extents
+//!   are repacked when a write fails ([`Tier::repack`]).
 //! * **No LRU inversion.** A store that meets a full pool is not sent to the
 //!   disk while cold pages stay in RAM (zswap's behaviour when it rejects):
 //!   it waits for the shrinker to push the cold end out, then goes in.
@@ -51,7 +57,8 @@
 //! pool-wide sequence number so the shrinker starts from the queue whose
 //! oldest item is oldest overall, and the generation of what they were
 //! queued for, so an overwritten or invalidated key leaves a stale item that
-//! is skipped (and swept when stale items outnumber live ones). A load sets
+//! is skipped (and swept once there are more than three per object in
+//! RAM, so they cannot pile up behind written-back pages). A load sets
 //! the referenced bit (the entry's, or the shared record's); the shrinker
 //! clears it and re-queues the item at the hot end instead of writing it
 //! back. All of this happens under the shard lock the store or load already
@@ -108,6 +115,8 @@ use crate::stats::Stats;
 const BATCH: usize = 64;
 /// How long a store over `max_pool` waits for the shrinker to make room.
 const ADMIT_WAIT: Duration = Duration::from_secs(10);
+/// Extents a repack reads at most, when a write failed.
+const REPACK_READS: usize = 4 * BATCH;
 /// Pause after a shrinker round that failed, before the next.
 const BACKOFF: Duration = Duration::from_millis(100);
 
@@ -200,6 +209,12 @@ pub(crate) struct Tier {
     /// A store asked for a round (checked and cleared by the shrinker).
     wanted: AtomicBool,
     written_back: AtomicU64,
+    /// Extents emptied by a repack, and where the next repack starts.
+    repacked: AtomicU64,
+    repack_cursor: std::sync::atomic::AtomicUsize,
+    /// Pages handed to the cold store in batches it took (zram's
+    /// `bd_writes`: pages, whatever records they went in).
+    pages_written: AtomicU64,
     /// Objects the store dropped (zcache's evictions).
     evicted: AtomicU64,
     promoted: AtomicU64,
@@ -288,6 +303,9 @@ impl Tier {
             progress: Condvar::new(),
             wanted: AtomicBool::new(false),
             written_back: AtomicU64::new(0),
+            pages_written: AtomicU64::new(0),
+            repacked: AtomicU64::new(0),
+            repack_cursor: std::sync::atomic::AtomicUsize::new(0),
             evicted: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             cold_queued: AtomicU64::new(0),
@@ -410,7 +428,7 @@ impl Tier {
     pub fn fill_stats(&self, st: &mut Stats) {
         let b = self.store.stats();
         st.bd_reads = b.records_read;
-        st.bd_writes = b.records_written;
+        st.bd_writes = self.pages_written.load(Relaxed);
         st.backing_bytes_written = b.bytes_written;
         st.backing_bytes_read = b.bytes_read;
         st.backing_read_ops = b.read_ops;
@@ -434,6 +452,7 @@ impl Tier {
         st.cold_queued_pages = self.cold_queued.load(Relaxed);
         st.exclusive_loads = self.exclusive();
         st.writeback_fail = self.writeback_fail.load(Relaxed);
+        st.extents_repacked = self.repacked.load(Relaxed);
     }
 }
 
@@ -520,6 +539,7 @@ impl Tier {
         let target = h.admission().shrink_target();
         let mut total = 0;
         let mut exhausted = false;
+        let mut repacked = false;
         while h.held_pages() > target && !self.stopping() {
             // Write back only what compaction cannot free. Under a store
             // storm, new objects fill the holes writeback leaves, so spans
@@ -537,7 +557,16 @@ impl Tier {
             // pool may hold fewer objects than a full batch.
             let r = self.writeback_lru_batch(h, need.saturating_mul(PAGE_SIZE as u64) as usize);
             self.note_progress();
-            let (written, examined) = r?;
+            let (written, examined) = match r {
+                Ok(r) => r,
+                // The store may be full of mostly dead extents: empty
+                // some, and try once more.
+                Err(_) if !repacked && self.repack(h) > 0 => {
+                    repacked = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             total += written;
             if examined == 0 {
                 exhausted = true;
@@ -548,6 +577,78 @@ impl Tier {
             h.objects().compact_spans();
         }
         Ok((total, exhausted))
+    }
+
+    /// Bring back to RAM the pages of extents that are mostly dead (at
+    /// most half their pages still named), so that their records are freed
+    /// and the shrinker writes the pages out again with their neighbours.
+    /// An extent's space returns only with its last page: pages freed one
+    /// by one (a swap device's scattered frees) can fill a store with
+    /// records that are mostly dead. Run after a failed write (the store
+    /// may be full). Reads at most [`REPACK_READS`] extents a call, going
+    /// on from the shard where the last call stopped; returns the extents
+    /// it emptied.
+    fn repack(&self, h: &impl TierHost) -> u64 {
+        let shards = h.index().shards();
+        let mut cands = Vec::new();
+        let (mut reads, mut emptied) = (0, 0);
+        for _ in 0..shards.len() {
+            let i = self.repack_cursor.fetch_add(1, Relaxed) % shards.len();
+            cands.clear();
+            shards[i].lock().extents(&mut cands);
+            // (An extent has at most 16 pages: more than 8 named is not sparse.)
+            for &(rec, base, live) in cands.iter().filter(|c| c.2.count_ones() as usize <= crate::extent::MAX_MEMBERS / 2) {
+                if reads == REPACK_READS {
+                    return emptied;
+                }
+                reads += 1;
+                emptied += self.repack_one(h, &shards[i], rec, base, live) as u64;
+            }
+        }
+        emptied
+    }
+
+    /// [`repack`](Self::repack) one extent, `rec`, of the block at `base`
+    /// whose keys `live` name it; returns whether its record was freed.
+    fn repack_one(&self, h: &impl TierHost, shard: &ShardLock, rec: u64, base: u64, live: u16) -> bool {
+        OBJ.with_borrow_mut(|obj| {
+            // Gone meanwhile, or unreadable (a load of it will say so).
+            if self.store.read(RecordId::from_raw(rec), base, obj).is_err() {
+                return false;
+            }
+            let Ok(members) = crate::extent::members(obj) else { return false };
+            let n = members.len();
+            let keep: Vec<_> = members.into_iter().filter(|m| live >> m.0 & 1 == 1).collect();
+            if keep.len() * 2 > n {
+                return false;
+            }
+            let mut released = Vec::new();
+            {
+                let mut s = shard.lock();
+                for (idx, info, r) in keep {
+                    let key = base | idx as u64;
+                    if s.get(key).and_then(Entry::record) != Some(rec) {
+                        continue;
+                    }
+                    let Ok(handle) = h.objects().write(&obj[r]) else { break };
+                    match h.publish_locked(&mut s, key, Entry::obj(handle, info)) {
+                        Ok(old) => released.extend(old),
+                        Err(_) => {
+                            released.push(Entry::obj(handle, info));
+                            break;
+                        }
+                    }
+                }
+            }
+            let freed = released.iter().any(|e| e.last());
+            for e in released {
+                h.release(e);
+            }
+            if freed {
+                self.repacked.fetch_add(1, Relaxed);
+            }
+            freed
+        })
     }
 
     /// One batch: the globally coldest objects across every LRU (index
@@ -604,13 +705,27 @@ impl Tier {
     }
 
     /// Pop cold objects from a shard's LRU into the batch, copying their
-    /// bytes; referenced ones get a second chance at the hot end.
+    /// bytes; referenced ones get a second chance at the hot end. With a
+    /// store that keeps what it is given, each victim brings the other
+    /// objects of its index block that are in RAM and not referenced (a
+    /// swap device's neighbouring slots, swapped out together): they go
+    /// to the file with it, in one extent (`extent.rs`). Their own LRU
+    /// items stay queued, and are skipped once they have gone; one popped
+    /// during the same batch is attached to its victim, so a failed write
+    /// puts it back.
     fn pick_cold_keys(h: &impl TierHost, s: &mut Shard, p: &mut Pick<'_>) {
+        let mates = p.t.store.keeps();
         while let Some(item) = p.next(s.lru_ref()) {
             s.lru().pop_front();
             let Some(e) = s.get(item.key) else { continue };
             let Slot::Obj(handle, info) = e.slot() else { continue };
             if e.gen() != item.gen {
+                continue;
+            }
+            if let Some(v) = p.victims.iter_mut().find(|v| v.src == p.src && v.key == item.key && v.item.is_none()) {
+                // Already in the batch as a neighbour of an older victim.
+                v.item = Some(item);
+                s.lru().take_out();
                 continue;
             }
             if e.referenced() && !p.t.exclusive() {
@@ -622,6 +737,24 @@ impl Tier {
             s.lru().take_out();
             let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
             p.victims.push(v);
+            if mates {
+                Self::pick_block_mates(h, s, p, item.key);
+            }
+        }
+    }
+
+    /// The objects in RAM of `key`'s index block, but `key`'s, that are
+    /// not referenced (unless loads are exclusive) and not in the batch.
+    fn pick_block_mates(h: &impl TierHost, s: &Shard, p: &mut Pick<'_>, key: u64) {
+        let base = key & !crate::index::BLOCK_MASK;
+        for k in (base..=base | crate::index::BLOCK_MASK).filter(|&k| k != key) {
+            let Some(e) = s.get(k) else { continue };
+            let Slot::Obj(handle, info) = e.slot() else { continue };
+            if (e.referenced() && !p.t.exclusive()) || p.victims.iter().any(|v| v.src == p.src && v.key == k) {
+                continue;
+            }
+            let Some(off) = h.objects().copy_out(handle, info, p.buf) else { continue };
+            p.victims.push(Victim { src: p.src, key: k, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
         }
     }
 
@@ -648,8 +781,14 @@ impl Tier {
     /// each that is still unchanged for its record and free its object. On
     /// a write error nothing changes: every victim stays in RAM and on its
     /// LRU (where a load during the write put it: the hot end).
+    ///
+    /// A store that keeps what it is given gets the pages' objects as
+    /// extents, one record per index block (`extent.rs`); shared objects,
+    /// and everything given to a store that drops it, go one a record.
     fn commit(&self, h: &impl TierHost, sources: &[Source<'_>], victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
-        let recs: Vec<(u64, &[u8])> = victims.iter().map(|v| (v.key, &buf[v.off..v.off + v.info.len as usize])).collect();
+        let extents = self.store.keeps();
+        let (records, rec_of) = layout_records(&victims, sources, buf, extents);
+        let recs: Vec<(u64, &[u8])> = records.iter().map(|r| (r.key, &r.bytes[..])).collect();
         let mut by_src: Vec<usize> = victims.iter().map(|v| v.src).collect();
         by_src.sort_unstable();
         by_src.dedup();
@@ -657,7 +796,7 @@ impl Tier {
         // Items the shrinker took out of each queue (explicit writeback takes none).
         let out = |i: usize| victims.iter().filter(|v| v.src == i && v.item.is_some()).count();
         // The store's tables grow with the records: charge a bound first.
-        let reserved = self.store.growth_bound(recs.len());
+        let reserved = self.store.growth_bound(recs.len(), recs.iter().map(|r| r.1.len()).sum());
         let written = match self.reserve_backing(b, reserved) {
             Ok(()) => {
                 let r = self.store.put_batch(&recs);
@@ -667,7 +806,10 @@ impl Tier {
             Err(e) => Err(h.counters().alloc_failed(e)),
         };
         let ids = match written {
-            Ok(ids) => ids,
+            Ok(ids) => {
+                self.pages_written.fetch_add(victims.len() as u64, Relaxed);
+                ids
+            }
             Err(e) => {
                 self.writeback_fail.fetch_add(1, Relaxed);
                 for &i in &by_src {
@@ -680,22 +822,24 @@ impl Tier {
                 return Err(e);
             }
         };
-        let mut settled = Settled { freed: Vec::with_capacity(victims.len()), ..Settled::default() };
+        let mut settled = Settled { freed: Vec::with_capacity(victims.len()), taken: vec![false; ids.len()], ..Settled::default() };
         for &i in &by_src {
-            let mine = victims.iter().zip(&ids).filter(|(v, _)| v.src == i);
+            let mine = victims.iter().zip(&rec_of).filter(|(v, _)| v.src == i).map(|(v, &r)| (v, r, ids[r]));
             match sources[i] {
                 Source::Index(sh) => settle_keys(self, b, &mut sh.lock(), mine, &mut settled, out(i)),
                 Source::Shared(ds) => settle_shared(self, b, &mut ds.lock(), mine, &mut settled, out(i)),
             }
         }
-        let Settled { freed, stale, dropped } = settled;
+        let Settled { freed, taken, dropped } = settled;
         let n = freed.len() as u64;
         for handle in freed {
             if let Err(e) = h.objects().free(handle) {
                 h.counters().free_failed(&e.to_string());
             }
         }
-        for id in stale {
+        // Records nobody took (every page in them was overwritten,
+        // invalidated or loaded while we wrote).
+        for id in ids.iter().zip(&taken).filter(|(_, &t)| !t).filter_map(|(id, _)| *id) {
             if let Err(e) = self.store.free(id) {
                 h.counters().free_failed(&e.to_string());
             }
@@ -789,37 +933,46 @@ impl Tier {
         objects.decode(rkey, info, obj, buf)
     }
 
+    /// Read the extent `id` that holds `key`'s page into `obj` and decode
+    /// the page into `buf`. Returns the page's encoding and where its
+    /// object lies in `obj`. No lock may be held.
+    pub(crate) fn read_member(&self, objects: &Objects, key: u64, id: u64, obj: &mut Vec<u8>, buf: &mut [u8]) -> Result<(ObjInfo, std::ops::Range<usize>)> {
+        use crate::index::BLOCK_MASK;
+        self.store.read(RecordId::from_raw(id), key & !BLOCK_MASK, obj).map_err(ZmemError::Cold)?;
+        let (info, r) = crate::extent::find(obj, (key & BLOCK_MASK) as u8)
+            .map_err(|e| ZmemError::Inconsistent { key, what: format!("record {id:#x}, which the index names for this page: {e}") })?;
+        objects.decode(key, info, &obj[r.clone()], buf)?;
+        Ok((info, r))
+    }
+
     /// [`Pool::prefetch`](crate::Pool::prefetch): the records of the pages
-    /// of `keys` written back alone (not shared), read ahead by the store.
+    /// of `keys` written back (not shared), read ahead by the store.
     pub(crate) fn prefetch(&self, h: &impl TierHost, keys: std::ops::Range<u64>) -> usize {
         // Nothing on the store (O(1)): no shard lock per page of the request.
         if keys.end.saturating_sub(keys.start) < 2 || self.store.stats().records == 0 {
             return 0;
         }
-        let ids: Vec<RecordId> = keys
-            .filter_map(|k| match h.index().shard(k).lock().get(k)?.slot() {
-                Slot::Backed(id, _) => Some(RecordId::from_raw(id)),
-                _ => None,
-            })
-            .collect();
+        let mut ids: Vec<RecordId> = keys.filter_map(|k| h.index().shard(k).lock().get(k)?.record().map(RecordId::from_raw)).collect();
+        // The pages of one extent name one record.
+        ids.dedup();
         self.store.prefetch(&ids)
     }
 
     /// Serve a load of `key` from its record `id`, read with no lock held;
     /// then bring the object back to RAM if the pool has room and the entry
     /// still names this record.
-    pub(crate) fn load_backed(&self, h: &impl TierHost, key: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn load_backed(&self, h: &impl TierHost, key: u64, id: u64, buf: &mut [u8]) -> Result<()> {
         OBJ.with_borrow_mut(|obj| {
-            self.read_record(h.objects(), key, id, info, obj, buf)?;
+            let (info, r) = self.read_member(h.objects(), key, id, obj, buf)?;
             if self.exclusive() || h.held_pages() >= h.admission().accept_pages() {
                 return Ok(());
             }
             let old = {
                 let mut s = h.index().shard(key).lock();
-                if s.get(key).map(|e| e.slot()) != Some(Slot::Backed(id, info)) {
+                if s.get(key).and_then(Entry::record) != Some(id) {
                     return Ok(());
                 }
-                let Ok(handle) = h.objects().write(obj) else { return Ok(()) };
+                let Ok(handle) = h.objects().write(&obj[r]) else { return Ok(()) };
                 match h.publish_locked(&mut s, key, Entry::obj(handle, info)) {
                     Ok(old) => old,
                     Err(_) => {
@@ -832,7 +985,7 @@ impl Tier {
                 }
             };
             if let Some(o) = old {
-                // The record the page came from.
+                // The record the page came from (freed with its last page).
                 h.release(o);
             }
             self.promoted.fetch_add(1, Relaxed);
@@ -869,6 +1022,61 @@ impl Tier {
             Ok(())
         })
     }
+}
+
+/// A record of a batch: the key it is written under (a page's, the first
+/// of an extent's block, or a shared object's hash) and its bytes.
+struct Record {
+    key: u64,
+    bytes: Vec<u8>,
+}
+
+/// Lay a batch out as records: with `extents`, the pages of each index
+/// block (of one source) together, in key order, as extents of at most
+/// [`extent::MAX_PAYLOAD`](crate::extent::MAX_PAYLOAD) bytes; each shared
+/// object, or each object when not `extents`, alone. Returns the records
+/// and each victim's record (the victims keep their order: a failed write
+/// puts them back on their LRUs in it).
+fn layout_records(victims: &[Victim], sources: &[Source<'_>], buf: &[u8], extents: bool) -> (Vec<Record>, Vec<usize>) {
+    use crate::extent;
+    let mut order: Vec<usize> = (0..victims.len()).collect();
+    order.sort_unstable_by_key(|&i| (victims[i].src, victims[i].key));
+    let bytes = |v: &Victim| &buf[v.off..v.off + v.info.len as usize];
+    let block = |v: &Victim| (v.src, v.key & !crate::index::BLOCK_MASK);
+    let mut records: Vec<Record> = Vec::new();
+    let mut rec_of = vec![0; victims.len()];
+    let mut i = 0;
+    while i < order.len() {
+        let v = &victims[order[i]];
+        if !extents || matches!(sources[v.src], Source::Shared(_)) {
+            records.push(Record { key: v.key, bytes: bytes(v).to_vec() });
+            rec_of[order[i]] = records.len() - 1;
+            i += 1;
+            continue;
+        }
+        // The run of this block's victims that fits one extent.
+        let mut j = i;
+        let mut len = 0;
+        while j < order.len() && block(&victims[order[j]]) == block(v) && j - i < extent::MAX_MEMBERS {
+            let add = victims[order[j]].info.len as usize;
+            if j > i && extent::header_len(j - i + 1) + len + add > extent::MAX_PAYLOAD {
+                break;
+            }
+            len += add;
+            j += 1;
+        }
+        let run = &order[i..j];
+        let members: Vec<(u8, ObjInfo)> = run.iter().map(|&m| ((victims[m].key & crate::index::BLOCK_MASK) as u8, victims[m].info)).collect();
+        let mut rec = Vec::with_capacity(extent::header_len(run.len()) + len);
+        extent::put_header(&members, &mut rec);
+        for &m in run {
+            rec.extend_from_slice(bytes(&victims[m]));
+            rec_of[m] = records.len();
+        }
+        records.push(Record { key: block(v).1, bytes: rec });
+        i = j;
+    }
+    (records, rec_of)
 }
 
 /// After a failed write: put each victim that is still unchanged back on
@@ -909,25 +1117,34 @@ fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &mut DedupShard, victims: impl D
 struct Settled {
     /// Objects that left RAM: free them.
     freed: Vec<Handle>,
-    /// Records nobody took (the key was overwritten, invalidated or loaded
-    /// while we wrote): free them.
-    stale: Vec<RecordId>,
+    /// Per record of the batch: whether an entry now names it. Those that
+    /// none does (every page in it was overwritten, invalidated or loaded
+    /// while we wrote) are freed.
+    taken: Vec<bool>,
     /// How many of `freed` the store dropped rather than kept.
     dropped: u64,
 }
 
 /// After a successful write: swap each unchanged entry for its record, or
-/// remove it if the store dropped the object.
-/// Collects the handles to free and the records nobody took (the key was
-/// overwritten, invalidated or loaded while we wrote).
-fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>, settled: &mut Settled, out: usize) {
-    for (v, &id) in done {
+/// remove it if the store dropped the object; then keep each index block
+/// whose pages all went in one extent in its cold form. Collects the
+/// handles to free and marks the records an entry took.
+fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item = (&'v Victim, usize, Option<RecordId>)>, settled: &mut Settled, out: usize) {
+    let mut blocks: Vec<u64> = Vec::new();
+    for (v, r, id) in done {
         let now = s.get(v.key);
         // With exclusive loads, a load during the write changes nothing:
         // the object was going to the cold end anyway.
         if let Some(cur) = now.filter(|&n| n == v.entry || (t.exclusive() && n == v.entry.with_referenced(true))) {
             match id {
-                Some(id) => s.replace(v.key, cur, Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen())),
+                Some(id) => {
+                    s.replace(v.key, cur, Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen()));
+                    settled.taken[r] = true;
+                    let block = v.key & !crate::index::BLOCK_MASK;
+                    if blocks.last() != Some(&block) {
+                        blocks.push(block);
+                    }
+                }
                 None => {
                     s.remove(v.key, b);
                     settled.dropped += 1;
@@ -936,7 +1153,6 @@ fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item
             settled.freed.push(v.handle);
             continue;
         }
-        settled.stale.extend(id);
         // A load only set the referenced bit: the object is still here and
         // keeps its place in the LRU, at the hot end.
         if let (Some(item), Some(now)) = (v.item, s.get(v.key)) {
@@ -944,6 +1160,9 @@ fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item
                 s.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
             }
         }
+    }
+    for block in blocks {
+        s.make_cold(block, b);
     }
     s.lru().return_out(out);
     // The victims' places are free now: give the room back once it is
@@ -957,21 +1176,21 @@ fn settle_shared<'v>(
     t: &Tier,
     b: &Budget,
     ds: &mut DedupShard,
-    done: impl Iterator<Item = (&'v Victim, &'v Option<RecordId>)>,
+    done: impl Iterator<Item = (&'v Victim, usize, Option<RecordId>)>,
     settled: &mut Settled,
     out: usize,
 ) {
-    for (v, &id) in done {
+    for (v, r, id) in done {
         match ds.written_back(v.key, v.gen, v.handle, v.referenced, id.map(RecordId::to_raw)) {
-            ToCold::Stale => settled.stale.extend(id),
+            ToCold::Stale => {}
             ToCold::Referenced => {
                 // Loaded or shared again while we wrote: stays, at the hot end.
-                settled.stale.extend(id);
                 if let Some(item) = v.item {
                     ds.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
                 }
             }
             ToCold::Moved { dropped } => {
+                settled.taken[r] |= !dropped;
                 settled.dropped += dropped as u64;
                 settled.freed.push(v.handle);
             }

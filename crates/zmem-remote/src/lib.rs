@@ -243,34 +243,41 @@ pub struct RemoteStore {
     writers: Writers,
 }
 
-/// Records fetched by [`ColdStore::prefetch`] and not read yet; the ids
-/// of the last [`AHEAD`] fetched, oldest first (a read takes its value
-/// and leaves its id to age out). An id is never reused, so a value here
-/// can only ever answer the read of its own record (and is checked like
-/// any other).
+/// Records fetched by [`ColdStore::prefetch`], oldest first, at most
+/// [`AHEAD_BYTES`] of them: a read copies its value out and leaves it to
+/// age out, since an extent's record answers the reads of several pages.
+/// An id is never reused, so a value here can only ever answer the read
+/// of its own record (and is checked like any other).
 #[derive(Default)]
 struct Ahead {
     order: std::collections::VecDeque<u64>,
     values: std::collections::HashMap<u64, Vec<u8>>,
+    bytes: usize,
 }
 
-/// Records kept fetched ahead at most (a few requests' worth).
+/// Records fetched ahead for one request at most (a few requests' worth
+/// of single pages).
 const AHEAD: usize = 512;
+/// Bytes of records kept fetched ahead at most.
+const AHEAD_BYTES: usize = AHEAD * (zmem_core::PAGE_SIZE + record::HEADER);
 
 impl Ahead {
     fn put(&mut self, id: u64, v: Vec<u8>) {
-        if self.values.insert(id, v).is_none() {
-            self.order.push_back(id);
+        self.bytes += v.len();
+        match self.values.insert(id, v) {
+            Some(old) => self.bytes -= old.len(),
+            None => self.order.push_back(id),
         }
-        while self.order.len() > AHEAD {
-            if let Some(old) = self.order.pop_front() {
-                self.values.remove(&old);
+        while self.bytes > AHEAD_BYTES {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(v) = self.values.remove(&old) {
+                self.bytes -= v.len();
             }
         }
     }
 
-    fn take(&mut self, id: u64) -> Option<Vec<u8>> {
-        self.values.remove(&id)
+    fn get(&self, id: u64) -> Option<Vec<u8>> {
+        self.values.get(&id).cloned()
     }
 }
 
@@ -454,7 +461,7 @@ impl ColdStore for RemoteStore {
 
     fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), ColdError> {
         let k = keys::key(&self.cfg.namespace, id.to_raw());
-        let ahead = self.ahead.lock().take(id.to_raw());
+        let ahead = self.ahead.lock().get(id.to_raw());
         if ahead.is_none() {
             self.c.read_ops.fetch_add(1, Relaxed);
         }
@@ -519,7 +526,7 @@ impl ColdStore for RemoteStore {
     }
 
     fn buffer_bytes(&self) -> u64 {
-        (AHEAD * (zmem_core::PAGE_SIZE + record::HEADER)) as u64
+        AHEAD_BYTES as u64
     }
 
     fn free(&self, id: RecordId) -> Result<(), ColdError> {
