@@ -48,6 +48,11 @@ pub struct Args {
     /// zswap's shrinker (writeback of cold entries under memcg pressure).
     #[arg(long, default_value = "on", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
     pub zswap_shrinker: bool,
+    /// The zmem binary whose swap server (and `kv` workload) is measured,
+    /// to compare another build with this one in the same set [default:
+    /// this binary]
+    #[arg(long, value_name = "PATH")]
+    pub zmem_bin: Option<std::path::PathBuf>,
     /// zram's disksize as a multiple of the pool cap.
     #[arg(long, default_value_t = 3.0)]
     pub zram_ratio: f64,
@@ -141,7 +146,11 @@ fn parse_amount(s: &str) -> anyhow::Result<Amount> {
 }
 
 fn config(a: &Args) -> anyhow::Result<Config> {
-    let zmem = std::env::current_exe().context("cannot find the zmem binary")?;
+    let zmem = match &a.zmem_bin {
+        Some(p) if !p.is_file() => bail!("--zmem-bin {}: no such file", p.display()),
+        Some(p) => std::fs::canonicalize(p).with_context(|| format!("--zmem-bin {}", p.display()))?,
+        None => std::env::current_exe().context("cannot find the zmem binary")?,
+    };
     if a.zram_ratio < 1.0 || !a.zram_ratio.is_finite() {
         bail!("--zram-ratio must be at least 1");
     }
