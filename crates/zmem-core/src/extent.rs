@@ -10,18 +10,23 @@
 //! overflow is the kernel's swap map, a byte or two a slot.
 //!
 //! # What
-//! The shrinker writes the objects of one 16-key index block (the victim
-//! and its neighbours in RAM: a swap device's neighbouring slots, swapped
-//! out together) as one record, an extent: this header, then the objects
-//! as they were in RAM, back to back (no recompression: no CPU spent).
-//! Every member's entry names the extent's record; when the block holds
-//! nothing else (same-filled zero pages aside), the index keeps it as a
-//! cold block of 16 bytes (`index.rs`) instead of 16 entries and their
-//! access times, so a full block costs about two bytes a page with the
-//! record's place. A member's entry goes when its key is overwritten,
+//! Every page the tier writes back is a member of an extent. With
+//! `PoolConfig::extents` the shrinker writes the objects of one 16-key
+//! index block (the victim and its neighbours in RAM: a swap device's
+//! neighbouring slots, swapped out together) as one record, an extent:
+//! this header, then the objects as they were in RAM, back to back (no
+//! recompression: no CPU spent). Every member's entry names the extent's
+//! record; when the block holds nothing else (same-filled zero pages
+//! aside), the index keeps it as a cold block of 24 bytes (`index.rs`)
+//! instead of 16 entries and their access times, so a full block costs
+//! about three bytes a page with the record's place. A member's entry goes when its key is overwritten,
 //! freed or brought back; the record is freed with the last of them, which
 //! the index finds in the block alone (an extent never spans blocks) and
 //! marks on the entry it hands out (`Entry::last`).
+//!
+//! The cost: a load reads its whole extent, which pays only where a
+//! block's pages are read together. Without `extents` each page is an
+//! extent of its own (six bytes of header).
 //!
 //! # Format
 //! | bytes       | field                                             |

@@ -152,6 +152,13 @@ pub struct PoolConfig {
     /// Off by default; [`Pool::set_exclusive_loads`] switches them at run
     /// time (`zmem swap on` does, following the swap's fullness).
     pub exclusive_loads: bool,
+    /// Write back a victim with the other pages in RAM of its 16-key index
+    /// block, as one record (an extent, `extent.rs`): a page on the file
+    /// then costs the tables a few bytes of RAM instead of about 40, but a
+    /// load reads its whole extent. Off: every page its own record. Off by
+    /// default until a page can be read from its extent alone (the
+    /// README's "Swap" gives the measurements).
+    pub extents: bool,
     /// zram's `recomp_algorithm`: up to three algorithms for
     /// [`Pool::recompress`], by priority (the first is priority 1; the
     /// pool's `compressor` is priority 0). Empty: no recompression.
@@ -187,6 +194,7 @@ impl Default for PoolConfig {
             max_pool: None,
             accept_threshold_percent: 90,
             exclusive_loads: false,
+            extents: false,
             recomp_algorithms: Vec::new(),
             dict: DictConfig::default(),
         }
@@ -248,8 +256,8 @@ impl Pool {
     /// cache, whose pages then simply miss (`NotFound`). Starts the
     /// shrinker thread.
     pub fn with_cold_store(cfg: PoolConfig, store: Box<dyn ColdStore>) -> Result<Pool> {
-        let exclusive = cfg.exclusive_loads;
-        Self::build(cfg, Some(Tier::new(store, exclusive)))
+        let (exclusive, extents) = (cfg.exclusive_loads, cfg.extents);
+        Self::build(cfg, Some(Tier::new(store, exclusive, extents)))
     }
 
     fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Pool> {

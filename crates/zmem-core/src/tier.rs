@@ -16,10 +16,12 @@
 //! * **Compressed writeback.** The object goes to the file as it is in RAM,
 //!   packed with its neighbours in one write, so a written-back page costs
 //!   its compressed size in I/O, not 4 KiB.
-//! * **Extents.** A victim takes with it the other objects in RAM of its
-//!   16-key index block, and they are one record (`extent.rs`): a page on
-//!   the file then costs the tables a few bytes of RAM, not a record and
-//!   an index entry each (about 40 bytes), so `max_pool` holds pages.
+//! * **Extents** (`PoolConfig::extents`). A victim takes with it the
+//!   other objects in RAM of its 16-key index block, and they are one
+//!   record (`extent.rs`): a page on the file then costs the tables a few
+//!   bytes of RAM, not a record and an index entry each (about 40 bytes),
+//!   so `max_pool` holds pages; but a load reads the whole extent. Off,
+//!   each page is an extent of its own.
 //!   A record is freed with the last key naming it; mostly dead extents
 //!   are repacked when a write fails ([`Tier::repack`]).
 //! * **No LRU inversion.** A store that meets a full pool is not sent to the
@@ -191,6 +193,9 @@ struct Ctl {
 pub(crate) struct Tier {
     /// What leaving RAM means: a file, nothing (a clean cache), ... (`cold.rs`).
     pub store: Box<dyn ColdStore>,
+    /// [`PoolConfig::extents`](crate::PoolConfig::extents): a victim goes
+    /// with its block's other pages in RAM, in one record.
+    extents: bool,
     /// [`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads),
     /// changed at run time by [`Pool::set_exclusive_loads`](crate::Pool::set_exclusive_loads):
     /// an entry's referenced bit then means "loaded, queued at the cold
@@ -292,8 +297,10 @@ impl Pick<'_> {
 }
 
 impl Tier {
-    pub fn new(store: Box<dyn ColdStore>, exclusive: bool) -> Tier {
+    pub fn new(store: Box<dyn ColdStore>, exclusive: bool, extents: bool) -> Tier {
         Tier {
+            // (A store that drops what it is given gets single objects.)
+            extents: extents && store.keeps(),
             store,
             exclusive: AtomicBool::new(exclusive),
             seq: AtomicU32::new(0),
@@ -714,7 +721,7 @@ impl Tier {
     /// during the same batch is attached to its victim, so a failed write
     /// puts it back.
     fn pick_cold_keys(h: &impl TierHost, s: &mut Shard, p: &mut Pick<'_>) {
-        let mates = p.t.store.keeps();
+        let mates = p.t.extents;
         while let Some(item) = p.next(s.lru_ref()) {
             s.lru().pop_front();
             let Some(e) = s.get(item.key) else { continue };
@@ -786,8 +793,7 @@ impl Tier {
     /// extents, one record per index block (`extent.rs`); shared objects,
     /// and everything given to a store that drops it, go one a record.
     fn commit(&self, h: &impl TierHost, sources: &[Source<'_>], victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
-        let extents = self.store.keeps();
-        let (records, rec_of) = layout_records(&victims, sources, buf, extents);
+        let (records, rec_of) = layout_records(&victims, sources, buf, self.extents, self.store.keeps());
         let recs: Vec<(u64, &[u8])> = records.iter().map(|r| (r.key, &r.bytes[..])).collect();
         let mut by_src: Vec<usize> = victims.iter().map(|v| v.src).collect();
         by_src.sort_unstable();
@@ -1031,13 +1037,15 @@ struct Record {
     bytes: Vec<u8>,
 }
 
-/// Lay a batch out as records: with `extents`, the pages of each index
-/// block (of one source) together, in key order, as extents of at most
-/// [`extent::MAX_PAYLOAD`](crate::extent::MAX_PAYLOAD) bytes; each shared
-/// object, or each object when not `extents`, alone. Returns the records
+/// Lay a batch out as records: for a store that `keeps` them, the pages
+/// of each index block (of one source) together with `extents`, in key
+/// order, as extents of at most
+/// [`extent::MAX_PAYLOAD`](crate::extent::MAX_PAYLOAD) bytes, else each in
+/// an extent of its own; each shared object, and each object given to a
+/// store that drops it, alone (no extent header). Returns the records
 /// and each victim's record (the victims keep their order: a failed write
 /// puts them back on their LRUs in it).
-fn layout_records(victims: &[Victim], sources: &[Source<'_>], buf: &[u8], extents: bool) -> (Vec<Record>, Vec<usize>) {
+fn layout_records(victims: &[Victim], sources: &[Source<'_>], buf: &[u8], extents: bool, keeps: bool) -> (Vec<Record>, Vec<usize>) {
     use crate::extent;
     let mut order: Vec<usize> = (0..victims.len()).collect();
     order.sort_unstable_by_key(|&i| (victims[i].src, victims[i].key));
@@ -1048,7 +1056,7 @@ fn layout_records(victims: &[Victim], sources: &[Source<'_>], buf: &[u8], extent
     let mut i = 0;
     while i < order.len() {
         let v = &victims[order[i]];
-        if !extents || matches!(sources[v.src], Source::Shared(_)) {
+        if !keeps || matches!(sources[v.src], Source::Shared(_)) {
             records.push(Record { key: v.key, bytes: bytes(v).to_vec() });
             rec_of[order[i]] = records.len() - 1;
             i += 1;
@@ -1057,7 +1065,8 @@ fn layout_records(victims: &[Victim], sources: &[Source<'_>], buf: &[u8], extent
         // The run of this block's victims that fits one extent.
         let mut j = i;
         let mut len = 0;
-        while j < order.len() && block(&victims[order[j]]) == block(v) && j - i < extent::MAX_MEMBERS {
+        let most = if extents { extent::MAX_MEMBERS } else { 1 };
+        while j < order.len() && block(&victims[order[j]]) == block(v) && j - i < most {
             let add = victims[order[j]].info.len as usize;
             if j > i && extent::header_len(j - i + 1) + len + add > extent::MAX_PAYLOAD {
                 break;

@@ -461,7 +461,7 @@ fn failures_are_typed_and_counted() {
 fn space_freed_on_a_full_backing_file_is_usable_at_once() {
     let file = mem_file();
     let store = BackingStore::new(Box::new(Arc::clone(&file)), Some(4 << 20));
-    let cfg = PoolConfig { max_pool: Some(256 * KIB), shards: 4, max_span_pages: 4, ..PoolConfig::default() };
+    let cfg = PoolConfig { max_pool: Some(256 * KIB), shards: 4, max_span_pages: 4, extents: true, ..PoolConfig::default() };
     let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
     let mut k = 0u64;
     let full = loop {

@@ -15,7 +15,8 @@ const MIB: u64 = 1 << 20;
 
 fn tiered(max_pool: u64, file: Arc<FaultyFile<MemFile>>) -> Pool {
     let store = BackingStore::new(Box::new(file), None);
-    let cfg = PoolConfig { max_pool: Some(max_pool), shards: 8, ..PoolConfig::default() };
+    // (Extents on: most of this file's tests then write them.)
+    let cfg = PoolConfig { max_pool: Some(max_pool), shards: 8, extents: true, ..PoolConfig::default() };
     Pool::with_cold_store(cfg, Box::new(store)).unwrap()
 }
 
@@ -63,7 +64,8 @@ fn without_backing_the_limit_rejects_with_hysteresis() {
 fn lru_keeps_the_newest_and_the_hot() {
     let file = mem_file();
     let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
-    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, ..PoolConfig::default() }, Box::new(store)).unwrap();
+    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, extents: true, ..PoolConfig::default() }, Box::new(store))
+        .unwrap();
     let hot = 3u64;
     let mut buf = vec![0u8; PAGE];
     let n = 2000u64;
@@ -177,7 +179,7 @@ fn a_request_reads_its_written_back_pages_in_one_operation() {
     // order is zmem-backing's test.) One index shard: an explicit
     // writeback writes each shard's pages in batches of their own.
     let store = BackingStore::new(Box::new(mem_file()), None);
-    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(64 * MIB), shards: 1, ..PoolConfig::default() }, Box::new(store)).unwrap();
+    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(64 * MIB), shards: 1, extents: true, ..PoolConfig::default() }, Box::new(store)).unwrap();
     let keys: Vec<u64> = (0..64u64).map(|i| (i * 37) % 64 * 4 + 1000).collect();
     for &k in &keys {
         p.store(k, &compressible(k)).unwrap();
@@ -515,7 +517,7 @@ const TABLE_BYTES_PER_BACKED_PAGE: f64 = 8.0;
 fn written_back_pages_cost_little_ram_and_stale_lru_items_do_not_pile_up() {
     const SHARDS: u64 = 8;
     let store = BackingStore::new(Box::new(mem_file()), None);
-    let cfg = PoolConfig { max_pool: Some(4 * MIB), shards: SHARDS as usize, ..PoolConfig::default() };
+    let cfg = PoolConfig { max_pool: Some(4 * MIB), shards: SHARDS as usize, extents: true, ..PoolConfig::default() };
     let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
     let n = 40_000u64;
     for round in 0..4u64 {
@@ -549,4 +551,26 @@ fn written_back_pages_cost_little_ram_and_stale_lru_items_do_not_pile_up() {
         p.load(k, &mut buf).unwrap();
         assert_eq!(buf, compressible(k + 4), "key {k}");
     }
+}
+
+/// `PoolConfig::extents` off (the default): every page its own record, as
+/// much RAM a page on the file as a record and an index entry take; on:
+/// one record a block, a few bytes. Either reads back right.
+#[test]
+fn extents_are_a_choice_of_the_pool() {
+    let mut per_page = Vec::new();
+    for extents in [false, true] {
+        let store = BackingStore::new(Box::new(mem_file()), None);
+        let p = Pool::with_cold_store(PoolConfig { shards: 8, extents, ..PoolConfig::default() }, Box::new(store)).unwrap();
+        for k in 0..4096u64 {
+            p.store(k, &compressible(k)).unwrap();
+        }
+        assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), 4096);
+        let st = p.stats();
+        per_page.push(st.table_bytes_per_backed_page().unwrap());
+        let mut buf = vec![0u8; PAGE];
+        p.load(77, &mut buf).unwrap();
+        assert_eq!(buf, compressible(77));
+    }
+    assert!(per_page[0] >= 20.0 && per_page[1] <= TABLE_BYTES_PER_BACKED_PAGE, "bytes of RAM a page on the file: {per_page:?}");
 }

@@ -99,6 +99,12 @@ pub struct PoolArgs {
     /// data sets; zstd gains 7-11 %).
     #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub dict_lz4: bool,
+    /// Write back a page with the other pages in RAM of its 16-page block,
+    /// as one record (an extent): a page on the file costs a few bytes of
+    /// RAM instead of about 40, so --max-pool holds more pages; but a read
+    /// from the file reads the whole extent.
+    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub extents: bool,
 }
 
 /// The environment variable `--remote` is read from when not given.
@@ -217,6 +223,7 @@ impl PoolArgs {
             accept_threshold_percent: self.accept_threshold,
             recomp_algorithms: self.recomp_algo.iter().map(|a| a.parse()).collect::<Result<_, _>>().context("--recomp-algo")?,
             dict: DictConfig { source: parse_dict(&self.dict)?, lz4: self.dict_lz4, ..DictConfig::default() },
+            extents: self.extents,
             ..Default::default()
         };
         Ok((cfg, comp))
@@ -285,6 +292,7 @@ impl PoolArgs {
             v.extend(["--recompress-idle".into(), s.to_string(), "--recompress-cpu".into(), self.recompress_cpu.to_string()]);
         }
         v.extend(["--dict".into(), self.dict.clone(), "--dict-lz4".into(), if self.dict_lz4 { "on" } else { "off" }.into()]);
+        v.extend(["--extents".into(), if self.extents { "on" } else { "off" }.into()]);
         if self.remote.is_some() {
             // The URL itself goes by the environment ([`PoolArgs::to_env`]).
             v.extend(["--remote-replicas".into(), self.remote_replicas.to_string()]);
