@@ -115,8 +115,10 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         endpoint: endpoint.clone(),
         backing: cfg.backing.clone(),
     };
-    eprintln!(
-        "zmem: serving export {:?} ({} bytes, {}{}{}) at {endpoint}{}",
+    // Formatted first: stderr is unbuffered, and a line formatted in place
+    // reaches a log file piece by piece.
+    let line = format!(
+        "zmem: serving export {:?} ({} bytes, {}{}{}) at {endpoint}{}\n",
         cfg.export_name,
         server.export().size(),
         cfg.algorithm,
@@ -124,6 +126,7 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         server.export().origin_description().map(|d| format!(", caching {d}")).unwrap_or_default(),
         cfg.control.as_ref().map(|p| format!(", control {}", p.display())).unwrap_or_default()
     );
+    eprint!("{line}");
     crate::notify::ready(&format!("serving {} bytes at {endpoint}", server.export().size()));
     std::thread::scope(|s| {
         if let Some(l) = control {

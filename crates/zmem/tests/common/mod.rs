@@ -148,7 +148,12 @@ impl ZmemServer {
     fn wait_ready(&mut self) {
         let end = Instant::now() + Duration::from_secs(10);
         while Instant::now() < end {
-            if UnixStream::connect(&self.socket).is_ok() && UnixStream::connect(&self.control).is_ok() {
+            // Ready once both sockets answer and the server's line saying
+            // what it serves is whole in its log (it is written after the
+            // sockets are bound: a test that reads the log must not catch
+            // it half written).
+            let announced = || self.log_text().lines().any(|l| l.starts_with("zmem: serving export")) && self.log_text().ends_with('\n');
+            if UnixStream::connect(&self.socket).is_ok() && UnixStream::connect(&self.control).is_ok() && announced() {
                 return;
             }
             if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
