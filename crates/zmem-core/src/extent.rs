@@ -82,9 +82,10 @@ pub(crate) enum ExtentError {
     NoMember(u8),
 }
 
-/// Every member of the extent `payload`: its index in its block, how it
-/// is encoded, and where its object lies in `payload`.
-pub(crate) fn members(payload: &[u8]) -> Result<Vec<(u8, ObjInfo, Range<usize>)>, ExtentError> {
+/// The members' headers of the extent `payload` (4 bytes each), checked
+/// against its length: each object within a page, and the objects
+/// filling the payload to its end.
+fn header(payload: &[u8]) -> Result<&[u8], ExtentError> {
     let (&magic, rest) = payload.split_first().ok_or(ExtentError::NotExtent)?;
     let (&n, _) = rest.split_first().ok_or(ExtentError::NotExtent)?;
     let n = n as usize;
@@ -92,25 +93,41 @@ pub(crate) fn members(payload: &[u8]) -> Result<Vec<(u8, ObjInfo, Range<usize>)>
         return Err(ExtentError::NotExtent);
     }
     let head = payload.get(2..header_len(n)).ok_or(ExtentError::BadLength)?;
-    let mut off = header_len(n);
-    let mut out = Vec::with_capacity(n);
+    let mut total = header_len(n);
     for m in head.chunks_exact(4) {
         let len = u16::from_le_bytes([m[2], m[3]]) as usize;
         if len > PAGE_SIZE || m[1] > 0xF {
             return Err(ExtentError::BadLength);
         }
-        out.push((m[0], ObjInfo { tag: m[1], len: len as u16 }, off..off + len));
-        off += len;
+        total += len;
     }
-    if off != payload.len() {
+    if total != payload.len() {
         return Err(ExtentError::BadLength);
     }
-    Ok(out)
+    Ok(head)
 }
 
-/// Where member `idx` lies in `payload`, and how it is encoded.
+/// The members of a checked header, in order: index in the block, how
+/// the object is encoded, and where it lies in the payload.
+fn walk(head: &[u8]) -> impl Iterator<Item = (u8, ObjInfo, Range<usize>)> + '_ {
+    let mut off = 2 + head.len();
+    head.chunks_exact(4).map(move |m| {
+        let len = u16::from_le_bytes([m[2], m[3]]);
+        off += len as usize;
+        (m[0], ObjInfo { tag: m[1], len }, off - len as usize..off)
+    })
+}
+
+/// Every member of the extent `payload`: its index in its block, how it
+/// is encoded, and where its object lies in `payload`.
+pub(crate) fn members(payload: &[u8]) -> Result<Vec<(u8, ObjInfo, Range<usize>)>, ExtentError> {
+    Ok(walk(header(payload)?).collect())
+}
+
+/// Where member `idx` lies in `payload`, and how it is encoded (a load's
+/// path: nothing allocated).
 pub(crate) fn find(payload: &[u8], idx: u8) -> Result<(ObjInfo, Range<usize>), ExtentError> {
-    members(payload)?.into_iter().find(|m| m.0 == idx).map(|(_, info, r)| (info, r)).ok_or(ExtentError::NoMember(idx))
+    walk(header(payload)?).find(|m| m.0 == idx).map(|(_, info, r)| (info, r)).ok_or(ExtentError::NoMember(idx))
 }
 
 #[cfg(test)]

@@ -288,7 +288,10 @@ impl BlockIndex {
     pub fn insert(&mut self, key: u64, e: Entry, budget: &Budget) -> Result<Option<Entry>, AllocError> {
         let id = key >> BLOCK_SHIFT;
         let i = (key & MASK) as usize;
-        self.thaw(id, budget)?;
+        // (A key of a block in RAM, the store path's case, looks up one map.)
+        if !self.blocks.contains_key(&id) {
+            self.thaw(id, budget)?;
+        }
         if let Some(b) = self.blocks.get_mut(&id) {
             let old = std::mem::replace(&mut b.e[i], e);
             if !old.is_empty() {

@@ -729,7 +729,7 @@ impl Tier {
             if e.gen() != item.gen {
                 continue;
             }
-            if let Some(v) = p.victims.iter_mut().find(|v| v.src == p.src && v.key == item.key && v.item.is_none()) {
+            if let Some(v) = p.victims.iter_mut().filter(|_| mates).find(|v| v.src == p.src && v.key == item.key && v.item.is_none()) {
                 // Already in the batch as a neighbour of an older victim.
                 v.item = Some(item);
                 s.lru().take_out();
@@ -1032,9 +1032,10 @@ impl Tier {
 
 /// A record of a batch: the key it is written under (a page's, the first
 /// of an extent's block, or a shared object's hash) and its bytes.
-struct Record {
+struct Record<'b> {
     key: u64,
-    bytes: Vec<u8>,
+    /// An extent, made here; or a single object, as it lies in the batch.
+    bytes: std::borrow::Cow<'b, [u8]>,
 }
 
 /// Lay a batch out as records: for a store that `keeps` them, the pages
@@ -1045,11 +1046,11 @@ struct Record {
 /// store that drops it, alone (no extent header). Returns the records
 /// and each victim's record (the victims keep their order: a failed write
 /// puts them back on their LRUs in it).
-fn layout_records(victims: &[Victim], sources: &[Source<'_>], buf: &[u8], extents: bool, keeps: bool) -> (Vec<Record>, Vec<usize>) {
+fn layout_records<'b>(victims: &[Victim], sources: &[Source<'_>], buf: &'b [u8], extents: bool, keeps: bool) -> (Vec<Record<'b>>, Vec<usize>) {
     use crate::extent;
     let mut order: Vec<usize> = (0..victims.len()).collect();
     order.sort_unstable_by_key(|&i| (victims[i].src, victims[i].key));
-    let bytes = |v: &Victim| &buf[v.off..v.off + v.info.len as usize];
+    let bytes = |v: &Victim| -> &'b [u8] { &buf[v.off..v.off + v.info.len as usize] };
     let block = |v: &Victim| (v.src, v.key & !crate::index::BLOCK_MASK);
     let mut records: Vec<Record> = Vec::new();
     let mut rec_of = vec![0; victims.len()];
@@ -1057,7 +1058,7 @@ fn layout_records(victims: &[Victim], sources: &[Source<'_>], buf: &[u8], extent
     while i < order.len() {
         let v = &victims[order[i]];
         if !keeps || matches!(sources[v.src], Source::Shared(_)) {
-            records.push(Record { key: v.key, bytes: bytes(v).to_vec() });
+            records.push(Record { key: v.key, bytes: bytes(v).into() });
             rec_of[order[i]] = records.len() - 1;
             i += 1;
             continue;
@@ -1082,7 +1083,7 @@ fn layout_records(victims: &[Victim], sources: &[Source<'_>], buf: &[u8], extent
             rec.extend_from_slice(bytes(&victims[m]));
             rec_of[m] = records.len();
         }
-        records.push(Record { key: block(v).1, bytes: rec });
+        records.push(Record { key: block(v).1, bytes: rec.into() });
         i = j;
     }
     (records, rec_of)
