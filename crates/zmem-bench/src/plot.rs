@@ -40,6 +40,7 @@ fn colour(s: System) -> RGBColor {
         System::Zram => RGBColor(44, 160, 44),
         System::Zmem => RGBColor(214, 39, 40),
         System::ZmemRemote => RGBColor(148, 103, 189),
+        System::ZmemB => RGBColor(255, 127, 14),
     }
 }
 
@@ -134,9 +135,7 @@ mod tests {
         std::fs::read(&path).unwrap()
     }
 
-    fn report(runs: Vec<crate::swap::RunResult>) -> Report {
-        Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, zmem_args: vec![], notes: vec![], runs }
-    }
+    use crate::swap::test_report as report;
 
     #[test]
     fn a_plot_of_runs() {

@@ -72,14 +72,18 @@ pub enum System {
     /// a backing file on the disk (`zmem swap on --remote`).
     #[serde(rename = "zmem-remote")]
     ZmemRemote,
+    /// zmem with `Config::zmem_b_args` after the common zmem arguments: a
+    /// second setting of zmem in the same set.
+    #[serde(rename = "zmem-b")]
+    ZmemB,
 }
 
 impl System {
-    pub const ALL: [System; 5] = [System::Disk, System::Zswap, System::Zram, System::Zmem, System::ZmemRemote];
+    pub const ALL: [System; 6] = [System::Disk, System::Zswap, System::Zram, System::Zmem, System::ZmemRemote, System::ZmemB];
 
     /// A zmem swap device, with either cold tier.
     pub fn is_zmem(self) -> bool {
-        matches!(self, System::Zmem | System::ZmemRemote)
+        matches!(self, System::Zmem | System::ZmemRemote | System::ZmemB)
     }
 
     pub fn name(self) -> &'static str {
@@ -89,6 +93,7 @@ impl System {
             System::Zram => "zram",
             System::Zmem => "zmem",
             System::ZmemRemote => "zmem-remote",
+            System::ZmemB => "zmem-b",
         }
     }
 }
@@ -96,7 +101,7 @@ impl System {
 impl std::str::FromStr for System {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        System::ALL.into_iter().find(|x| x.name() == s).ok_or_else(|| format!("unknown system `{s}`: use disk, zswap, zram, zmem or zmem-remote"))
+        System::ALL.into_iter().find(|x| x.name() == s).ok_or_else(|| format!("unknown system `{s}`: use disk, zswap, zram, zmem, zmem-remote or zmem-b"))
     }
 }
 
@@ -195,6 +200,8 @@ pub struct Config {
     /// Extra arguments for `zmem swap on` (to compare zmem's settings:
     /// `--exclusive-loads off`, `--dedup on`, ...).
     pub zmem_args: Vec<String>,
+    /// More arguments for `zmem swap on` in the `zmem-b` runs alone.
+    pub zmem_b_args: Vec<String>,
     /// A run taking longer than this is killed and reported failed.
     pub timeout: Duration,
 }
@@ -307,6 +314,14 @@ pub struct DeadShare {
     pub pool_samples: u64,
     pub pool_used_peak: u64,
     pub backed_samples: u64,
+    /// Mean over the samples of the server's own count (`zmem swap on
+    /// --unmapped-first on|count`) of the pages in RAM that no page table
+    /// pointed to at its last scan (`first_out_named / first_out_of`):
+    /// the share of the pool's RAM that dead pages (or swap-cache and
+    /// tmpfs pages) held; and the pages written back first for that.
+    pub ram_unmapped_share_mean: f64,
+    pub ram_unmapped_samples: u64,
+    pub written_first: u64,
 }
 
 impl DeadShare {
@@ -321,6 +336,12 @@ impl DeadShare {
                 self.data_share_at_peak = share;
             }
         }
+        if st.first_out_of > 0 {
+            self.ram_unmapped_samples += 1;
+            let share = st.first_out_named as f64 / st.first_out_of as f64;
+            self.ram_unmapped_share_mean += (share - self.ram_unmapped_share_mean) / self.ram_unmapped_samples as f64;
+        }
+        self.written_first = st.first_out_taken;
         if let Some(b) = st.table_bytes_per_backed_page() {
             self.backed_samples += 1;
             self.table_bytes_per_backed_page_mean += (b - self.table_bytes_per_backed_page_mean) / self.backed_samples as f64;
@@ -439,6 +460,8 @@ pub struct Report {
     pub zswap_max_pool_percent: u64,
     /// The extra arguments zmem's runs were started with.
     pub zmem_args: Vec<String>,
+    /// And the `zmem-b` runs' own.
+    pub zmem_b_args: Vec<String>,
     pub notes: Vec<String>,
     pub runs: Vec<RunResult>,
 }
@@ -470,6 +493,7 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
         mem_total_bytes: mem_total,
         zswap_max_pool_percent: 0,
         zmem_args: cfg.zmem_args.clone(),
+        zmem_b_args: cfg.zmem_b_args.clone(),
         notes: Vec::new(),
         runs: Vec::new(),
     };
@@ -525,7 +549,7 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                         System::Disk => "workload cgroup = budget (no pool)".to_string(),
                         System::Zswap => format!("workload cgroup = budget - zswap pool_total_size; zswap max_pool_percent = {pct} % of RAM"),
                         System::Zram => "workload cgroup = budget - zram mem_used_total; zram mem_limit = pool cap".to_string(),
-                        System::Zmem => "workload cgroup = budget - zmem server RSS; zmem --max-pool = pool cap".to_string(),
+                        System::Zmem | System::ZmemB => "workload cgroup = budget - zmem server RSS; zmem --max-pool = pool cap".to_string(),
                         System::ZmemRemote => {
                             "workload cgroup = budget - zmem server RSS; zmem --max-pool = pool cap; the cluster's RAM is another machine's (here loopback, outside the budget)"
                                 .to_string()
@@ -674,24 +698,25 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
             s.swaps.push(SwapOn::on(dev.node(), 100, true)?);
             s.zram = Some(dev);
         }
-        System::Zmem | System::ZmemRemote => {
+        System::Zmem | System::ZmemRemote | System::ZmemB => {
+            let args = if sys == System::ZmemB { with_b_args(&cfg.zmem_args, &cfg.zmem_b_args) } else { cfg.zmem_args.clone() };
             let run_dir = cfg.scratch.join("run");
             let backing = disk.mnt().join("zmem.backing");
             let z = ZmemSwap { zmem: cfg.zmem.clone(), run_dir: run_dir.clone(), backing: backing.clone() };
-            if wants_fuse_uring(&cfg.zmem_args) {
+            if wants_fuse_uring(&args) {
                 s.fuse_uring = Some(host::FuseUringOn::new()?);
             }
             host::run_tool(
                 Command::new(&cfg.zmem)
                     .args(["swap", "on", "--name", ZMEM_NAME, "--size"])
                     .arg(cfg.swap_size.to_string())
-                    .args(zmem_compressor(&cfg.compressor, &cfg.zmem_args))
+                    .args(zmem_compressor(&cfg.compressor, &args))
                     .arg("--max-pool")
                     .arg(cap.to_string())
                     .args(cold_tier(sys, &backing, &mut s)?)
                     .arg("--run-dir")
                     .arg(&run_dir)
-                    .args(&cfg.zmem_args),
+                    .args(&args),
             )
             .context("zmem swap on")?;
             s.zmem = Some(z);
@@ -710,6 +735,28 @@ fn cold_tier(sys: System, backing: &Path, s: &mut Setup) -> anyhow::Result<Vec<s
     let url = c.url();
     s.cluster = Some(c);
     Ok(vec!["--remote".into(), url.into(), "--remote-namespace".into(), "bench-swap".into()])
+}
+
+/// The zmem arguments with `b`'s options in place of the same options
+/// in `common` (`--flag value` or `--flag=value`).
+fn with_b_args(common: &[String], b: &[String]) -> Vec<String> {
+    let flag = |a: &str| a.split('=').next().unwrap_or(a).to_string();
+    let ours: Vec<String> = b.iter().filter(|a| a.starts_with("--")).map(|a| flag(a)).collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < common.len() {
+        let a = &common[i];
+        if a.starts_with("--") && ours.contains(&flag(a)) {
+            // Skip its value too, unless it came in the same word.
+            let joined = a.contains('=');
+            i += if !joined && common.get(i + 1).is_some_and(|v| !v.starts_with("--")) { 2 } else { 1 };
+            continue;
+        }
+        out.push(a.clone());
+        i += 1;
+    }
+    out.extend(b.iter().cloned());
+    out
 }
 
 /// Whether the zmem arguments turn on FUSE over io_uring.
@@ -739,7 +786,7 @@ fn pool_gauge(sys: System, s: &Setup, server_pid: Option<u32>) -> anyhow::Result
             let dev = s.zram.as_ref().context("no zram device")?;
             Box::new(field_of(PathBuf::from("/sys/block").join(dev.name()).join("mm_stat"), 2))
         }
-        System::Zmem | System::ZmemRemote => {
+        System::Zmem | System::ZmemRemote | System::ZmemB => {
             let pid = server_pid.context("the zmem server's pid is unknown")?;
             Box::new(move || shared_budget::rss_of(pid))
         }
@@ -1005,7 +1052,7 @@ impl Trial<'_> {
                     f.peak = z.mm_stat().map(|m| m.mem_used_max).unwrap_or(0);
                 }
             }
-            System::Zmem | System::ZmemRemote => {
+            System::Zmem | System::ZmemRemote | System::ZmemB => {
                 if let Some(v) = rig.setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status()) {
                     let st = &v["server"]["stats"];
                     f.peak = st["mem_used_max"].as_u64().unwrap_or(0);
@@ -1084,9 +1131,12 @@ pub fn render(report: &Report) -> String {
     if !report.zmem_args.is_empty() {
         out += &format!("zmem swap on with: {}\n", report.zmem_args.join(" "));
     }
+    if !report.zmem_b_args.is_empty() {
+        out += &format!("zmem-b adds: {}\n", report.zmem_b_args.join(" "));
+    }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
-        "mem MB", "wb pages", "ops/in", "ops/fpg", "dead%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap", "io/disk", "io/zswap",
+        "mem MB", "wb pages", "ops/in", "ops/fpg", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap", "io/disk", "io/zswap",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -1112,6 +1162,7 @@ pub fn render(report: &Report) -> String {
             f2(r.read_ops_per_swapin()),
             f2(r.read_ops_per_file_page()),
             r.dead.map_or("-".to_string(), |d| format!("{:.0}", d.mean_share * 100.0)),
+            r.dead.filter(|d| d.ram_unmapped_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.ram_unmapped_share_mean * 100.0)),
             r.dead.filter(|d| d.pool_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.data_share_at_peak * 100.0)),
             r.dead.filter(|d| d.backed_samples > 0).map_or("-".to_string(), |d| format!("{:.1}", d.table_bytes_per_backed_page_mean)),
             r.server_us_per_page().map_or("-".to_string(), |u| format!("{u:.1}")),
@@ -1167,6 +1218,21 @@ pub fn render(report: &Report) -> String {
     out
 }
 
+/// A report of `runs` with nothing else, for tests.
+#[cfg(test)]
+pub(crate) fn test_report(runs: Vec<RunResult>) -> Report {
+    Report {
+        workload: vec![],
+        compressor: "lzo".into(),
+        mem_total_bytes: 0,
+        zswap_max_pool_percent: 1,
+        zmem_args: vec![],
+        zmem_b_args: vec![],
+        notes: vec![],
+        runs,
+    }
+}
+
 /// A finished run with made-up figures, for tests.
 #[cfg(test)]
 pub(crate) fn test_run(system: System, disk: Option<DiskKind>, budget: u64, wall: f64, io: u64) -> RunResult {
@@ -1211,8 +1277,16 @@ mod tests {
 
     use super::test_run as run;
 
-    fn report(runs: Vec<RunResult>) -> Report {
-        Report { workload: vec![], compressor: "lzo".into(), mem_total_bytes: 0, zswap_max_pool_percent: 1, zmem_args: vec![], notes: vec![], runs }
+    use super::test_report as report;
+
+    #[test]
+    fn b_args_replace_the_same_options() {
+        let v = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(
+            with_b_args(&v("--unmapped-first count --extents on --compressor=zstd"), &v("--unmapped-first on --compressor=lz4")),
+            v("--extents on --unmapped-first on --compressor=lz4")
+        );
+        assert_eq!(with_b_args(&v("--dedup on"), &[]), v("--dedup on"));
     }
 
     #[test]

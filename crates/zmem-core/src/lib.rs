@@ -75,7 +75,7 @@ pub use latency::{Latencies, LatencyHistogram, LATENCY_BOUNDS_NS};
 pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
 pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use stats::{RateLimited, Stats};
-pub use tier::WritebackMode;
+pub use tier::{Resident, WritebackMode};
 pub use zmem_compress::{Algorithm, Compressor, Dictionary};
 
 /// Size of every page the pool stores.

@@ -80,7 +80,7 @@ use crate::objects::{with_page_buf, Objects};
 use crate::recompress::{self, Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
-use crate::tier::{Tier, TierHost, WritebackMode, OBJ};
+use crate::tier::{Resident, Tier, TierHost, WritebackMode, OBJ};
 
 /// Where a stored page lives (see [`Pool::residency`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -396,6 +396,38 @@ impl Pool {
     /// reports no error. Returns the read operations it made.
     pub fn prefetch(&self, keys: Range<u64>) -> usize {
         self.e.tier.as_ref().map_or(0, |t| t.prefetch(&*self.e, keys))
+    }
+
+    /// The pages that are objects of their own in RAM now (see
+    /// [`Resident`]); empty without a cold store.
+    pub fn resident(&self) -> Resident {
+        let mut items = Vec::new();
+        if self.e.tier.is_some() {
+            for sh in self.e.index.shards() {
+                items.extend(sh.lock().iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)));
+            }
+        }
+        Resident::new(items)
+    }
+
+    /// Write the pages `pages` names back before anything on the LRU, when
+    /// the pool next needs room: a hint from a user that knows which pages
+    /// are most likely unneeded (a swap device's pages that no page table
+    /// points to). It replaces the last hint; a page that changed since
+    /// [`Pool::resident`] named it (stored again, loaded, freed) is passed
+    /// over, and nothing is ever dropped. Returns the pages it names (0
+    /// without a cold store, or when the budget has no room for the list).
+    pub fn write_back_first(&self, pages: Resident) -> usize {
+        self.e.tier.as_ref().map_or(0, |t| t.write_first(self.e.budget(), pages, true))
+    }
+
+    /// Count `pages` in the stats as [`Pool::write_back_first`] does
+    /// (`first_out_named` of `first_out_of`), and change nothing else:
+    /// the same measure without its effect. It drops the last hint.
+    pub fn note_first(&self, pages: Resident) {
+        if let Some(t) = &self.e.tier {
+            t.write_first(self.e.budget(), pages, false);
+        }
     }
 
     /// The recompression priority of the object in RAM under `key`: 0 if
@@ -1053,11 +1085,10 @@ impl Engine {
             st.dict_retired = d.retired.load(Relaxed);
             st.dict_collecting = d.collecting();
         }
-        let mut tier_bytes = st.lru_bytes;
         if let Some(t) = &self.tier {
             t.fill_stats(&mut st);
-            tier_bytes += st.backing_metadata_bytes;
         }
+        let tier_bytes = st.lru_bytes + st.backing_metadata_bytes;
         if keys > 0 {
             // Every key costs the index alike; the written-back ones also
             // hold the cold store's records.

@@ -67,13 +67,17 @@ impl Index {
 
     /// The shard that holds `key`.
     pub fn shard(&self, key: u64) -> &ShardLock {
-        let i = if self.bits == 0 {
+        &self.shards[self.shard_index(key)]
+    }
+
+    /// Where the shard that holds `key` is in [`Index::shards`].
+    pub fn shard_index(&self, key: u64) -> usize {
+        if self.bits == 0 {
             0
         } else {
             // Whole index blocks go to one shard; neighbouring blocks spread.
             ((key >> BLOCK_SHIFT).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize
-        };
-        &self.shards[i]
+        }
     }
 
     /// Every shard, in order (passes over the whole index).

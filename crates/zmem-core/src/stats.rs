@@ -231,6 +231,13 @@ pub struct Stats {
     /// Loaded pages queued at the cold end under exclusive loads, and
     /// whether loads are exclusive now (`--exclusive-loads auto` switches).
     pub cold_queued_pages: u64,
+    /// The last [`Pool::write_back_first`](crate::Pool::write_back_first)
+    /// hint (or [`Pool::note_first`](crate::Pool::note_first) count):
+    /// pages it named, of the objects in RAM when they were listed;
+    /// and pages the shrinker has taken from hints in all.
+    pub first_out_named: u64,
+    pub first_out_of: u64,
+    pub first_out_taken: u64,
     pub exclusive_loads: bool,
     /// Writeback batches that failed (the pages stayed in RAM).
     pub writeback_fail: u64,

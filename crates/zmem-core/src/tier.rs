@@ -229,6 +229,61 @@ pub(crate) struct Tier {
     backing_charged: Mutex<BackingCharge>,
     /// `BackingCharge::reserved`, readable without the lock (`held_pages`).
     reserved_now: AtomicU64,
+    /// Pages to write back before the LRUs' cold ends ([`Tier::write_first`]).
+    first: Mutex<FirstOut>,
+}
+
+/// The pages a user of the pool named as most likely unneeded (a swap
+/// device's pages that no page table points to): the shrinker writes
+/// them back before anything on the LRUs. A hint orders writeback and
+/// never drops a page: one that changed since it was named (stored again,
+/// loaded, freed) is passed over.
+#[derive(Default)]
+struct FirstOut {
+    /// Keys with the entries they held when named; taken from the end.
+    keys: Vec<(u64, Entry)>,
+    /// What the budget holds for `keys` (its capacity).
+    charged: u64,
+    /// The last hint: pages named, of the objects in RAM then.
+    named: u64,
+    of: u64,
+    /// Pages the shrinker took from hints.
+    taken: u64,
+}
+
+/// The keys whose pages are objects in RAM (not shared, not same-filled,
+/// not written back) at one moment, with what each held: a caller keeps
+/// those it finds unneeded and hands them to
+/// [`Pool::write_back_first`](crate::Pool::write_back_first).
+pub struct Resident {
+    items: Vec<(u64, Entry)>,
+    of: u64,
+}
+
+impl Resident {
+    pub(crate) fn new(items: Vec<(u64, Entry)>) -> Resident {
+        let of = items.len() as u64;
+        Resident { items, of }
+    }
+
+    /// How many pages it names.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The keys it names.
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.items.iter().map(|&(k, _)| k)
+    }
+
+    /// Keep the keys `keep` says yes to.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64) -> bool) {
+        self.items.retain(|&(k, _)| keep(k));
+    }
 }
 
 /// The budget's charge for the backing store's tables: what they held at
@@ -319,7 +374,32 @@ impl Tier {
             writeback_fail: AtomicU64::new(0),
             backing_charged: Mutex::new(BackingCharge::default()),
             reserved_now: AtomicU64::new(0),
+            first: Mutex::new(FirstOut::default()),
         }
+    }
+
+    /// Replace the pages to write back first with `r`'s (see [`FirstOut`]),
+    /// or with none but `apply`; the counts are kept either way. Its table
+    /// is charged to the budget; without room the hint is dropped. Returns
+    /// the pages it names.
+    pub(crate) fn write_first(&self, b: &Budget, mut r: Resident, apply: bool) -> usize {
+        let mut f = self.first.lock();
+        (f.named, f.of) = (r.items.len() as u64, r.of);
+        b.uncharge(std::mem::take(&mut f.charged));
+        f.keys = Vec::new();
+        if !apply {
+            return r.items.len();
+        }
+        r.items.shrink_to_fit();
+        let bytes = (r.items.capacity() * std::mem::size_of::<(u64, Entry)>()) as u64;
+        if b.try_charge(bytes).is_err() {
+            return 0;
+        }
+        f.charged = bytes;
+        // Taken from the end: the lowest keys first.
+        r.items.sort_unstable_by_key(|&(k, _)| std::cmp::Reverse(k));
+        f.keys = r.items;
+        f.keys.len()
     }
 
     pub fn next_seq(&self) -> u32 {
@@ -460,6 +540,11 @@ impl Tier {
         st.exclusive_loads = self.exclusive();
         st.writeback_fail = self.writeback_fail.load(Relaxed);
         st.extents_repacked = self.repacked.load(Relaxed);
+        let f = self.first.lock();
+        st.lru_bytes += f.charged;
+        st.first_out_named = f.named;
+        st.first_out_of = f.of;
+        st.first_out_taken = f.taken;
     }
 }
 
@@ -683,7 +768,7 @@ impl Tier {
         }
         let mut buf = Vec::with_capacity(BATCH * 2048);
         let mut victims = Vec::with_capacity(BATCH);
-        let mut examined = 0;
+        let mut examined = self.pick_first(h, &mut victims, &mut buf, max_bytes);
         while victims.len() < BATCH && buf.len() < max_bytes && examined < 16 * BATCH {
             let Some((_, i)) = heads.pop() else { break };
             let bound = heads.peek().map(|&(a, _)| a);
@@ -709,6 +794,36 @@ impl Tier {
             return Ok((0, examined));
         }
         Ok((self.commit(h, &sources, victims, &buf)?, examined))
+    }
+
+    /// Take the pages named to go first ([`FirstOut`]) into the batch,
+    /// those still holding what they held when named and not loaded since.
+    /// Their LRU items stay queued and are skipped once they have gone.
+    /// Returns the names it looked at.
+    fn pick_first(&self, h: &impl TierHost, victims: &mut Vec<Victim>, buf: &mut Vec<u8>, max_bytes: usize) -> usize {
+        let mut f = self.first.lock();
+        let mut looked = 0;
+        let mut taken = 0;
+        while victims.len() < BATCH && buf.len() < max_bytes {
+            let Some((key, was)) = f.keys.pop() else { break };
+            looked += 1;
+            let src = h.index().shard_index(key);
+            let s = h.index().shards()[src].lock();
+            let Some(e) = s.get(key).filter(|&e| e == was) else { continue };
+            let Slot::Obj(handle, info) = e.slot() else { continue };
+            if victims.iter().any(|v| v.src == src && v.key == key) {
+                continue;
+            }
+            let Some(off) = h.objects().copy_out(handle, info, buf) else { continue };
+            victims.push(Victim { src, key, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
+            taken += 1;
+            if self.extents {
+                let mut p = Pick { t: self, now: 0, bound: None, src, victims, buf, max_bytes, examined: 0 };
+                Self::pick_block_mates(h, &s, &mut p, key);
+            }
+        }
+        f.taken += taken;
+        looked
     }
 
     /// Pop cold objects from a shard's LRU into the batch, copying their

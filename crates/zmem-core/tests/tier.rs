@@ -574,3 +574,59 @@ fn extents_are_a_choice_of_the_pool() {
     }
     assert!(per_page[0] >= 20.0 && per_page[1] <= TABLE_BYTES_PER_BACKED_PAGE, "bytes of RAM a page on the file: {per_page:?}");
 }
+
+/// Pages named by `write_back_first` leave RAM before older pages on the
+/// LRU; a named page that was loaded or stored again since is passed over,
+/// and nothing is dropped: every page reads back as stored.
+#[test]
+fn pages_named_first_are_written_back_first() {
+    let file = mem_file();
+    let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
+    let cfg = PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, ..PoolConfig::default() };
+    let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
+    let mut contents: HashMap<u64, Vec<u8>> = HashMap::new();
+    // Fill the pool up to just before its first writeback.
+    let mut n = 0u64;
+    while p.stats().written_back_pages == 0 && p.stats().mem_used_total < MIB * 7 / 10 {
+        p.store(n, &compressible(n)).unwrap();
+        contents.insert(n, compressible(n));
+        n += 1;
+    }
+    assert!(p.settle(std::time::Duration::from_secs(30)));
+    assert_eq!(p.stats().written_back_pages, 0, "filled past the first writeback: {n} pages");
+    // Name the newest half (the LRU would write the oldest first).
+    let mut named = p.resident();
+    assert_eq!(named.len() as u64, n, "every page is an object in RAM");
+    named.retain(|k| k >= n / 2);
+    let (loaded, restored) = (n / 2, n / 2 + 1);
+    assert_eq!(p.write_back_first(named), (n - n / 2) as usize);
+    let mut buf = vec![0u8; PAGE];
+    p.load(loaded, &mut buf).unwrap();
+    p.store(restored, &compressible(restored + 1_000_000)).unwrap();
+    contents.insert(restored, compressible(restored + 1_000_000));
+    let st = p.stats();
+    assert_eq!((st.first_out_named, st.first_out_of, st.first_out_taken), (n - n / 2, n, 0), "{st:?}");
+    // New stores push pages out until as many as were named have gone.
+    let mut k = n;
+    while p.stats().written_back_pages < n - n / 2 - 2 {
+        p.store(k, &compressible(k)).unwrap();
+        contents.insert(k, compressible(k));
+        k += 1;
+        assert!(k < 10 * n, "nothing was written back");
+    }
+    assert!(p.settle(std::time::Duration::from_secs(30)));
+    let st = p.stats();
+    let backed = |r: std::ops::Range<u64>| r.filter(|&k| p.residency(k) == Some(Residency::Backed)).count() as u64;
+    let named_backed = backed(n / 2 + 2..n);
+    let old_backed = backed(0..n / 2);
+    eprintln!("n {n}, named and backed {named_backed} of {}, old backed {old_backed}; {st:?}", n - n / 2 - 2);
+    assert_eq!(named_backed, n - n / 2 - 2, "every named page that did not change went first");
+    assert_eq!(p.residency(loaded), Some(Residency::Ram), "a named page loaded since stays");
+    assert_eq!(p.residency(restored), Some(Residency::Ram), "a named page stored again stays");
+    assert!(old_backed <= st.written_back_pages - named_backed, "{old_backed} old pages went ahead of named ones");
+    assert!(st.first_out_taken >= named_backed && st.first_out_taken <= n - n / 2, "{st:?}");
+    for (k, want) in &contents {
+        p.load(*k, &mut buf).unwrap();
+        assert_eq!(&buf, want, "key {k}");
+    }
+}

@@ -234,6 +234,12 @@ pub fn swapped_slots(pids: &[u32], swap_type: u64, out: &mut std::collections::H
     const PAGE: u64 = 4096;
     let mut buf = vec![0u8; 8 << 16];
     for pid in pids {
+        // A process none of whose pages is swapped out has nothing to find
+        // (VmSwap counts the swap entries in its page tables): most of a
+        // build's short processes.
+        if std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| vm_swap_is_zero(&s)) {
+            continue;
+        }
         let (Ok(maps), Ok(pm)) = (std::fs::read_to_string(format!("/proc/{pid}/maps")), std::fs::File::open(format!("/proc/{pid}/pagemap"))) else { continue };
         for l in maps.lines() {
             let mut f = l.split_whitespace();
@@ -260,6 +266,19 @@ pub fn swapped_slots(pids: &[u32], swap_type: u64, out: &mut std::collections::H
             }
         }
     }
+}
+
+/// Whether a `/proc/PID/status` says no page of the process is swapped
+/// out (`VmSwap:  0 kB`). A kernel thread, with no such line, has none.
+fn vm_swap_is_zero(status: &str) -> bool {
+    status.lines().find_map(|l| l.strip_prefix("VmSwap:")).is_none_or(|v| v.trim() == "0 kB")
+}
+
+/// Every process's pid but this one's (`/proc`).
+pub fn other_pids() -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return Vec::new() };
+    rd.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).filter(|&p| p != me).collect()
 }
 
 /// Swap areas in use (`/proc/swaps`), by name.
@@ -724,6 +743,16 @@ mod tests {
         let b = DiskStat { read_ops: 7, read_bytes: 4096, write_ops: 1, write_bytes: 1 };
         let d = b.since(&a);
         assert_eq!((d.read_ops, d.read_bytes, d.write_ops, d.write_bytes), (2, 4086, 0, 0));
+    }
+
+    #[test]
+    fn vm_swap_zero_only_when_it_says_so() {
+        assert!(vm_swap_is_zero("Name:\tsh\nVmSwap:\t       0 kB\nThreads:\t1\n"));
+        assert!(!vm_swap_is_zero("Name:\tcc1\nVmSwap:\t    1234 kB\n"));
+        assert!(vm_swap_is_zero("Name:\tkthreadd\nThreads:\t1\n"), "a kernel thread has no pages");
+        let me = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(me.contains("VmSwap:"), "this kernel reports VmSwap");
+        assert!(!other_pids().contains(&std::process::id()) && other_pids().contains(&1));
     }
 
     #[test]

@@ -38,6 +38,9 @@ use zmem_server::control::{bind_unix, control_loop, Frontend, Info};
 use zmem_server::policy::Policies;
 use zmem_server::protocol::StatsReply;
 
+mod unmapped;
+pub use unmapped::UnmappedFirst;
+
 /// The FUSE file a device's server serves, under its mountpoint.
 pub const IMAGE: &str = "image";
 /// Where devices keep their runtime state unless told otherwise.
@@ -128,6 +131,8 @@ pub struct ServerConfig {
     pub backing: Option<String>,
     /// The policy threads beside the pool.
     pub policies: Policies,
+    /// Write back first the pages no page table points to (`unmapped.rs`).
+    pub unmapped_first: UnmappedFirst,
     /// Serve Prometheus metrics here (off: `None`).
     pub metrics: Option<zmem_server::metrics::MetricsAddr>,
 }
@@ -337,7 +342,7 @@ fn swap_active(dev: &str) -> bool {
 }
 
 /// Loop devices whose backing file is `file`.
-fn loops_backed_by(file: &Path) -> Vec<String> {
+pub(crate) fn loops_backed_by(file: &Path) -> Vec<String> {
     let Ok(rd) = std::fs::read_dir("/sys/block") else { return Vec::new() };
     let mut v: Vec<String> = rd
         .flatten()
@@ -638,6 +643,9 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
             s.spawn(|| ep.serve(|| zmem_server::metrics::render(&info.stats(), &info.device), &quit));
         }
         a.policies.spawn(s, export.pool(), &quit);
+        if a.unmapped_first != UnmappedFirst::Off {
+            s.spawn(|| unmapped::run(export.pool(), &image, a.unmapped_first, &quit));
+        }
         loop {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));

@@ -62,6 +62,11 @@ pub struct Args {
     /// --zmem-arg=zstd --zmem-arg=--dict --zmem-arg=auto`).
     #[arg(long = "zmem-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub zmem_args: Vec<String>,
+    /// An extra argument for the `zmem-b` runs alone, after the --zmem-arg
+    /// ones (a second setting in the same set: `--systems
+    /// disk,zmem,zmem-b --zmem-b-arg=--unmapped-first --zmem-b-arg=on`).
+    #[arg(long = "zmem-b-arg", allow_hyphen_values = true, value_name = "ARG")]
+    pub zmem_b_args: Vec<String>,
     /// Kill a run that takes longer than this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub timeout: u64,
@@ -208,6 +213,7 @@ fn config(a: &Args) -> anyhow::Result<Config> {
         zswap_shrinker: a.zswap_shrinker,
         zram_ratio: a.zram_ratio,
         zmem_args: a.zmem_args.clone(),
+        zmem_b_args: a.zmem_b_args.clone(),
         timeout: Duration::from_secs(a.timeout),
     })
 }

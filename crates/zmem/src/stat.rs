@@ -249,6 +249,12 @@ fn pool_lines(v: &StatsReply) -> Option<String> {
     if let (Some(share), true) = (st.pool_data_share(), st.max_pool_bytes > 0) {
         out += &format!("pool holds: {:.0}% compressed data, the rest allocator slack and tables\n", share * 100.0);
     }
+    if st.first_out_of > 0 {
+        out += &format!(
+            "unmapped: {} of the {} pages in RAM at the last scan were in no page table; {} written back first\n",
+            st.first_out_named, st.first_out_of, st.first_out_taken
+        );
+    }
     (!out.is_empty()).then_some(out)
 }
 

@@ -68,6 +68,15 @@ pub struct OnArgs {
     /// then what a swap-in asks for together.
     #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
     pub rotational: bool,
+    /// Write back first the pages that no process's page table points to
+    /// (most are pages of processes that have exited, whose slots the
+    /// kernel freed without telling the device): the server reads the
+    /// page tables of the processes with pages swapped out, at most every
+    /// second and 1/21 of a CPU. It only orders writeback: no page is
+    /// dropped. `count` scans and counts them (`zmem stat`) but leaves the
+    /// order alone.
+    #[arg(long, default_value = "on")]
+    pub unmapped_first: zmem_swap::UnmappedFirst,
     /// Where devices keep their runtime state.
     #[arg(long, default_value = zmem_swap::DEFAULT_RUN_DIR)]
     pub run_dir: PathBuf,
@@ -123,6 +132,8 @@ pub struct ServeArgs {
     pub threads: u16,
     #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
     pub fuse_uring: bool,
+    #[arg(long, default_value = "on")]
+    pub unmapped_first: zmem_swap::UnmappedFirst,
     /// The device's directory (mountpoint, control socket, ready file).
     #[arg(long)]
     pub dir: PathBuf,
@@ -181,6 +192,7 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
     let mut server: Vec<std::ffi::OsString> = vec![exe.into()];
     server.extend(["swap", "serve", "--size", &size.to_string(), "--threads", &a.threads.to_string()].map(Into::into));
     server.extend(["--fuse-uring", if a.fuse_uring { "on" } else { "off" }].map(Into::into));
+    server.extend(["--unmapped-first", a.unmapped_first.name()].map(Into::into));
     server.extend(a.pool.to_args().into_iter().map(Into::into));
     for (flag, path) in [("--cgroup", &a.cgroup), ("--charge-to", &a.charge_to)] {
         if let Some(p) = path {
@@ -227,6 +239,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&device_name(&a.dir)),
         policies: a.pool.policies(EXCLUSIVE_LOADS),
+        unmapped_first: a.unmapped_first,
         metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;

@@ -331,6 +331,64 @@ fn auto_exclusive_loads_follow_swap_fullness() {
     run.ok(&["swap", "off", "--name", "x0"]);
 }
 
+/// The swap-cache case, with `--unmapped-first on`: pages swapped out,
+/// faulted back read-only (the kernel keeps their slots: the page tables
+/// point to the pages, no longer to the slots, so the server names them
+/// and the shrinker writes them back first), evicted clean while another
+/// buffer pushes them out (the kernel writes nothing, its copy on swap is
+/// current), then read again: every byte comes back from the pool or its
+/// file. A named page is written back, never dropped.
+const SWAP_CACHE_WORKLOAD: &str = r#"
+import hashlib, mmap, os, sys, time
+n = int(sys.argv[1]) * 256
+a = mmap.mmap(-1, n * 4096)
+sums = []
+for i in range(n):
+    p = i.to_bytes(8, "little") * 256 + os.urandom(2048)
+    a[i * 4096:(i + 1) * 4096] = p
+    sums.append(hashlib.blake2b(p, digest_size=8).digest())
+b = mmap.mmap(-1, n * 4096)
+def fill_b(tag):
+    for i in range(n):
+        b[i * 4096:i * 4096 + 16] = (i + tag).to_bytes(16, "little")
+fill_b(1)
+# Read faults: a's pages come back read-only and keep their slots.
+bad = sum(hashlib.blake2b(a[i * 4096:(i + 1) * 4096], digest_size=8).digest() != sums[i] for i in range(n))
+time.sleep(3)
+# a's pages, clean, are evicted again without a write.
+fill_b(2)
+time.sleep(3)
+bad += sum(hashlib.blake2b(a[i * 4096:(i + 1) * 4096], digest_size=8).digest() != sums[i] for i in range(n))
+print("OK" if bad == 0 else "BAD %d" % bad, flush=True)
+os._exit(0)
+"#;
+
+#[test]
+fn unmapped_first_writes_back_swap_cache_pages_and_reads_them_right() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let _turn = exclusive();
+    let run = RunDir::new();
+    on_with_backing(&run, "u0", "512M", "16M", &["--unmapped-first", "on", "--exclusive-loads", "off"]);
+    let cg = Cgroup::create(&format!("zmem-swap-test-unmapped-{}", std::process::id()), 64 << 20);
+    let script = run.path().join("sc.py");
+    std::fs::write(&script, SWAP_CACHE_WORKLOAD).unwrap();
+    let out = run_ok(cg.python(&script, "96").stderr(Stdio::piped()), T);
+    assert_eq!(out.trim(), "OK", "workload output: {out}");
+    let st = run.server_stats("u0")["stats"].clone();
+    eprintln!(
+        "unmapped first: {} named of {} in RAM at the last scan, {} taken; {} written back, {} read back",
+        st["first_out_named"], st["first_out_of"], st["first_out_taken"], st["written_back_pages"], st["bd_reads"]
+    );
+    assert!(st["first_out_of"].as_u64().unwrap() > 0, "the server scanned: {st}");
+    assert!(st["first_out_taken"].as_u64().unwrap() > 0, "named pages were written back first: {st}");
+    assert!(st["bd_reads"].as_u64().unwrap() > 0, "pages came back from the file: {st}");
+    assert_eq!(st["failed_reads"].as_u64(), Some(0), "{st}");
+    assert_eq!(st["failed_writes"].as_u64(), Some(0), "{st}");
+    run.ok(&["swap", "off", "--name", "u0"]);
+}
+
 /// `on` twice is refused; `off` cleans up after a server killed with
 /// SIGKILL, and after an `on` that stopped half way; a stray SIGTERM to the
 /// server of an active device does not stop it.

@@ -1,0 +1,120 @@
+//! Pages no page table points to go first (`--unmapped-first`).
+//!
+//! The kernel frees a swap slot without telling a loop device (zram hears
+//! of each through `swap_slot_free_notify`; a loop device only of whole
+//! clusters, through discards), so on a build most of what the pool holds
+//! are pages of processes that have exited. Which slots are still wanted
+//! can be read from the page tables: `/proc/PID/pagemap` shows each
+//! swapped-out anonymous page as its swap type and offset, and the
+//! device's offset is the pool's key. This thread lists the pool's pages
+//! in RAM, reads the page tables of every process that has pages swapped
+//! out (`VmSwap` above zero), and hands the pool the pages none of them
+//! points to: the shrinker writes those back before its LRU's cold end.
+//!
+//! It is a guess, so it orders writeback and never drops a page: a slot
+//! held only by the swap cache (a page swapped in and still mapped) or by
+//! tmpfs is in no page table, and its page must still read back right.
+//! Pages are listed before the page tables are read, so a page stored
+//! after the listing is never named; one that changes after it is passed
+//! over by the pool.
+//!
+//! A scan reads every such process's page tables, so it runs at most
+//! every [`MIN_PERIOD`] and waits [`IDLE_FACTOR`] times its own length
+//! before the next: a bounded share of a CPU whatever the machine runs.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use zmem_core::Pool;
+
+/// `--unmapped-first`: whether the server scans, and what for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnmappedFirst {
+    /// No scans.
+    Off,
+    /// Scan and count the pages in RAM no page table points to
+    /// (`first_out_named` of `first_out_of` in the pool's stats), but
+    /// leave the writeback order alone: the measure without the lever.
+    Count,
+    /// Scan, count, and write those pages back first.
+    On,
+}
+
+impl std::str::FromStr for UnmappedFirst {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(UnmappedFirst::Off),
+            "count" => Ok(UnmappedFirst::Count),
+            "on" => Ok(UnmappedFirst::On),
+            _ => Err(format!("`{s}`: use on, off or count")),
+        }
+    }
+}
+
+impl UnmappedFirst {
+    pub fn name(self) -> &'static str {
+        match self {
+            UnmappedFirst::Off => "off",
+            UnmappedFirst::Count => "count",
+            UnmappedFirst::On => "on",
+        }
+    }
+}
+
+/// The shortest time between two scans.
+const MIN_PERIOD: Duration = Duration::from_secs(1);
+/// A scan is followed by this many times its length of rest (so it uses
+/// at most 1/(1+IDLE_FACTOR) of a CPU).
+const IDLE_FACTOR: u32 = 20;
+
+/// Until `stop`: every period, name the pages in RAM that no page table
+/// points to (see the module's doc). `image` is the device's FUSE file:
+/// the swap area is the loop device over it.
+pub(crate) fn run(pool: &Pool, image: &Path, mode: UnmappedFirst, stop: &AtomicBool) {
+    if mode == UnmappedFirst::Off {
+        return;
+    }
+    let mut live = HashSet::new();
+    let mut said = false;
+    let mut wait = MIN_PERIOD;
+    loop {
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
+        }
+        let Some(swap_type) = swap_type_of(image) else { continue };
+        if !said {
+            let what = if mode == UnmappedFirst::On { "writing back first" } else { "counting" };
+            eprintln!("zmem: {what} the pages in RAM no page table points to (swap type {swap_type})");
+            said = true;
+        }
+        let start = Instant::now();
+        let mut pages = pool.resident();
+        if !pages.is_empty() {
+            live.clear();
+            zmem_host::swapped_slots(&zmem_host::other_pids(), swap_type, &mut live);
+            pages.retain(|key| !live.contains(&key));
+            if mode == UnmappedFirst::On {
+                pool.write_back_first(pages);
+            } else {
+                pool.note_first(pages);
+            }
+        }
+        wait = MIN_PERIOD.max(start.elapsed() * IDLE_FACTOR);
+    }
+}
+
+/// The kernel's swap type of the loop device over `image`: its line in
+/// `/proc/swaps` (the kernel lists areas by type; a type freed by a
+/// swapoff below it and not reused would shift this, and the guess would
+/// then only order writeback worse). None while it is not swapped on.
+fn swap_type_of(image: &Path) -> Option<u64> {
+    let loops = crate::loops_backed_by(image);
+    zmem_host::swap_areas().iter().position(|a| loops.contains(&a.name)).map(|i| i as u64)
+}
