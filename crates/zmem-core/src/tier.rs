@@ -275,11 +275,6 @@ impl Resident {
         self.items.is_empty()
     }
 
-    /// The keys it names.
-    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
-        self.items.iter().map(|&(k, _)| k)
-    }
-
     /// Keep the keys `keep` says yes to.
     pub fn retain(&mut self, mut keep: impl FnMut(u64) -> bool) {
         self.items.retain(|&(k, _)| keep(k));
