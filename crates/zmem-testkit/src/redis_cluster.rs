@@ -8,9 +8,15 @@
 //! the cluster says, not what zmem's client thinks.
 //!
 //! Ports: each node takes a client port P and the cluster bus P + 10000;
-//! both are checked free before a node starts.
+//! both are checked free before a node starts, and both lie below the
+//! kernel's ephemeral range (`ip_local_port_range`), so the outgoing
+//! connections of the tests and of the nodes themselves (bus links,
+//! `redis-cli`) cannot take one between the check and the bind. A node
+//! that still loses its port before the cluster forms starts again on
+//! another.
 
-use std::net::{TcpListener, TcpStream};
+use crate::ports::{free_ports, release};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -54,33 +60,12 @@ fn err<T>(what: impl Into<String>) -> Result<T> {
     Err(ClusterError(what.into()))
 }
 
-/// `count` client ports whose bus ports (+10000) are free too.
-fn free_ports(count: usize) -> Result<Vec<u16>> {
-    let mut ports = Vec::new();
-    // Tests of one process start clusters at once: each call draws from
-    // its own stream (time, pid and a counter), and a port is taken only
-    // if it can be bound now.
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let seed = now ^ (std::process::id() as u64) << 32 ^ CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed).wrapping_mul(0xA24B_AED4_963E_E407);
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for _ in 0..2000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let p = 20000 + (x % 30000) as u16;
-        if ports.contains(&p) || ports.iter().any(|&q: &u16| q.abs_diff(p) == 10000) {
-            continue;
-        }
-        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
-        if free(p) && free(p + 10000) {
-            ports.push(p);
-            if ports.len() == count {
-                return Ok(ports);
-            }
-        }
-    }
-    err("no free loopback ports for a Redis cluster")
+/// How a node failed to start.
+enum NodeStart {
+    /// The process exited before it listened; its log's last lines.
+    Exited(String),
+    /// Anything else (it did not listen in time, it could not be spawned).
+    Failed(ClusterError),
 }
 
 impl LocalCluster {
@@ -91,13 +76,31 @@ impl LocalCluster {
     /// before its replica takes over.
     pub fn start(masters: usize, replicas: usize, node_timeout_ms: u32) -> Result<LocalCluster> {
         let n = masters * (1 + replicas);
-        let ports = free_ports(n)?;
+        let ports = free_ports(n, &[])?;
         let dir = std::env::temp_dir().join(format!("zmem-redis-{}-{}", std::process::id(), ports[0]));
         std::fs::create_dir_all(&dir).map_err(|e| ClusterError(format!("{}: {e}", dir.display())))?;
         let mut c = LocalCluster { nodes: ports.iter().map(|&port| Node { port, child: None }).collect(), dir, node_timeout_ms };
         for i in 0..n {
-            c.start_node(i)?;
+            // Before the cluster forms a node has no identity to keep: one
+            // that lost its port to another process starts on a new one.
+            let mut tries = 0;
+            loop {
+                match c.try_start_node(i) {
+                    Ok(()) => break,
+                    Err(NodeStart::Exited(log)) if tries < 5 => {
+                        tries += 1;
+                        let taken: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
+                        let lost = c.nodes[i].port;
+                        c.nodes[i].port = free_ports(1, &taken)?[0];
+                        release(&[lost]);
+                        eprintln!("redis-server exited before it listened ({log}); trying port {}", c.nodes[i].port);
+                    }
+                    Err(NodeStart::Exited(log)) => return err(format!("redis-server exited before it listened, {tries} ports tried: {log}")),
+                    Err(NodeStart::Failed(e)) => return Err(e),
+                }
+            }
         }
+        let ports = c.ports();
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
         args.extend(["--cluster-replicas".into(), replicas.to_string(), "--cluster-yes".into()]);
@@ -110,8 +113,16 @@ impl LocalCluster {
     }
 
     fn start_node(&mut self, i: usize) -> Result<()> {
+        self.try_start_node(i).map_err(|e| match e {
+            NodeStart::Exited(log) => ClusterError(format!("redis-server on port {} exited before it listened: {log}", self.nodes[i].port)),
+            NodeStart::Failed(e) => e,
+        })
+    }
+
+    fn try_start_node(&mut self, i: usize) -> std::result::Result<(), NodeStart> {
         let port = self.nodes[i].port;
-        let child = Command::new("redis-server")
+        let log = self.dir.join(format!("{port}.log"));
+        let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--protected-mode", "no"])
             .args(["--cluster-enabled", "yes", "--cluster-config-file", &format!("nodes-{port}.conf")])
             .args(["--cluster-node-timeout", &self.node_timeout_ms.to_string()])
@@ -121,15 +132,22 @@ impl LocalCluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| ClusterError(format!("redis-server: {e}")))?;
-        self.nodes[i].child = Some(child);
+            .map_err(|e| NodeStart::Failed(ClusterError(format!("redis-server: {e}"))))?;
         let end = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect();
+                return Err(NodeStart::Exited(format!("{status}; {}: {}", log.display(), tail.join(" | "))));
+            }
             if Instant::now() > end {
-                return err(format!("redis-server on port {port} did not listen in 20 s (log: {})", self.dir.join(format!("{port}.log")).display()));
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(NodeStart::Failed(ClusterError(format!("redis-server on port {port} did not listen in 20 s (log: {})", log.display()))));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.nodes[i].child = Some(child);
         Ok(())
     }
 
@@ -324,5 +342,6 @@ impl Drop for LocalCluster {
         let _ = self.signal_all(false);
         self.kill_all();
         let _ = std::fs::remove_dir_all(&self.dir);
+        release(&self.ports());
     }
 }

@@ -209,7 +209,7 @@ fn stat_table_bad_input_and_clean_shutdown() {
 #[test]
 fn tcp_listen_on_loopback() {
     require_tools!("nbdinfo");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = zmem_testkit::ports::free_port();
     let dir = tempfile::tempdir().unwrap();
     let ctl = dir.path().join("ctl");
     let mut child = Command::new(ZMEM)

@@ -448,10 +448,10 @@ pub fn assert_reads_back(s: &ZmemServer, src: &Path, dir: &Path) {
 
 use std::collections::HashMap;
 
-/// A free loopback port (bound and released: a race no test here loses).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+/// A free loopback port outside the kernel's ephemeral range, so no
+/// outgoing connection takes it before the server binds it.
+#[allow(unused_imports)] // not every test binary serves on a port
+pub use zmem_testkit::ports::free_port;
 
 pub fn scrape(url: &str) -> (String, String) {
     let mut resp = ureq::get(url).call().unwrap_or_else(|e| panic!("GET {url}: {e}"));
