@@ -168,7 +168,7 @@ fn swap_on_a_workload_then_off() {
     let lo = run.loop_dev("t0");
     let pid = run.server_pid("t0");
     assert!(swap_active(&lo));
-    assert_eq!(rotational(&lo), "0", "by default the device is not declared rotational");
+    assert_eq!(rotational(&lo), "1", "by default the device is declared rotational");
     let status = run.ok(&["swap", "status"]);
     assert!(status.lines().nth(1).is_some_and(|l| l.starts_with("t0") && l.contains(&lo)), "{status}");
 
@@ -259,9 +259,9 @@ fn rotational(lo: &str) -> String {
 
 /// `--discard off` reaches swapon: the same workload leaves its pages in
 /// the pool (no discard, no notify_free), where the default dropped them.
-/// `--discard` takes only swapon's policies. (`--rotational on` reaches the
-/// device's queue: the workload's bytes come back right with the kernel's
-/// slot read-ahead too.)
+/// `--discard` takes only swapon's policies. (`--rotational off` reaches
+/// the device's queue: the workload's bytes come back right with the
+/// kernel's address read-ahead too.)
 #[test]
 fn discard_off_leaves_freed_slots_in_the_pool() {
     if !usable_with_cgroups() {
@@ -272,9 +272,9 @@ fn discard_off_leaves_freed_slots_in_the_pool() {
     let bad = run.zmem(&["swap", "on", "--name", "t3", "--size", "64M", "--discard", "sometimes"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("once"), "the error names the choices");
-    run.ok(&["swap", "on", "--name", "t3", "--size", "512M", "--max-pool", "256M", "--priority", "32767", "--discard", "off", "--rotational", "on"]);
+    run.ok(&["swap", "on", "--name", "t3", "--size", "512M", "--max-pool", "256M", "--priority", "32767", "--discard", "off", "--rotational", "off"]);
     let (lo, pid) = (run.loop_dev("t3"), run.server_pid("t3"));
-    assert_eq!(rotational(&lo), "1");
+    assert_eq!(rotational(&lo), "0");
     swap_160m_in_64m(&run, "discard-");
     let stats = run.server_stats("t3");
     let st = &stats["stats"];
