@@ -72,11 +72,9 @@ const IDLE_FACTOR: u32 = 20;
 
 /// Until `stop`: every period, name the pages in RAM that no page table
 /// points to (see the module's doc). `image` is the device's FUSE file:
-/// the swap area is the loop device over it.
+/// the swap area is the loop device over it. `mode` is `Count` or `On`
+/// (the server starts no thread for `Off`).
 pub(crate) fn run(pool: &Pool, image: &Path, mode: UnmappedFirst, stop: &AtomicBool) {
-    if mode == UnmappedFirst::Off {
-        return;
-    }
     let mut live = HashSet::new();
     let mut said = false;
     let mut wait = MIN_PERIOD;

@@ -60,6 +60,11 @@ fn err<T>(what: impl Into<String>) -> Result<T> {
     Err(ClusterError(what.into()))
 }
 
+/// [`free_ports`] for a cluster's nodes.
+fn node_ports(count: usize, taken: &[u16]) -> Result<Vec<u16>> {
+    free_ports(count, taken).ok_or_else(|| ClusterError("no free loopback ports for a Redis cluster".into()))
+}
+
 /// How a node failed to start.
 enum NodeStart {
     /// The process exited before it listened; its log's last lines.
@@ -76,7 +81,7 @@ impl LocalCluster {
     /// before its replica takes over.
     pub fn start(masters: usize, replicas: usize, node_timeout_ms: u32) -> Result<LocalCluster> {
         let n = masters * (1 + replicas);
-        let ports = free_ports(n, &[])?;
+        let ports = node_ports(n, &[])?;
         let dir = std::env::temp_dir().join(format!("zmem-redis-{}-{}", std::process::id(), ports[0]));
         std::fs::create_dir_all(&dir).map_err(|e| ClusterError(format!("{}: {e}", dir.display())))?;
         let mut c = LocalCluster { nodes: ports.iter().map(|&port| Node { port, child: None }).collect(), dir, node_timeout_ms };
@@ -91,7 +96,7 @@ impl LocalCluster {
                         tries += 1;
                         let taken: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
                         let lost = c.nodes[i].port;
-                        c.nodes[i].port = free_ports(1, &taken)?[0];
+                        c.nodes[i].port = node_ports(1, &taken)?[0];
                         release(&[lost]);
                         eprintln!("redis-server exited before it listened ({log}); trying port {}", c.nodes[i].port);
                     }
