@@ -383,7 +383,9 @@ impl DeadShare {
 struct DeadSampler {
     zmem: PathBuf,
     control: PathBuf,
-    loop_dev: String,
+    /// The device's swap areas: each one's loop device, and the page of
+    /// the image where it starts.
+    areas: Vec<(String, u64)>,
     /// The workload's cgroup: whose page tables are scanned.
     cgroup: PathBuf,
     next: Instant,
@@ -406,8 +408,14 @@ impl DeadSampler {
         if let Ok(pool) = serde_json::from_value::<zmem_core::Stats>(st["stats"].clone()) {
             self.share.add_pool(&pool);
         }
-        let areas = host::swap_areas();
-        let Some(ty) = areas.iter().position(|a| a.name == self.loop_dev) else { return };
+        let swaps = host::swap_areas();
+        let mut types = Vec::new();
+        let mut used_pages = 0;
+        for (dev, base) in &self.areas {
+            let Some(ty) = swaps.iter().position(|a| &a.name == dev) else { return };
+            types.push((ty as u64, *base));
+            used_pages += swaps[ty].used_bytes / PAGE;
+        }
         // The page-table scan reads every pagemap of the workload: on two
         // CPUs it took up to seconds, which the zmem runs alone paid. It
         // waits 100 times its own length before the next: at most 1 % of
@@ -418,14 +426,26 @@ impl DeadSampler {
             let pids: Vec<u32> =
                 std::fs::read_to_string(self.cgroup.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
             let mut slots = std::collections::HashSet::new();
-            host::swapped_slots(&pids, ty as u64, &mut slots);
+            host::swapped_slots(&pids, &types, &mut |slot| {
+                slots.insert(slot);
+            });
             let took = t0.elapsed();
             self.next_scan = Instant::now() + (took * 100).max(Self::EVERY);
             self.share.scan_ms_max = self.share.scan_ms_max.max(took.as_secs_f64() * 1e3);
             self.share.scan_secs += took.as_secs_f64();
             mapped = Some(slots.len() as u64);
         }
-        self.share.add(ram + file, areas[ty].used_bytes / PAGE, mapped);
+        self.share.add(ram + file, used_pages, mapped);
+    }
+}
+
+/// A zmem swap device's areas from its state (`zmem swap status --json`):
+/// each one's loop device and the image's page where it starts. A state
+/// without `areas` (one area) has its `loop_dev` from page 0.
+fn zmem_areas(state: &serde_json::Value) -> Vec<(String, u64)> {
+    match state["areas"].as_array() {
+        Some(a) if !a.is_empty() => a.iter().filter_map(|x| Some((x["dev"].as_str()?.to_string(), x["offset"].as_u64()? / PAGE))).collect(),
+        _ => state["loop_dev"].as_str().map(|d| vec![(d.to_string(), 0)]).unwrap_or_default(),
     }
 }
 
@@ -898,11 +918,11 @@ impl Trial<'_> {
         let cg = MemCgroup::create(CGROUP, (self.budget > 0).then_some(self.budget), cfg.swappiness)?;
         let zstatus = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status());
         let server_pid = zstatus.as_ref().and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
-        let dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().and_then(|v| v["state"]["loop_dev"].as_str())) {
-            (Some(z), Some(dev)) => Some(DeadSampler {
+        let dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().map(|v| zmem_areas(&v["state"]))) {
+            (Some(z), Some(areas)) if !areas.is_empty() => Some(DeadSampler {
                 zmem: cfg.zmem.clone(),
                 control: z.run_dir.join(ZMEM_NAME).join("control.sock"),
-                loop_dev: dev.to_string(),
+                areas,
                 cgroup: cg.path().to_path_buf(),
                 next: Instant::now(),
                 next_scan: Instant::now(),

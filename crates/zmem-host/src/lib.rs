@@ -222,13 +222,16 @@ fn parse_swaps(text: &str) -> Vec<SwapArea> {
         .collect()
 }
 
-/// Add to `out` the slots of swap area `swap_type` (its index in the
-/// kernel's table: its line in `/proc/swaps` when none was removed before
-/// it) that the page tables of processes `pids` point to: their anonymous
-/// pages that are swapped out there (`/proc/PID/pagemap`, root). Slots held
-/// only by the swap cache or by tmpfs are not seen. Processes that exit
-/// meanwhile are skipped.
-pub fn swapped_slots(pids: &[u32], swap_type: u64, out: &mut std::collections::HashSet<u64>) {
+/// Call `mark` with each slot of the swap areas `areas` that the page
+/// tables of processes `pids` point to: their anonymous pages that are
+/// swapped out there (`/proc/PID/pagemap`, root); a slot that several
+/// point to (after a fork) comes as often. An area is its swap type (its
+/// index in the kernel's table: its line in `/proc/swaps` when none was
+/// removed before it) and a base added to its slots (the page of a
+/// device's image where the area starts). Slots held only by the swap
+/// cache or by tmpfs are not seen. Processes that exit meanwhile are
+/// skipped.
+pub fn swapped_slots(pids: &[u32], areas: &[(u64, u64)], mark: &mut dyn FnMut(u64)) {
     use std::os::unix::fs::FileExt;
     const PM_SWAP: u64 = 1 << 62;
     const PAGE: u64 = 4096;
@@ -255,8 +258,10 @@ pub fn swapped_slots(pids: &[u32], swap_type: u64, out: &mut std::collections::H
                 let n = ((b / PAGE - page) as usize).min(buf.len() / 8);
                 let Ok(got) = pm.read_at(&mut buf[..n * 8], page * 8) else { break };
                 for e in buf[..got].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())) {
-                    if e & PM_SWAP != 0 && e & 0x1f == swap_type {
-                        out.insert((e >> 5) & ((1 << 50) - 1));
+                    if e & PM_SWAP != 0 {
+                        if let Some(&(_, base)) = areas.iter().find(|a| a.0 == e & 0x1f) {
+                            mark(base + ((e >> 5) & ((1 << 50) - 1)));
+                        }
                     }
                 }
                 if got < n * 8 {

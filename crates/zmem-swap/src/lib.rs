@@ -3,9 +3,11 @@
 //!
 //! [`on`] starts a server process (`zmem swap serve`, hidden) that holds the
 //! pool and serves it as one file in a FUSE filesystem of its own
-//! (`zmem-fuse`), puts a loop device with direct I/O over that file, runs
-//! mkswap and `swapon --discard`, so that slots the kernel frees leave the
-//! pool (zram's `notify_free`; but see [`Discard`]: only whole clusters).
+//! (`zmem-fuse`), cuts that file into swap areas at descending priorities
+//! ([`area_layout`]: so that the slots in use gather in the first ones),
+//! puts a loop device with direct I/O over each, runs mkswap and `swapon
+//! --discard`, so that slots the kernel frees leave the pool (zram's
+//! `notify_free`; but see [`Discard`]: only whole clusters).
 //! Everything a device is made of lives under one directory, `RUN_DIR/NAME/`: the mountpoint `mnt/` (with `image`),
 //! the control socket, the server's log and `state.json`. [`off`] undoes
 //! every step in reverse from what it finds there and in the kernel's own
@@ -91,8 +93,11 @@ pub struct Device {
     pub name: String,
     /// Bytes; a positive multiple of 4096.
     pub size: u64,
-    /// swapon priority.
+    /// swapon priority (of the first area).
     pub priority: i32,
+    /// Swap areas the device is cut into ([`area_layout`]); 0 for as many
+    /// as its size makes worth it.
+    pub areas: u32,
     pub discard: Discard,
     /// Declare the device rotational before swapon.
     pub rotational: bool,
@@ -225,6 +230,7 @@ fn bring_up(a: &Device, dir: &Path) -> anyhow::Result<State> {
         name: a.name.clone(),
         pid,
         loop_dev: String::new(),
+        areas: Vec::new(),
         size: a.size,
         priority: a.priority,
         algorithm: a.compressor.clone(),
@@ -243,22 +249,90 @@ fn bring_up(a: &Device, dir: &Path) -> anyhow::Result<State> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let image = dir.join("mnt").join(IMAGE);
-    st.loop_dev = tool(Command::new("losetup").args(["--direct-io=on", "--show", "-f"]).arg(&image))?;
-    write_state(dir, &st)?;
-    // Writeback throttling would make a swap-out that the server's own
-    // reclaim starts wait for writes only the server can finish (seen: both
-    // FUSE workers asleep in wbt_wait under swap_writeout). Off, while the
-    // queue is still idle (changing it later waits for the queue to drain).
-    let queue = Path::new("/sys/block").join(st.loop_dev.trim_start_matches("/dev/")).join("queue");
-    let wbt = queue.join("wbt_lat_usec");
-    if wbt.exists() {
-        std::fs::write(&wbt, "0").with_context(|| format!("turning off writeback throttling ({})", wbt.display()))?;
+    for (i, area) in area_layout(a.size, a.areas, a.priority).into_iter().enumerate() {
+        let dev = tool(
+            Command::new("losetup")
+                .args(["--direct-io=on", "--show", "-f", "--offset", &area.offset.to_string(), "--sizelimit", &area.len.to_string()])
+                .arg(&image),
+        )?;
+        if i == 0 {
+            st.loop_dev = dev.clone();
+        }
+        st.areas.push(AreaState { dev: dev.clone(), offset: area.offset, len: area.len });
+        write_state(dir, &st)?;
+        // Writeback throttling would make a swap-out that the server's own
+        // reclaim starts wait for writes only the server can finish (seen:
+        // both FUSE workers asleep in wbt_wait under swap_writeout). Off,
+        // while the queue is still idle (changing it later waits for the
+        // queue to drain).
+        let queue = Path::new("/sys/block").join(dev.trim_start_matches("/dev/")).join("queue");
+        let wbt = queue.join("wbt_lat_usec");
+        if wbt.exists() {
+            std::fs::write(&wbt, "0").with_context(|| format!("turning off writeback throttling ({})", wbt.display()))?;
+        }
+        let rot = queue.join("rotational");
+        std::fs::write(&rot, if a.rotational { "1" } else { "0" }).with_context(|| format!("setting {}", rot.display()))?;
+        let label = if i == 0 { format!("zmem-{}", a.name) } else { format!("zmem-{}-{i}", a.name) };
+        tool(Command::new("mkswap").args(["-q", "-L", &label]).arg(&dev))?;
+        let prio = area.priority.map(|p| vec!["-p".to_string(), p.to_string()]).unwrap_or_default();
+        tool(Command::new("swapon").args(a.discard.swapon_flag()).args(prio).arg(&dev))?;
     }
-    let rot = queue.join("rotational");
-    std::fs::write(&rot, if a.rotational { "1" } else { "0" }).with_context(|| format!("setting {}", rot.display()))?;
-    tool(Command::new("mkswap").args(["-q", "-L", &format!("zmem-{}", a.name)]).arg(&st.loop_dev))?;
-    tool(Command::new("swapon").args(a.discard.swapon_flag()).args(["-p", &a.priority.to_string()]).arg(&st.loop_dev))?;
     Ok(st)
+}
+
+/// One swap area of a device: a loop device over `len` bytes of the image
+/// from `offset`, swapped on at `priority` (`None`: the kernel's own,
+/// lower than every area before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Area {
+    pub offset: u64,
+    pub len: u64,
+    pub priority: Option<i32>,
+}
+
+/// The smallest area [`area_layout`] cuts when it chooses the count.
+pub const AREA_MIN: u64 = 256 << 20;
+/// The most areas [`area_layout`] cuts when it chooses the count (the
+/// kernel has about 25 swap types in all; `--areas` may ask up to 16).
+pub const AREAS_AUTO_MAX: u32 = 8;
+/// The most areas a device may be cut into.
+pub const AREAS_MAX: u32 = 16;
+
+/// How a device of `size` bytes is cut into swap areas, at descending
+/// priorities from `priority`.
+///
+/// Why: the kernel frees a swap slot without telling a loop device, and
+/// within an area it takes slots from wholly free clusters before it
+/// reuses freed slots in used ones; on one large area a build leaves most
+/// of what the pool holds as pages of exited processes. Across areas it
+/// fills the highest priority first, and takes the next only when that one
+/// has no free slot at all. Cut into areas, the slots in use gather in the
+/// first ones, whose freed slots are written again soon (which drops their
+/// pages from the pool); the later areas only drain, so their clusters
+/// come wholly free and are discarded.
+///
+/// `areas` 0 chooses: one area per [`AREA_MIN`], at most
+/// [`AREAS_AUTO_MAX`]. Every area is a whole number of pages, the last
+/// takes the rest. A priority below `areas − 1` leaves room for fewer
+/// areas (swapon's priorities go down to 0); priority −1 leaves every
+/// area's to the kernel, which gives each one swapped on a lower one.
+pub fn area_layout(size: u64, areas: u32, priority: i32) -> Vec<Area> {
+    const PAGE: u64 = 4096;
+    let pages = size / PAGE;
+    let mut n = if areas == 0 { (size / AREA_MIN).clamp(1, AREAS_AUTO_MAX as u64) } else { areas.min(AREAS_MAX) as u64 };
+    // mkswap needs 10 pages an area.
+    n = n.min(pages / 16).max(1);
+    if priority >= 0 {
+        n = n.min(priority as u64 + 1);
+    }
+    let each = pages / n;
+    (0..n)
+        .map(|i| Area {
+            offset: i * each * PAGE,
+            len: if i + 1 == n { (pages - i * each) * PAGE } else { each * PAGE },
+            priority: (priority >= 0).then(|| priority - i as i32),
+        })
+        .collect()
 }
 
 fn log_tail(dir: &Path) -> String {
@@ -280,7 +354,12 @@ fn tool(cmd: &mut Command) -> anyhow::Result<String> {
 pub struct State {
     name: String,
     pid: u32,
+    /// The first area's loop device.
     loop_dev: String,
+    /// Every area, the first included (a state written before areas has
+    /// none: its one area is `loop_dev`).
+    #[serde(default)]
+    areas: Vec<AreaState>,
     size: u64,
     priority: i32,
     algorithm: String,
@@ -288,6 +367,25 @@ pub struct State {
     /// back (`off` does, should the server have died without doing it).
     #[serde(default)]
     charge_to: Option<Charge>,
+}
+
+/// One area as `on` set it up: its loop device and the image's bytes it covers.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+pub struct AreaState {
+    pub dev: String,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl State {
+    /// The loop devices of its areas, first first.
+    pub fn devices(&self) -> Vec<&str> {
+        if self.areas.is_empty() {
+            vec![self.loop_dev.as_str()]
+        } else {
+            self.areas.iter().map(|a| a.dev.as_str()).collect()
+        }
+    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
@@ -412,8 +510,10 @@ fn teardown(dir: &Path) -> anyhow::Result<()> {
     let image = dir.join("mnt").join(IMAGE);
     let mut loops = loops_backed_by(&image);
     if let Some(st) = &st {
-        if !st.loop_dev.is_empty() && !loops.contains(&st.loop_dev) && swap_active(&st.loop_dev) {
-            loops.push(st.loop_dev.clone());
+        for dev in st.devices() {
+            if !dev.is_empty() && !loops.iter().any(|l| l == dev) && swap_active(dev) {
+                loops.push(dev.to_string());
+            }
         }
     }
     for lo in &loops {
@@ -515,7 +615,7 @@ pub struct Status {
 fn status_of(dir: &Path, st: Option<&State>) -> Status {
     let state = st.cloned().or_else(|| read_state(dir));
     let stats = zmem_server::protocol::stats(&dir.join("control.sock")).ok();
-    let used = state.as_ref().and_then(|s| swap_used(&s.loop_dev));
+    let used = state.as_ref().and_then(|s| s.devices().into_iter().map(swap_used).sum::<Option<u64>>());
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     Status { name, state, stats, used }
 }
@@ -539,7 +639,10 @@ pub fn render_status(rows: &[Status]) -> String {
         };
         table.push(vec![
             r.name.clone(),
-            r.state.as_ref().map_or("-".into(), |s| s.loop_dev.clone()),
+            r.state.as_ref().map_or("-".into(), |s| match s.devices().len() {
+                1 => s.loop_dev.clone(),
+                n => format!("{} (+{})", s.loop_dev, n - 1),
+            }),
             r.state.as_ref().map_or("-".into(), |s| human(s.size)),
             h(|s| s.orig_data_size),
             h(|s| s.compr_data_size),
@@ -644,7 +747,7 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
         }
         a.policies.spawn(s, export.pool(), &quit);
         if a.unmapped_first != UnmappedFirst::Off {
-            s.spawn(|| unmapped::run(export.pool(), &image, a.unmapped_first, &quit));
+            s.spawn(|| unmapped::run(export.pool(), &image, a.size, a.unmapped_first, &quit));
         }
         loop {
             while !stop.load(Ordering::Relaxed) {
@@ -688,6 +791,36 @@ mod tests {
     }
 
     #[test]
+    fn areas_tile_the_device_at_descending_priorities() {
+        const M: u64 = 1 << 20;
+        for (size, areas, prio) in
+            [(4096 * M, 0, 100), (4096 * M + 4096 * 3, 0, 100), (1000 * M, 3, 5), (64 * M, 0, 100), (100 * 4096, 16, 32767), (8 * M, 2, -1), (512 * M, 4, 1)]
+        {
+            let v = area_layout(size, areas, prio);
+            assert!(!v.is_empty());
+            // Whole pages, side by side from 0 to the device's last page.
+            let mut at = 0;
+            for a in &v {
+                assert_eq!(a.offset, at, "{size} {areas}: {v:?}");
+                assert!(a.len % 4096 == 0 && a.len >= 16 * 4096, "{v:?}");
+                at += a.len;
+            }
+            assert_eq!(at, size / 4096 * 4096, "{v:?}");
+            // Each below the one before, none below 0; -1 leaves them to the kernel.
+            for (i, a) in v.iter().enumerate() {
+                assert_eq!(a.priority, (prio >= 0).then(|| prio - i as i32), "{v:?}");
+                assert!(a.priority.is_none_or(|p| p >= 0));
+            }
+        }
+        assert_eq!(area_layout(4096 << 20, 0, 100).len(), AREAS_AUTO_MAX as usize, "4 GiB: the most it chooses");
+        assert_eq!(area_layout(1 << 30, 0, 100).len(), 4, "1 GiB: one per 256 MiB");
+        assert_eq!(area_layout(64 << 20, 0, 100).len(), 1, "below 512 MiB: one");
+        assert_eq!(area_layout(512 << 20, 4, 1).len(), 2, "priority 1 leaves room for 2");
+        assert_eq!(area_layout(100 * 4096, 16, 32767).len(), 6, "16 pages an area at least");
+        assert_eq!(area_layout(1 << 30, 99, 100).len(), AREAS_MAX as usize);
+    }
+
+    #[test]
     fn discard_policies_by_name() {
         for (n, d) in Discard::ALL {
             assert_eq!(n.parse::<Discard>(), Ok(d));
@@ -697,7 +830,16 @@ mod tests {
 
     #[test]
     fn status_table_has_a_row_per_device() {
-        let st = State { name: "zmem0".into(), pid: 1, loop_dev: "/dev/loop7".into(), size: 8 << 30, priority: 100, algorithm: "lz4".into(), charge_to: None };
+        let st = State {
+            name: "zmem0".into(),
+            pid: 1,
+            loop_dev: "/dev/loop7".into(),
+            areas: Vec::new(),
+            size: 8 << 30,
+            priority: 100,
+            algorithm: "lz4".into(),
+            charge_to: None,
+        };
         let mut stats = StatsReply { algorithm: "lz4".into(), ..Default::default() };
         (stats.stats.orig_data_size, stats.stats.compr_data_size, stats.stats.mem_used_total) = (1 << 30, 300 << 20, 310 << 20);
         let out = render_status(&[Status { name: "zmem0".into(), state: Some(st), stats: Some(stats), used: Some(1 << 30) }]);

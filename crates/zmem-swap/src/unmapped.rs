@@ -22,7 +22,6 @@
 //! every [`MIN_PERIOD`] and waits [`IDLE_FACTOR`] times its own length
 //! before the next: a bounded share of a CPU whatever the machine runs.
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -71,11 +70,13 @@ const MIN_PERIOD: Duration = Duration::from_secs(1);
 const IDLE_FACTOR: u32 = 20;
 
 /// Until `stop`: every period, name the pages in RAM that no page table
-/// points to (see the module's doc). `image` is the device's FUSE file:
-/// the swap area is the loop device over it. `mode` is `Count` or `On`
-/// (the server starts no thread for `Off`).
-pub(crate) fn run(pool: &Pool, image: &Path, mode: UnmappedFirst, stop: &AtomicBool) {
-    let mut live = HashSet::new();
+/// points to (see the module's doc). `image` is the device's FUSE file of
+/// `size` bytes: the swap areas are the loop devices over it. `mode` is
+/// `Count` or `On` (the server starts no thread for `Off`).
+pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, stop: &AtomicBool) {
+    // A bit per page of the device, kept between scans: 32 KiB per GiB,
+    // where a set of the slots in use held 16 bytes or more per slot.
+    let mut live = Slots::new(size / 4096);
     let mut said = false;
     let mut wait = MIN_PERIOD;
     loop {
@@ -86,18 +87,22 @@ pub(crate) fn run(pool: &Pool, image: &Path, mode: UnmappedFirst, stop: &AtomicB
             }
             std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
         }
-        let Some(swap_type) = swap_type_of(image) else { continue };
+        let areas = areas_of(image);
+        if areas.is_empty() {
+            continue;
+        }
         if !said {
             let what = if mode == UnmappedFirst::On { "writing back first" } else { "counting" };
-            eprintln!("zmem: {what} the pages in RAM no page table points to (swap type {swap_type})");
+            let types: Vec<String> = areas.iter().map(|a| a.0.to_string()).collect();
+            eprintln!("zmem: {what} the pages in RAM no page table points to (swap types {})", types.join(", "));
             said = true;
         }
         let start = Instant::now();
         let mut pages = pool.resident();
         if !pages.is_empty() {
             live.clear();
-            zmem_host::swapped_slots(&zmem_host::other_pids(), swap_type, &mut live);
-            pages.retain(|key| !live.contains(&key));
+            zmem_host::swapped_slots(&zmem_host::other_pids(), &areas, &mut |slot| live.insert(slot));
+            pages.retain(|key| !live.contains(key));
             if mode == UnmappedFirst::On {
                 pool.write_back_first(pages);
             } else {
@@ -108,11 +113,63 @@ pub(crate) fn run(pool: &Pool, image: &Path, mode: UnmappedFirst, stop: &AtomicB
     }
 }
 
-/// The kernel's swap type of the loop device over `image`: its line in
-/// `/proc/swaps` (the kernel lists areas by type; a type freed by a
+/// A set of a device's pages, a bit each.
+struct Slots {
+    bits: Vec<u64>,
+    pages: u64,
+}
+
+impl Slots {
+    fn new(pages: u64) -> Slots {
+        Slots { bits: vec![0; pages.div_ceil(64) as usize], pages }
+    }
+    fn clear(&mut self) {
+        self.bits.fill(0);
+    }
+    /// A page past the device's end (a slot of an area no longer over
+    /// this image) is not kept.
+    fn insert(&mut self, page: u64) {
+        if page < self.pages {
+            self.bits[(page / 64) as usize] |= 1 << (page % 64);
+        }
+    }
+    fn contains(&self, page: u64) -> bool {
+        page < self.pages && self.bits[(page / 64) as usize] & (1 << (page % 64)) != 0
+    }
+}
+
+/// The swap areas over `image`: each loop device's swap type (its line in
+/// `/proc/swaps`: the kernel lists areas by type; a type freed by a
 /// swapoff below it and not reused would shift this, and the guess would
-/// then only order writeback worse). None while it is not swapped on.
-fn swap_type_of(image: &Path) -> Option<u64> {
+/// then only order writeback worse) and the image's page where it starts
+/// (the loop device's offset). Empty while none is swapped on.
+fn areas_of(image: &Path) -> Vec<(u64, u64)> {
     let loops = crate::loops_backed_by(image);
-    zmem_host::swap_areas().iter().position(|a| loops.contains(&a.name)).map(|i| i as u64)
+    let swaps = zmem_host::swap_areas();
+    loops
+        .iter()
+        .filter_map(|dev| {
+            let ty = swaps.iter().position(|a| &a.name == dev)?;
+            let offset = std::fs::read_to_string(Path::new("/sys/block").join(dev.trim_start_matches("/dev/")).join("loop/offset")).ok()?;
+            Some((ty as u64, offset.trim().parse::<u64>().ok()? / 4096))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slots;
+
+    #[test]
+    fn slots_hold_what_was_inserted_and_nothing_past_the_end() {
+        let mut s = Slots::new(130);
+        for p in [0, 63, 64, 129, 130, 1 << 40] {
+            s.insert(p);
+        }
+        let got: Vec<u64> = (0..200).filter(|&p| s.contains(p)).collect();
+        assert_eq!(got, [0, 63, 64, 129]);
+        assert!(!s.contains(1 << 40));
+        s.clear();
+        assert!((0..200).all(|p| !s.contains(p)));
+    }
 }

@@ -46,6 +46,16 @@ pub struct OnArgs {
     /// swapon priority, -1 to 32767 (zram-generator uses 100).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i32).range(-1..=32767), allow_negative_numbers = true)]
     pub priority: i32,
+    /// Swap areas to cut the device into, at descending priorities from
+    /// --priority (a loop device each, over one image and one pool). The
+    /// kernel frees a slot without telling a loop device, and fills one
+    /// area's free clusters before it reuses its freed slots; across areas
+    /// it fills the first before the next, so the slots in use gather in
+    /// the first areas, whose freed slots are soon written again (and
+    /// leave the pool), while the later ones drain and are discarded.
+    /// `auto`: one per 256 MiB, at most 8; 1 to 16.
+    #[arg(long, default_value = "auto", value_parser = parse_areas)]
+    pub areas: u32,
     /// Threads serving the FUSE image.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
@@ -148,6 +158,17 @@ pub struct ServeArgs {
     pub metrics: Option<zmem_server::metrics::MetricsAddr>,
 }
 
+/// `--areas`: `auto` (0) or 1 to 16.
+fn parse_areas(s: &str) -> Result<u32, String> {
+    match s {
+        "auto" => Ok(0),
+        _ => match s.parse::<u32>() {
+            Ok(n) if (1..=zmem_swap::AREAS_MAX).contains(&n) => Ok(n),
+            _ => Err(format!("`{s}`: use auto or 1 to {}", zmem_swap::AREAS_MAX)),
+        },
+    }
+}
+
 /// swapon's discard policy (`--discard`): both, pages, once or off.
 fn parse_discard(s: &str) -> Result<Discard, String> {
     s.parse()
@@ -209,6 +230,7 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
         name: a.name.clone(),
         size,
         priority: a.priority,
+        areas: a.areas,
         discard: a.discard,
         rotational: a.rotational,
         run_dir: a.run_dir.clone(),

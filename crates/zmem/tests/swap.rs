@@ -207,6 +207,72 @@ fn swap_on_a_workload_then_off() {
     run.ok(&["swap", "off", "--name", "t0"]);
 }
 
+/// `--areas 4`: four loop devices over one image, swapped on at 32767
+/// down to 32764. The kernel fills the first before it takes the second,
+/// and the pages that land in the second (keys from its offset in the
+/// image) read back right; `status` names the first and counts the rest;
+/// `off` takes all four down. `--areas` takes auto or 1 to 16.
+#[test]
+fn areas_fill_in_priority_order_and_read_back_right() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let _turn = exclusive();
+    let run = RunDir::new();
+    for bad in ["0", "17", "many"] {
+        let out = run.zmem(&["swap", "on", "--name", "a0", "--size", "256M", "--areas", bad]);
+        assert!(!out.status.success(), "--areas {bad} was taken");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("auto or 1 to 16"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    run.ok(&["swap", "on", "--name", "a0", "--size", "256M", "--max-pool", "256M", "--priority", "32767", "--areas", "4"]);
+    let (lo, pid) = (run.loop_dev("a0"), run.server_pid("a0"));
+    let areas: Vec<String> = run.state("a0")["areas"].as_array().unwrap().iter().map(|a| a["dev"].as_str().unwrap().to_string()).collect();
+    assert_eq!(areas.len(), 4, "{areas:?}");
+    assert_eq!(areas[0], lo);
+    let swaps = |dev: &str| -> (u64, u64, i64) {
+        let text = std::fs::read_to_string("/proc/swaps").unwrap();
+        let l = text.lines().find(|l| l.split_whitespace().next() == Some(dev)).unwrap_or_else(|| panic!("{dev} is not swapped on: {text}"));
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap())
+    };
+    for (i, dev) in areas.iter().enumerate() {
+        let (size_kib, _, prio) = swaps(dev);
+        assert_eq!(prio, 32767 - i as i64, "{dev}");
+        // 64 MiB less the header page.
+        assert_eq!(size_kib, (64 << 10) - 4, "{dev}");
+    }
+    let status = run.ok(&["swap", "status"]);
+    assert!(status.contains(&format!("{lo} (+3)")), "{status}");
+
+    // What the first two areas held at most while the workload ran.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (first, second) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let (mut first, mut second) = (0, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                first = first.max(swaps(&areas[0]).1);
+                second = second.max(swaps(&areas[1]).1);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (first, second)
+        });
+        swap_160m_in_64m(&run, "areas-");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    });
+    eprintln!("areas used at most: first {first} KiB, second {second} KiB");
+    assert!(second > 0, "nothing went past the first area (first held {first} KiB)");
+    assert!(first >= (64 << 10) * 9 / 10, "the second area was used while the first held only {first} KiB");
+    let st = &run.server_stats("a0")["stats"];
+    assert_eq!(st["failed_reads"].as_u64(), Some(0), "{st}");
+
+    run.ok(&["swap", "off", "--name", "a0"]);
+    assert_gone(&run, "a0", &lo, pid);
+    for dev in &areas {
+        assert!(!swap_active(dev), "{dev} is still swapped on");
+    }
+}
+
 /// The loop device's queue flag, "0" or "1".
 #[test]
 fn swap_over_io_uring_then_off() {
