@@ -383,9 +383,8 @@ impl DeadShare {
 struct DeadSampler {
     zmem: PathBuf,
     control: PathBuf,
-    /// The device's swap areas: each one's loop device, and the page of
-    /// the image where it starts.
-    areas: Vec<(String, u64)>,
+    /// The loop devices of the device's swap areas.
+    areas: Vec<String>,
     /// The workload's cgroup: whose page tables are scanned.
     cgroup: PathBuf,
     next: Instant,
@@ -409,13 +408,8 @@ impl DeadSampler {
             self.share.add_pool(&pool);
         }
         let swaps = host::swap_areas();
-        let mut types = Vec::new();
-        let mut used_pages = 0;
-        for (dev, base) in &self.areas {
-            let Some(ty) = swaps.iter().position(|a| &a.name == dev) else { return };
-            types.push((ty as u64, *base));
-            used_pages += swaps[ty].used_bytes / PAGE;
-        }
+        let Some(areas) = self.areas.iter().map(|dev| host::loop_swap_area(&swaps, dev)).collect::<Option<Vec<_>>>() else { return };
+        let used_pages: u64 = areas.iter().map(|a| a.used_bytes / PAGE).sum();
         // The page-table scan reads every pagemap of the workload: on two
         // CPUs it took up to seconds, which the zmem runs alone paid. It
         // waits 100 times its own length before the next: at most 1 % of
@@ -426,7 +420,7 @@ impl DeadSampler {
             let pids: Vec<u32> =
                 std::fs::read_to_string(self.cgroup.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
             let mut slots = std::collections::HashSet::new();
-            host::swapped_slots(&pids, &types, &mut |slot| {
+            host::swapped_slots(&pids, &areas, &mut |slot| {
                 slots.insert(slot);
             });
             let took = t0.elapsed();
@@ -439,13 +433,12 @@ impl DeadSampler {
     }
 }
 
-/// A zmem swap device's areas from its state (`zmem swap status --json`):
-/// each one's loop device and the image's page where it starts. A state
-/// without `areas` (one area) has its `loop_dev` from page 0.
-fn zmem_areas(state: &serde_json::Value) -> Vec<(String, u64)> {
+/// A zmem swap device's loop devices from its state (`zmem swap status
+/// --json`): its areas', or, in a state without them, its one `loop_dev`.
+fn zmem_areas(state: &serde_json::Value) -> Vec<String> {
     match state["areas"].as_array() {
-        Some(a) if !a.is_empty() => a.iter().filter_map(|x| Some((x["dev"].as_str()?.to_string(), x["offset"].as_u64()? / PAGE))).collect(),
-        _ => state["loop_dev"].as_str().map(|d| vec![(d.to_string(), 0)]).unwrap_or_default(),
+        Some(a) if !a.is_empty() => a.iter().filter_map(|x| Some(x["dev"].as_str()?.to_string())).collect(),
+        _ => state["loop_dev"].as_str().map(|d| vec![d.to_string()]).unwrap_or_default(),
     }
 }
 

@@ -222,16 +222,35 @@ fn parse_swaps(text: &str) -> Vec<SwapArea> {
         .collect()
 }
 
+/// A loop device's swap area, as [`swapped_slots`] takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopSwap {
+    /// Its index in the kernel's table: its line in `swaps` (the kernel
+    /// lists areas by type; a type freed by a swapoff below it and not
+    /// reused would shift this).
+    pub swap_type: u64,
+    /// The page of the loop device's backing file where the area starts
+    /// (the loop device's `offset`).
+    pub first_page: u64,
+    /// Slots the kernel has allocated on it, in bytes.
+    pub used_bytes: u64,
+}
+
+/// Loop device `dev`'s swap area among `swaps` ([`swap_areas`]); None
+/// while it is not swapped on.
+pub fn loop_swap_area(swaps: &[SwapArea], dev: &str) -> Option<LoopSwap> {
+    let ty = swaps.iter().position(|a| a.name == dev)?;
+    let offset = std::fs::read_to_string(Path::new("/sys/block").join(dev.trim_start_matches("/dev/")).join("loop/offset")).ok()?;
+    Some(LoopSwap { swap_type: ty as u64, first_page: offset.trim().parse::<u64>().ok()? / 4096, used_bytes: swaps[ty].used_bytes })
+}
+
 /// Call `mark` with each slot of the swap areas `areas` that the page
 /// tables of processes `pids` point to: their anonymous pages that are
 /// swapped out there (`/proc/PID/pagemap`, root); a slot that several
-/// point to (after a fork) comes as often. An area is its swap type (its
-/// index in the kernel's table: its line in `/proc/swaps` when none was
-/// removed before it) and a base added to its slots (the page of a
-/// device's image where the area starts). Slots held only by the swap
-/// cache or by tmpfs are not seen. Processes that exit meanwhile are
-/// skipped.
-pub fn swapped_slots(pids: &[u32], areas: &[(u64, u64)], mark: &mut dyn FnMut(u64)) {
+/// point to (after a fork) comes as often, offset by the area's
+/// `first_page`. Slots held only by the swap cache or by tmpfs are not
+/// seen. Processes that exit meanwhile are skipped.
+pub fn swapped_slots(pids: &[u32], areas: &[LoopSwap], mark: &mut dyn FnMut(u64)) {
     use std::os::unix::fs::FileExt;
     const PM_SWAP: u64 = 1 << 62;
     const PAGE: u64 = 4096;
@@ -259,8 +278,8 @@ pub fn swapped_slots(pids: &[u32], areas: &[(u64, u64)], mark: &mut dyn FnMut(u6
                 let Ok(got) = pm.read_at(&mut buf[..n * 8], page * 8) else { break };
                 for e in buf[..got].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())) {
                     if e & PM_SWAP != 0 {
-                        if let Some(&(_, base)) = areas.iter().find(|a| a.0 == e & 0x1f) {
-                            mark(base + ((e >> 5) & ((1 << 50) - 1)));
+                        if let Some(a) = areas.iter().find(|a| a.swap_type == e & 0x1f) {
+                            mark(a.first_page + ((e >> 5) & ((1 << 50) - 1)));
                         }
                     }
                 }

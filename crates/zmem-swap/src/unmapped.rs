@@ -93,7 +93,7 @@ pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, sto
         }
         if !said {
             let what = if mode == UnmappedFirst::On { "writing back first" } else { "counting" };
-            let types: Vec<String> = areas.iter().map(|a| a.0.to_string()).collect();
+            let types: Vec<String> = areas.iter().map(|a| a.swap_type.to_string()).collect();
             eprintln!("zmem: {what} the pages in RAM no page table points to (swap types {})", types.join(", "));
             said = true;
         }
@@ -138,22 +138,11 @@ impl Slots {
     }
 }
 
-/// The swap areas over `image`: each loop device's swap type (its line in
-/// `/proc/swaps`: the kernel lists areas by type; a type freed by a
-/// swapoff below it and not reused would shift this, and the guess would
-/// then only order writeback worse) and the image's page where it starts
-/// (the loop device's offset). Empty while none is swapped on.
-fn areas_of(image: &Path) -> Vec<(u64, u64)> {
-    let loops = crate::loops_backed_by(image);
+/// The swap areas over `image` (the loop devices over it that are
+/// swapped on). Empty while none is.
+fn areas_of(image: &Path) -> Vec<zmem_host::LoopSwap> {
     let swaps = zmem_host::swap_areas();
-    loops
-        .iter()
-        .filter_map(|dev| {
-            let ty = swaps.iter().position(|a| &a.name == dev)?;
-            let offset = std::fs::read_to_string(Path::new("/sys/block").join(dev.trim_start_matches("/dev/")).join("loop/offset")).ok()?;
-            Some((ty as u64, offset.trim().parse::<u64>().ok()? / 4096))
-        })
-        .collect()
+    crate::loops_backed_by(image).iter().filter_map(|dev| zmem_host::loop_swap_area(&swaps, dev)).collect()
 }
 
 #[cfg(test)]
