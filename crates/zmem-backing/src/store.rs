@@ -301,8 +301,8 @@ struct Appender {
 /// [`MIN_READAHEAD`]; a miss just past the end of a window that served
 /// most of what it read doubles it, up to this. Not down to the record's
 /// own blocks: on a build swapping to a throttled disk that served fewer
-/// records a read and made the build far slower (README, `zmem bench
-/// swap`), and the disks a swap device meets run out of operations long
+/// records a read and made the build far slower (docs/MEASUREMENTS.md,
+/// `zmem bench swap`), and the disks a swap device meets run out of operations long
 /// before bandwidth (3,000 IOPS and 125 MB/s: 41 KB a read; an HDD's 150
 /// IOPS and 58 MB/s: 387 KB).
 /// The pages of one request are read together by

@@ -3,7 +3,7 @@
 //!
 //! Why C and not `lz4_flex`: liblz4 decodes and encodes faster than both
 //! of lz4_flex's decoders, safe and unsafe with bounds checks (`cargo bench
-//! -p zmem-compress --bench lz4` measures it; the README's layout table
+//! -p zmem-compress --bench lz4` measures it; docs/MEASUREMENTS.md
 //! gives the figures). It is the code the kernel's
 //! zram runs, and `LZ4_decompress_safe` is made for untrusted input: it
 //! never reads past the source nor writes past the destination, whatever

@@ -147,8 +147,8 @@ pub struct PoolConfig {
     /// half full (then the kernel frees the slot at every swap-in,
     /// `vm_swap_full()`). Where most loads are read faults whose pages the
     /// kernel keeps the slots of, evicts clean and reads again, writing
-    /// them back first costs more reads from the file than it saves (the
-    /// README's "Writeback to a backing file" gives the measurements).
+    /// them back first costs more reads from the file than it saves
+    /// (docs/MEASUREMENTS.md, "Exclusive loads").
     /// Off by default; [`Pool::set_exclusive_loads`] switches them at run
     /// time (`zmem swap on` does, following the swap's fullness).
     pub exclusive_loads: bool,
@@ -156,8 +156,8 @@ pub struct PoolConfig {
     /// block, as one record (an extent, `extent.rs`): a page on the file
     /// then costs the tables a few bytes of RAM instead of about 40, but a
     /// load reads its whole extent. Off: every page its own record. Off by
-    /// default until a page can be read from its extent alone (the
-    /// README's "Swap" gives the measurements).
+    /// default until a page can be read from its extent alone
+    /// (docs/MEASUREMENTS.md, "What the cap holds").
     pub extents: bool,
     /// zram's `recomp_algorithm`: up to three algorithms for
     /// [`Pool::recompress`], by priority (the first is priority 1; the

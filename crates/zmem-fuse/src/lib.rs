@@ -36,7 +36,7 @@
 //! asleep is the dearest thing on the path (on a VM most of all). zram has
 //! none: the kernel calls it in the faulting thread. `zmem bench
 //! blockdev`'s `read-qd1` job measures one synchronous 4 KiB read through
-//! this file against zram (figures in the README). Several workers (each
+//! this file against zram (figures in docs/MEASUREMENTS.md). Several workers (each
 //! with its own cloned fd) serve requests in parallel. With
 //! [`FuseConfig::uring`], the kernel's FUSE-over-io_uring transport carries
 //! them instead (`uring.rs`): a queue per CPU keeps a request on the CPU

@@ -11,8 +11,8 @@ use crate::pool_args::{ExclusiveLoads, PoolArgs};
 use crate::util::parse_size;
 
 /// `--exclusive-loads` for a swap device unless given. Auto: the kernel's
-/// own rule, on while the system's swap is more than half full (the README's
-/// "Writeback to a backing file" gives the measurements behind it).
+/// own rule, on while the system's swap is more than half full
+/// (docs/MEASUREMENTS.md, "Exclusive loads", gives the measurements behind it).
 const EXCLUSIVE_LOADS: ExclusiveLoads = ExclusiveLoads::Auto;
 
 #[derive(clap::Subcommand, Debug)]
@@ -76,7 +76,7 @@ pub struct OnArgs {
     /// slot (the `page-cluster` slots around a fault) instead of by
     /// address, for every swap device: slots zmem keeps side by side are
     /// then what a swap-in asks for together. On by default: it measured
-    /// faster on both built-in workloads of `zmem bench swap` (README).
+    /// faster on both built-in workloads of `zmem bench swap` (docs/MEASUREMENTS.md).
     /// `off` leaves the kernel's address read-ahead to the other swap
     /// devices.
     #[arg(long, default_value = "on", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
