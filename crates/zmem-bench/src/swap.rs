@@ -458,6 +458,14 @@ impl RunResult {
         ratio(self.disk_io.read_ops as f64, pages as f64)
     }
 
+    /// zmem: bytes its backing file's reads cost per byte of the records
+    /// they served (read-ahead that a later load used counts as wanted).
+    pub fn file_read_amplification(&self) -> Option<f64> {
+        let s = self.server_stats.as_ref()?;
+        let read = s["backing_bytes_read"].as_u64()?.saturating_sub(s["backing_compaction_bytes_read"].as_u64()?);
+        ratio(read as f64, s["backing_record_bytes_read"].as_u64()? as f64)
+    }
+
     /// zmem: the server's CPU per page swapped in or out, in microseconds.
     pub fn server_us_per_page(&self) -> Option<f64> {
         self.system.is_zmem().then(|| ratio(self.server_cpu_secs * 1e6, (self.pswpin + self.pswpout) as f64)).flatten()
@@ -1149,7 +1157,7 @@ pub fn render(report: &Report) -> String {
     }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
-        "mem MB", "wb pages", "ops/in", "ops/fpg", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap", "io/disk", "io/zswap",
+        "mem MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap", "io/disk", "io/zswap",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -1174,6 +1182,7 @@ pub fn render(report: &Report) -> String {
             r.written_back_pages.to_string(),
             f2(r.read_ops_per_swapin()),
             f2(r.read_ops_per_file_page()),
+            f2(r.file_read_amplification()),
             r.dead.map_or("-".to_string(), |d| format!("{:.0}", d.mean_share * 100.0)),
             r.dead.filter(|d| d.ram_unmapped_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.ram_unmapped_share_mean * 100.0)),
             r.dead.filter(|d| d.pool_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.data_share_at_peak * 100.0)),
@@ -1373,12 +1382,14 @@ mod tests {
         z.pswpin = 1000;
         z.pswpout = 3000;
         z.server_cpu_secs = 0.02;
-        z.server_stats = Some(serde_json::json!({ "bd_reads": 4 }));
+        z.server_stats =
+            Some(serde_json::json!({ "bd_reads": 4, "backing_bytes_read": 9000, "backing_compaction_bytes_read": 1000, "backing_record_bytes_read": 3200 }));
         assert_eq!(z.read_ops_per_swapin(), Some(0.001));
         assert_eq!(z.read_ops_per_file_page(), Some(0.25));
+        assert_eq!(z.file_read_amplification(), Some(2.5));
         assert_eq!(z.server_us_per_page(), Some(5.0));
         let table = render(&report(vec![z]));
-        assert!(table.contains(" 6 ") && table.contains(" 5.0 "), "{table}");
+        assert!(table.contains(" 6 ") && table.contains(" 5.0 ") && table.contains(" 2.50 "), "{table}");
     }
 
     #[test]

@@ -79,6 +79,12 @@ pub struct ColdStats {
     pub bytes_written: u64,
     /// Bytes read from the store: record reads and compaction.
     pub bytes_read: u64,
+    /// Of those, compaction's.
+    pub compaction_bytes_read: u64,
+    /// Bytes of the records served to reads, headers included: what the
+    /// reads wanted, against which `bytes_read` less compaction's is what
+    /// they cost (alignment and read-ahead, less what read-ahead served).
+    pub record_bytes_read: u64,
     /// Record reads that went to the store (misses of any read-ahead;
     /// compaction's reads are not counted).
     pub read_ops: u64,

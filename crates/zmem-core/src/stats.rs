@@ -194,6 +194,11 @@ pub struct Stats {
     /// Bytes actually written to / read from the backing file.
     pub backing_bytes_written: u64,
     pub backing_bytes_read: u64,
+    /// Of the bytes read, compaction's; and the bytes of the records
+    /// served to loads (headers included), which the other reads cost
+    /// ([`Stats::backing_read_amplification`]).
+    pub backing_compaction_bytes_read: u64,
+    pub backing_record_bytes_read: u64,
     /// Reads of the backing file for loads (what the read windows missed).
     pub backing_read_ops: u64,
     /// Of those, reads of the written-back pages of one request together.
@@ -320,6 +325,15 @@ impl Stats {
     /// zram's `/sys/block/zramX/bd_stat` line: bd_count bd_reads bd_writes (pages).
     pub fn bd_stat(&self) -> String {
         format!("{:>8} {:>8} {:>8}", self.bd_count, self.bd_reads, self.bd_writes)
+    }
+
+    /// Bytes the backing file's reads for loads cost per byte of record
+    /// they served (compaction's reads left out): 1.0 when every byte read
+    /// is a record a load asked for, more for alignment and read-ahead that
+    /// nothing used. `None` before any record is read.
+    pub fn backing_read_amplification(&self) -> Option<f64> {
+        let read = self.backing_bytes_read.saturating_sub(self.backing_compaction_bytes_read);
+        (self.backing_record_bytes_read > 0).then(|| read as f64 / self.backing_record_bytes_read as f64)
     }
 
     /// Bytes of RAM per written-back page, every table included

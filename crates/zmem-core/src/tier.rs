@@ -513,6 +513,8 @@ impl Tier {
         st.bd_writes = self.pages_written.load(Relaxed);
         st.backing_bytes_written = b.bytes_written;
         st.backing_bytes_read = b.bytes_read;
+        st.backing_compaction_bytes_read = b.compaction_bytes_read;
+        st.backing_record_bytes_read = b.record_bytes_read;
         st.backing_read_ops = b.read_ops;
         st.backing_prefetch_ops = b.prefetch_ops;
         st.backing_scattered_reads = b.scattered_reads;

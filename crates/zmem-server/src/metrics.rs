@@ -83,6 +83,8 @@ pub const COUNTERS: &[&str] = &[
     "bd_writes",
     "backing_bytes_written",
     "backing_bytes_read",
+    "backing_compaction_bytes_read",
+    "backing_record_bytes_read",
     "backing_read_ops",
     "backing_prefetch_ops",
     "backing_scattered_reads",
