@@ -27,16 +27,19 @@
 //! grows, so the file fills from the front.
 //!
 //! # Tables (RAM)
-//! A [`RecordId`] names a slot in a record table (`Vec` of 16-byte
-//! entries: segment, offset, payload length, generation). Freed slots are
-//! threaded into a free list and their generation bumped, so a stale or
-//! freed id is caught ([`BackingError::InvalidRecord`]) rather than read
-//! as someone else's page. Each segment tracks its live bytes, live record
-//! count and the slots appended to it (for compaction). The key is not
-//! kept in RAM: it is in the header, and [`BackingStore::read`] checks it.
+//! A [`RecordId`] names a slot in a record table (`Vec` of 12-byte
+//! entries: segment, offset, payload length, generation, packed). Freed
+//! slots are threaded into a free list and their generation bumped, so a
+//! stale or freed id is caught ([`BackingError::InvalidRecord`]) rather
+//! than read as someone else's page. Each segment tracks its live bytes
+//! and live record count; compaction finds a segment's records by a pass
+//! over the table (a list per segment cost 4 bytes a record appended, and
+//! kept the dead ones' until the segment emptied). The key is not kept in
+//! RAM: it is in the header, and [`BackingStore::read`] checks it.
 //! [`BackingStats::metadata_bytes`] reports the tables' size from their
-//! capacities (about 16–24 bytes per record, shared by the pages of an
-//! extent). Appends and compaction also
+//! capacities (12 bytes per record and the table's slack: it never
+//! shrinks below its peak; shared by the pages of an extent). Appends and
+//! compaction also
 //! own two 1 MiB aligned buffers; each reading thread owns a 16 KiB one.
 //!
 //! # Reads

@@ -23,8 +23,8 @@ const ALIGN: u64 = PAGE_SIZE as u64;
 
 type Result<T> = std::result::Result<T, BackingError>;
 
-/// One record-table slot. `seg == NONE` marks a free slot, whose `off` is
-/// then the next free slot.
+/// One record-table slot, as the code sees it. `seg == NONE` marks a free
+/// slot, whose `off` is then the next free slot.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     seg: u32,
@@ -32,6 +32,44 @@ struct Entry {
     gen: u32,
     len: u16,
 }
+
+/// An [`Entry`] as the table keeps it, in 12 bytes instead of the
+/// struct's 16: the segment in 28 bits, the offset in 20 (a segment is
+/// 1 MiB), the length in 16 and the generation in 32. A free slot keeps a
+/// mark in the first word and the next free slot in the second. The
+/// table holds one per record written back, for as long as the record
+/// lives, so its width is RAM the pool's cap pays per page on the file.
+#[derive(Clone, Copy, Debug)]
+struct Packed([u32; 3]);
+
+const FREE_MARK: u32 = u32::MAX;
+/// Segments an entry can name: 2^28 − 1, a 256 TiB file.
+const MAX_SEGS: u64 = (1 << 28) - 1;
+
+impl Packed {
+    fn pack(e: Entry) -> Packed {
+        if e.seg == NONE {
+            return Packed([FREE_MARK, e.off, e.gen]);
+        }
+        debug_assert!(u64::from(e.seg) < MAX_SEGS && (e.off as usize) < SEGMENT_SIZE, "{e:?}");
+        Packed([e.seg << 4 | e.off >> 16, (e.off & 0xffff) << 16 | u32::from(e.len), e.gen])
+    }
+
+    fn get(self) -> Entry {
+        let [a, b, gen] = self.0;
+        if a == FREE_MARK {
+            return Entry { seg: NONE, off: b, gen, len: 0 };
+        }
+        Entry { seg: a >> 4, off: (a & 0xf) << 16 | b >> 16, gen, len: b as u16 }
+    }
+}
+
+/// A live record of a segment being evacuated: (table slot, generation,
+/// offset, length), checked again before its entry is moved.
+type Live = (u32, u32, u32, u16);
+/// Table slots scanned under one hold of the read lock when compaction
+/// looks for a segment's records.
+const SCAN_CHUNK: usize = 1 << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SegState {
@@ -55,20 +93,17 @@ struct Segment {
     /// Compaction found a record here that failed verification; leave the
     /// segment alone until it empties.
     bad: bool,
-    /// Table slots of records appended here. Lazily pruned: a slot whose
-    /// entry no longer points here is skipped by compaction.
-    ids: Vec<u32>,
 }
 
 impl Segment {
     fn new(state: SegState) -> Segment {
-        Segment { state, used: 0, live_bytes: 0, live_records: 0, bad: false, ids: Vec::new() }
+        Segment { state, used: 0, live_bytes: 0, live_records: 0, bad: false }
     }
 }
 
 #[derive(Debug, Default)]
 struct State {
-    table: Vec<Entry>,
+    table: Vec<Packed>,
     free_slot: u32,
     segs: Vec<Segment>,
     /// Free segment indices, sorted descending: `last()` is the lowest, so
@@ -82,8 +117,6 @@ struct State {
     /// live record's old place can hold other bytes. Lock-free readers
     /// compare it before and after their I/O.
     reuse: u64,
-    /// Sum of the segments' `ids` capacities, in bytes.
-    ids_bytes: usize,
 }
 
 impl State {
@@ -95,8 +128,8 @@ impl State {
             return Err(bad);
         }
         let slot = (low - 1) as usize;
-        match self.table.get(slot) {
-            Some(e) if e.seg != NONE && e.gen == (raw >> 32) as u32 => Ok((slot, *e)),
+        match self.table.get(slot).map(|p| p.get()) {
+            Some(e) if e.seg != NONE && e.gen == (raw >> 32) as u32 => Ok((slot, e)),
             _ => Err(bad),
         }
     }
@@ -104,28 +137,24 @@ impl State {
     fn alloc_slot(&mut self, e: Entry) -> RecordId {
         let slot = if self.free_slot != NONE {
             let s = self.free_slot;
-            let gen = self.table[s as usize].gen;
-            self.free_slot = self.table[s as usize].off;
-            self.table[s as usize] = Entry { gen, ..e };
+            let free = self.table[s as usize].get();
+            self.free_slot = free.off;
+            self.table[s as usize] = Packed::pack(Entry { gen: free.gen, ..e });
             s
         } else {
             let s = u32::try_from(self.table.len()).ok().filter(|&s| s < NONE - 1).expect("more than 4 billion live backing records");
             grow_gently(&mut self.table, 64);
-            self.table.push(Entry { gen: 1, ..e });
+            self.table.push(Packed::pack(Entry { gen: 1, ..e }));
             s
         };
-        self.add_live(e.seg, slot, e.len);
-        RecordId::from_raw(u64::from(self.table[slot as usize].gen) << 32 | (u64::from(slot) + 1))
+        self.add_live(e.seg, e.len);
+        RecordId::from_raw(u64::from(self.table[slot as usize].get().gen) << 32 | (u64::from(slot) + 1))
     }
 
-    fn add_live(&mut self, seg: u32, slot: u32, len: u16) {
+    fn add_live(&mut self, seg: u32, len: u16) {
         let s = &mut self.segs[seg as usize];
         s.live_bytes += (RECORD_HEADER_SIZE + len as usize) as u32;
         s.live_records += 1;
-        let before = s.ids.capacity();
-        grow_gently(&mut s.ids, 64);
-        s.ids.push(slot);
-        self.ids_bytes += (s.ids.capacity() - before) * size_of::<u32>();
     }
 
     /// Drop one record's contribution to `seg`; frees the segment if it was
@@ -144,7 +173,6 @@ impl State {
     fn free_segment(&mut self, seg: u32) {
         let s = &mut self.segs[seg as usize];
         debug_assert_eq!(s.live_records, 0);
-        self.ids_bytes -= s.ids.capacity() * size_of::<u32>();
         *s = Segment::new(SegState::Free);
         self.reuse += 1;
         let pos = self.free_segs.partition_point(|&x| x > seg);
@@ -179,10 +207,9 @@ impl State {
             return Ok(s);
         }
         let n = self.segs.len() as u64;
-        if let Some(limit) = limit {
-            if (n + 1) * SEG > limit {
-                return Err(BackingError::Full { limit_bytes: limit });
-            }
+        let limit_bytes = limit.unwrap_or(MAX_SEGS * SEG).min(MAX_SEGS * SEG);
+        if (n + 1) * SEG > limit_bytes {
+            return Err(BackingError::Full { limit_bytes });
         }
         grow_gently(&mut self.segs, 8);
         self.segs.push(Segment::new(SegState::Reserved));
@@ -193,13 +220,9 @@ impl State {
         Ok(n as u32)
     }
 
-    /// Heap bytes of the tables (record table, segments, their id lists,
-    /// the free list).
+    /// Heap bytes of the tables (record table, segments, the free list).
     fn metadata_bytes(&self) -> u64 {
-        (self.table.capacity() * size_of::<Entry>()
-            + self.segs.capacity() * size_of::<Segment>()
-            + self.ids_bytes
-            + self.free_segs.capacity() * size_of::<u32>()) as u64
+        (self.table.capacity() * size_of::<Packed>() + self.segs.capacity() * size_of::<Segment>() + self.free_segs.capacity() * size_of::<u32>()) as u64
     }
 
     /// Bytes of segments not on the free list.
@@ -776,7 +799,7 @@ impl BackingStore {
             let mut st = self.state.write();
             let (slot, e) = st.lookup(id)?;
             let free_slot = st.free_slot;
-            st.table[slot] = Entry { seg: NONE, off: free_slot, gen: e.gen.wrapping_add(1), len: 0 };
+            st.table[slot] = Packed::pack(Entry { seg: NONE, off: free_slot, gen: e.gen.wrapping_add(1), len: 0 });
             st.free_slot = slot as u32;
             st.records -= 1;
             st.live_bytes -= (RECORD_HEADER_SIZE + e.len as usize) as u64;
@@ -825,24 +848,20 @@ impl BackingStore {
 
     /// An upper bound on how much [`metadata_bytes`](Self::metadata_bytes)
     /// can grow during one [`write_batch`](Self::write_batch) of `records`
-    /// records holding `bytes` of payload, including the compaction it may run: one gentle growth step
-    /// of the record table per 64 records, of the segment table, of the id
-    /// lists of every segment the batch can touch, the ids a compaction
-    /// moves before it frees their old segment, and the append buffers if
-    /// they are not made yet. A caller with a memory budget charges this
-    /// first and settles to the real growth afterwards.
+    /// records holding `bytes` of payload, including the compaction it may
+    /// run: one gentle growth step of the record table per 64 records, of
+    /// the segment table and its free list for every segment the batch
+    /// (or a compaction, which moves records within the table) can take,
+    /// and the append buffers if they are not made yet. A caller with a
+    /// memory budget charges this first and settles to the real growth
+    /// afterwards.
     pub fn growth_bound(&self, records: usize, bytes: usize) -> u64 {
         let st = self.state.read();
         let steps = records / 64 + 1;
-        let table = steps * ((st.table.len() + records) / 8 + 64 + records) * size_of::<Entry>();
+        let table = steps * ((st.table.len() + records) / 8 + 64 + records) * size_of::<Packed>();
         let new_segs = (records * RECORD_HEADER_SIZE + bytes) / SEGMENT_SIZE + 4;
         let segs = (st.segs.len() / 8 + 8 + new_segs) * (size_of::<Segment>() + size_of::<u32>());
-        let ids_step = (SEGMENT_SIZE / RECORD_HEADER_SIZE) / 8 + 64;
-        let ids = (new_segs * ids_step + records) * size_of::<u32>();
-        // Compaction moves the records of segments less than half full.
-        let moved = SEGMENT_SIZE / 2 / RECORD_HEADER_SIZE;
-        let compaction = (moved + moved / 8 + 2 * ids_step) * size_of::<u32>();
-        (table + segs + ids + compaction) as u64 + (BUFFER_BYTES - self.buffer_bytes())
+        (table + segs) as u64 + (BUFFER_BYTES - self.buffer_bytes())
     }
 
     /// The append buffers, made on first use, and the read windows'.
@@ -1108,11 +1127,16 @@ impl BackingStore {
                 .collect()
         };
         victims.sort_unstable();
-        for (_, v) in victims {
+        // Their records, found in one pass over the table (no segment
+        // keeps a list of its own: 4 bytes a record, and more for records
+        // long dead), when the first is about to be moved.
+        let mut found: Option<Vec<Vec<Live>>> = None;
+        for (i, &(_, v)) in victims.iter().enumerate() {
             if effort == Effort::AsNeeded && !self.state.read().over_target() {
                 break;
             }
-            freed += u64::from(self.evacuate(app, v)?);
+            let lists = found.get_or_insert_with(|| self.records_in(&victims.iter().map(|&(_, v)| v).collect::<Vec<_>>()));
+            freed += u64::from(self.evacuate(app, v, std::mem::take(&mut lists[i]))?);
         }
         // 2. Keep the file short: move the last segment's records down
         // into free segments below it, and truncate.
@@ -1139,7 +1163,8 @@ impl BackingStore {
                 }
                 SegState::Closed if !st.segs[top as usize].bad => {
                     drop(st);
-                    if !self.evacuate(app, top)? {
+                    let live = self.records_in(&[top]).pop().unwrap_or_default();
+                    if !self.evacuate(app, top, live)? {
                         break;
                     }
                     freed += 1;
@@ -1154,29 +1179,52 @@ impl BackingStore {
         Ok(freed)
     }
 
-    /// Move every live record out of closed segment `v` and free it.
-    /// Returns whether `v` was freed.
-    fn evacuate(&self, app: &mut Appender, v: u32) -> Result<bool> {
+    /// The live records of each of the closed segments `segs`, in the same
+    /// order, found by a pass over the record table that holds the read
+    /// lock for [`SCAN_CHUNK`] slots at a time. Only compaction (this
+    /// caller, under the appender lock) moves records into a closed
+    /// segment, and none does while it evacuates, so every record in one
+    /// at the end of the pass was found; one freed or moved meanwhile is
+    /// caught when its entry is checked again ([`evacuate`](Self::evacuate)).
+    fn records_in(&self, segs: &[u32]) -> Vec<Vec<Live>> {
+        let mut out: Vec<Vec<Live>> = vec![Vec::new(); segs.len()];
+        let at = |seg: u32| segs.iter().position(|&s| s == seg);
+        let mut start = 0;
+        loop {
+            let st = self.state.read();
+            let end = (start + SCAN_CHUNK).min(st.table.len());
+            for (slot, p) in st.table[start.min(end)..end].iter().enumerate() {
+                let e = p.get();
+                if e.seg != NONE {
+                    if let Some(i) = at(e.seg) {
+                        out[i].push(((start + slot) as u32, e.gen, e.off, e.len));
+                    }
+                }
+            }
+            if end >= st.table.len() {
+                return out;
+            }
+            start = end;
+        }
+    }
+
+    /// Move every live record out of closed segment `v` and free it:
+    /// `live` are its records ([`records_in`](Self::records_in)). Returns
+    /// whether `v` was freed.
+    fn evacuate(&self, app: &mut Appender, v: u32, mut live: Vec<Live>) -> Result<bool> {
         let Appender { wbuf, rbuf } = app;
-        // (slot, gen, off, len) of the records still living in v.
-        let (used, mut live) = {
+        let used = {
             let st = self.state.read();
             let s = &st.segs[v as usize];
             if s.state != SegState::Closed {
                 return Ok(false);
             }
-            let live: Vec<(u32, u32, u32, u16)> = s
-                .ids
-                .iter()
-                .filter_map(|&slot| {
-                    let e = st.table[slot as usize];
-                    (e.seg == v).then_some((slot, e.gen, e.off, e.len))
-                })
-                .collect();
-            (s.used, live)
+            // Freed since they were found: not moved (the check below
+            // would skip them anyway), not read.
+            live.retain(|&(slot, gen, off, _)| st.table.get(slot as usize).map(|p| p.get()).is_some_and(|e| e.seg == v && e.gen == gen && e.off == off));
+            s.used
         };
         live.sort_unstable_by_key(|r| (r.2, r.0));
-        live.dedup();
         if live.is_empty() {
             let mut st = self.state.write();
             if st.segs[v as usize].state == SegState::Closed && st.segs[v as usize].live_records == 0 {
@@ -1216,12 +1264,11 @@ impl BackingStore {
         }
         let mut st = self.state.write();
         for (&(slot, gen, off, len), &(seg, new_off)) in live.iter().zip(&plan.places) {
-            let e = &mut st.table[slot as usize];
+            let e = st.table[slot as usize].get();
             // Skip records freed while we copied them.
             if e.seg == v && e.gen == gen && e.off == off {
-                e.seg = seg;
-                e.off = new_off;
-                st.add_live(seg, slot, len);
+                st.table[slot as usize] = Packed::pack(Entry { seg, off: new_off, ..e });
+                st.add_live(seg, len);
                 st.sub_live(v, len);
             }
         }
@@ -1470,6 +1517,21 @@ mod window_tests {
             let b = s.stats().bytes_read - before;
             assert!(b <= 1536, "record {i} ({} bytes with its header) cost {b} bytes of reads", 1000 + RECORD_HEADER_SIZE);
         }
+    }
+
+    #[test]
+    fn table_entries_pack_into_twelve_bytes_and_back() {
+        assert_eq!(size_of::<Packed>(), 12);
+        let last_seg = (MAX_SEGS - 1) as u32;
+        for (seg, off, len) in [(0, 0, 0), (1, 4096, 1), (last_seg, SEGMENT_SIZE as u32 - 1, u16::MAX), (12345, 0xabcde, 4112)] {
+            for gen in [0, 1, u32::MAX] {
+                let e = Packed::pack(Entry { seg, off, gen, len }).get();
+                assert_eq!((e.seg, e.off, e.gen, e.len), (seg, off, gen, len));
+            }
+        }
+        // A free slot keeps the next free slot whole.
+        let e = Packed::pack(Entry { seg: NONE, off: u32::MAX - 1, gen: 7, len: 0 }).get();
+        assert_eq!((e.seg, e.off, e.gen), (NONE, u32::MAX - 1, 7));
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! # Why
 //! A page written back alone costs a record in the cold store (its place:
-//! 20 bytes in the backing file's tables) and an entry in the index (12
-//! bytes, and its block's share), whoever reads it: about 40 bytes of RAM
+//! 12 bytes in the backing file's table) and an entry in the index (12
+//! bytes, and its block's share), whoever reads it: about 32 bytes of RAM
 //! for a page that is not in RAM, a fifth of a 2:1 compressed page. Under
 //! a build's swap storm the pool's cap then holds tables, not pages.
 //! zram's flat table costs it 16 bytes a slot it does not count; zswap's
