@@ -547,7 +547,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Repor
             bench_nbdkit(cfg, &plan, dir.path(), allocator).unwrap_or_else(|e| skipped(name, format!("{e:#}")))
         });
     }
-    let root = zmem_testkit::ci::effective_uid() == Some(0);
+    let root = zmem_rig::effective_uid() == Some(0);
     targets.push(if !cfg.zram {
         skipped("zram", "--no-zram".into())
     } else if !root {

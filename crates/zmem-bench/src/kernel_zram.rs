@@ -137,7 +137,7 @@ fn write_attr(dev: &str, attr: &str, value: &str) -> Result<(), Unavailable> {
     fs::write(&p, value).map_err(|e| unavail(format!("cannot write {value:?} to {}: {e}", p.display())))
 }
 
-use zmem_testkit::ci::effective_uid;
+use zmem_rig::effective_uid;
 
 /// Is `/sys/block/<dev>` unused: disksize 0, initstate 0, not swapped on,
 /// not mounted?

@@ -34,7 +34,7 @@ use serde::Serialize;
 use zmem_compress::Compressor;
 use zmem_core::{ColdStore, Pool, PoolConfig, WritebackMode};
 use zmem_host::{LoopDisk, Throttle};
-use zmem_testkit::redis_cluster::{self, LocalCluster};
+use zmem_rig::redis_cluster::{self, LocalCluster};
 
 use crate::pages::{self, PAGE_SIZE};
 use crate::store::mbps;
@@ -245,7 +245,7 @@ fn measure(
     // Pages in a random order: neighbours would share the disk store's
     // read-ahead windows and time a RAM copy instead of a read.
     let mut lat: Vec<f64> = Vec::with_capacity(samples);
-    let mut rng = zmem_testkit::XorShift::new(0x5eed);
+    let mut rng = zmem_rig::XorShift::new(0x5eed);
     for _ in 0..samples.min(n) {
         let i = rng.below(n as u64);
         let t = Instant::now();

@@ -626,7 +626,7 @@ fn zswap_percent(cap: u64, mem_total: u64) -> u64 {
 }
 
 fn preflight(cfg: &Config) -> anyhow::Result<()> {
-    if zmem_testkit::ci::effective_uid() != Some(0) {
+    if zmem_rig::effective_uid() != Some(0) {
         bail!("zmem bench swap needs root (memory cgroups, loop devices, swapon)");
     }
     let swaps = host::active_swaps();
@@ -641,7 +641,7 @@ fn preflight(cfg: &Config) -> anyhow::Result<()> {
     if cfg.systems.iter().any(|s| s.is_zmem()) && !cfg.zmem.is_file() {
         bail!("the zmem binary {} does not exist", cfg.zmem.display());
     }
-    if cfg.systems.contains(&System::ZmemRemote) && !zmem_testkit::redis_cluster::available() {
+    if cfg.systems.contains(&System::ZmemRemote) && !zmem_rig::redis_cluster::available() {
         bail!("zmem-remote needs redis-server and redis-cli (bash scripts/setup.sh installs them)");
     }
     if cfg.jobs.len() > 1 && !cfg.workload.iter().any(|a| a.contains("{jobs}")) {
@@ -664,7 +664,7 @@ struct Setup {
     /// (`--zmem-arg=--fuse-uring --zmem-arg=on`), put back after it.
     fuse_uring: Option<host::FuseUringOn>,
     /// zmem-remote's cluster, stopped after the device that uses it.
-    cluster: Option<zmem_testkit::redis_cluster::LocalCluster>,
+    cluster: Option<zmem_rig::redis_cluster::LocalCluster>,
 }
 
 impl Drop for Setup {
@@ -752,7 +752,7 @@ fn cold_tier(sys: System, backing: &Path, s: &mut Setup) -> anyhow::Result<Vec<s
     if sys != System::ZmemRemote {
         return Ok(vec!["--backing".into(), backing.into(), "--force".into()]);
     }
-    let c = zmem_testkit::redis_cluster::LocalCluster::start(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a Redis cluster for zmem-remote: {e}"))?;
+    let c = zmem_rig::redis_cluster::LocalCluster::start(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a Redis cluster for zmem-remote: {e}"))?;
     let url = c.url();
     s.cluster = Some(c);
     Ok(vec!["--remote".into(), url.into(), "--remote-namespace".into(), "bench-swap".into()])

@@ -5,14 +5,7 @@
 //! works anywhere. In CI, which runs as root on a machine that has all of
 //! them, a skip would hide a broken test as a pass: there, [`skip`] fails.
 
-use std::fs;
-
-/// The process's effective uid, from `/proc/self/status`.
-pub fn effective_uid() -> Option<u32> {
-    let status = fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_ascii_whitespace().nth(2)?.parse().ok()
-}
+pub use zmem_rig::effective_uid;
 
 /// Running under CI (`CI` set and not empty) as root.
 pub fn under_ci_as_root() -> bool {
@@ -21,17 +14,16 @@ pub fn under_ci_as_root() -> bool {
 
 /// Report that a test skips, and why. Under CI as root this panics instead:
 /// CI has every feature, so a skip there is a failure.
+///
+/// The line goes straight to the process's stderr, past the test harness's
+/// capture (which takes only what the print macros write), so `cargo test`
+/// shows every skip with its test's name (libtest names each test's thread
+/// after it), not only the output of a test that failed.
 pub fn skip(reason: &str) {
     if under_ci_as_root() {
         panic!("a test skipped under CI as root ({reason}); CI must have what it needs");
     }
-    eprintln!("SKIPPED: {reason}");
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn uid_is_readable() {
-        assert!(super::effective_uid().is_some());
-    }
+    use std::io::Write;
+    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }
