@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-
+mod error;
 pub mod shared_budget;
+
+pub use error::{HostError, Result};
 
 /// Sizes as zramctl prints them: 0B, 512B, 4K, 1.5M, 2G.
 pub fn human_size(n: u64) -> String {
@@ -42,28 +43,28 @@ pub fn have(tool: &str) -> bool {
 }
 
 /// Run a tool to completion; its stdout, or an error with its stderr.
-pub fn run_tool(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+pub fn run_tool(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().map_err(|e| HostError::spawn(cmd, e))?;
     if !out.status.success() {
-        bail!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        return Err(HostError::ToolFailed { cmd: format!("{cmd:?}"), status: out.status, stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A file's contents, trimmed.
-pub fn read_trim(path: impl AsRef<Path>) -> anyhow::Result<String> {
+pub fn read_trim(path: impl AsRef<Path>) -> Result<String> {
     let p = path.as_ref();
-    Ok(std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?.trim().to_string())
+    Ok(std::fs::read_to_string(p).map_err(|e| HostError::file("read", p, e))?.trim().to_string())
 }
 
 /// Write a sysfs or cgroup attribute.
-pub fn write_attr(path: impl AsRef<Path>, value: &str) -> anyhow::Result<()> {
+pub fn write_attr(path: impl AsRef<Path>, value: &str) -> Result<()> {
     let p = path.as_ref();
-    std::fs::write(p, value).with_context(|| format!("cannot write {value:?} to {}", p.display()))
+    std::fs::write(p, value).map_err(|e| HostError::file(format!("write {value:?} to"), p, e))
 }
 
 /// Write dirty pages back, then drop the kernel's clean caches.
-pub fn drop_caches() -> anyhow::Result<()> {
+pub fn drop_caches() -> Result<()> {
     run_tool(&mut Command::new("sync"))?;
     write_attr("/proc/sys/vm/drop_caches", "3")
 }
@@ -104,7 +105,7 @@ fn unescape(s: &str) -> String {
 
 /// Retry an undo a few times (a device is often briefly busy after its
 /// last user closed it); log it with the hand-made fix if it never works.
-pub fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>) {
+pub fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> Result<()>) {
     let mut last = None;
     for _ in 0..50 {
         match f() {
@@ -114,8 +115,8 @@ pub fn undo(what: &str, by_hand: &str, mut f: impl FnMut() -> anyhow::Result<()>
         std::thread::sleep(Duration::from_millis(100));
     }
     if let Some(e) = last {
-        tracing::error!("could not {what}: {e:#}; finish it by hand: {by_hand}");
-        eprintln!("zmem: could not {what}: {e:#}; finish it by hand: {by_hand}");
+        tracing::error!("could not {what}: {e}; finish it by hand: {by_hand}");
+        eprintln!("zmem: could not {what}: {e}; finish it by hand: {by_hand}");
     }
 }
 
@@ -317,8 +318,8 @@ pub struct ChildGuard(pub Option<Child>);
 
 impl ChildGuard {
     /// Start `cmd` with no stdin or stdout and `stderr` as given.
-    pub fn spawn(cmd: &mut Command, stderr: Stdio) -> anyhow::Result<ChildGuard> {
-        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn().with_context(|| format!("starting {cmd:?}"))?;
+    pub fn spawn(cmd: &mut Command, stderr: Stdio) -> Result<ChildGuard> {
+        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn().map_err(|e| HostError::spawn(cmd, e))?;
         Ok(ChildGuard(Some(child)))
     }
 
@@ -345,14 +346,17 @@ impl Drop for ChildGuard {
     }
 }
 
-pub fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()> {
-    let end = Instant::now() + Duration::from_secs(10);
+/// Wait up to 10 s for a server, `child`, to listen on the unix socket
+/// `path`, failing early if it exits.
+pub fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> Result<()> {
+    const WITHIN: Duration = Duration::from_secs(10);
+    let end = Instant::now() + WITHIN;
     while std::os::unix::net::UnixStream::connect(path).is_err() {
-        if let Some(Ok(Some(st))) = child.0.as_mut().map(|c| c.try_wait()) {
-            bail!("server exited early: {st}");
+        if let Some(Ok(Some(status))) = child.0.as_mut().map(|c| c.try_wait()) {
+            return Err(HostError::Exited { what: format!("the server for {}", path.display()), status, log: None });
         }
         if Instant::now() > end {
-            bail!("server did not listen on {} within 10 s", path.display());
+            return Err(HostError::NotReady { what: format!("the server did not listen on {}", path.display()), within: WITHIN });
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -362,14 +366,15 @@ pub fn wait_for_socket(path: &Path, child: &mut ChildGuard) -> anyhow::Result<()
 /// Wait up to 20 s for `file` to appear (a FUSE file its server mounts),
 /// failing early if `child`, the process that serves it, exits (its log is
 /// `log`).
-pub fn wait_for_file(file: &Path, child: &mut ChildGuard, log: &Path) -> anyhow::Result<()> {
-    let end = Instant::now() + Duration::from_secs(20);
+pub fn wait_for_file(file: &Path, child: &mut ChildGuard, log: &Path) -> Result<()> {
+    const WITHIN: Duration = Duration::from_secs(20);
+    let end = Instant::now() + WITHIN;
     while !file.exists() {
-        if let Some(Ok(Some(st))) = child.0.as_mut().map(|c| c.try_wait()) {
-            bail!("the process serving {} exited: {st} (see {})", file.display(), log.display());
+        if let Some(Ok(Some(status))) = child.0.as_mut().map(|c| c.try_wait()) {
+            return Err(HostError::Exited { what: format!("the process serving {}", file.display()), status, log: Some(log.to_path_buf()) });
         }
         if Instant::now() > end {
-            bail!("{} did not appear within 20 s", file.display());
+            return Err(HostError::NotReady { what: format!("{} did not appear", file.display()), within: WITHIN });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -377,26 +382,26 @@ pub fn wait_for_file(file: &Path, child: &mut ChildGuard, log: &Path) -> anyhow:
 }
 
 /// Run a command with a hard time limit; returns stdout, errors with stderr.
-pub fn run_limited(c: &mut Command, limit: Duration) -> anyhow::Result<String> {
-    let dir = tempfile::tempdir()?;
+pub fn run_limited(c: &mut Command, limit: Duration) -> Result<String> {
+    let dir = tempfile::tempdir().map_err(|e| HostError::file("make a directory in", std::env::temp_dir(), e))?;
     let (op, ep) = (dir.path().join("out"), dir.path().join("err"));
-    let mut child =
-        c.stdin(Stdio::null()).stdout(std::fs::File::create(&op)?).stderr(std::fs::File::create(&ep)?).spawn().with_context(|| format!("running {c:?}"))?;
+    let create = |p: &Path| std::fs::File::create(p).map_err(|e| HostError::file("create", p, e));
+    let mut child = c.stdin(Stdio::null()).stdout(create(&op)?).stderr(create(&ep)?).spawn().map_err(|e| HostError::spawn(c, e))?;
     let end = Instant::now() + limit;
     let status = loop {
-        if let Some(s) = child.try_wait()? {
+        if let Some(s) = child.try_wait().map_err(|e| HostError::spawn(c, e))? {
             break s;
         }
         if Instant::now() > end {
             let _ = child.kill();
             let _ = child.wait();
-            bail!("{c:?} timed out after {limit:?}");
+            return Err(HostError::TimedOut { cmd: format!("{c:?}"), limit });
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let out = std::fs::read_to_string(&op)?;
+    let out = std::fs::read_to_string(&op).map_err(|e| HostError::file("read", &op, e))?;
     if !status.success() {
-        bail!("{c:?} failed ({status}): {}", std::fs::read_to_string(&ep).unwrap_or_default().trim());
+        return Err(HostError::ToolFailed { cmd: format!("{c:?}"), status, stderr: std::fs::read_to_string(&ep).unwrap_or_default().trim().to_string() });
     }
     Ok(out)
 }
@@ -415,15 +420,19 @@ pub struct MemCgroup {
 impl MemCgroup {
     /// Create `MEMCG_ROOT/name` (an existing one is removed first if it
     /// holds no task) with a limit and a swappiness.
-    pub fn create(name: &str, limit: Option<u64>, swappiness: u32) -> anyhow::Result<MemCgroup> {
+    pub fn create(name: &str, limit: Option<u64>, swappiness: u32) -> Result<MemCgroup> {
         let path = Path::new(MEMCG_ROOT).join(name);
         if !Path::new(MEMCG_ROOT).join("memory.limit_in_bytes").exists() {
-            bail!("the cgroup v1 memory controller is not mounted at {MEMCG_ROOT}");
+            return Err(HostError::Unsupported {
+                what: "cgroup v1 memory controller",
+                path: MEMCG_ROOT,
+                needs: "mount it there (zmem's benchmarks and --charge-to use cgroup v1)",
+            });
         }
         if path.exists() {
-            std::fs::remove_dir(&path).with_context(|| format!("{} exists and cannot be removed (tasks in it?)", path.display()))?;
+            std::fs::remove_dir(&path).map_err(|e| HostError::file("remove the cgroup left from an earlier run (are tasks still in it?)", &path, e))?;
         }
-        std::fs::create_dir(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        std::fs::create_dir(&path).map_err(|e| HostError::file("create", &path, e))?;
         let cg = MemCgroup { path };
         if let Some(l) = limit {
             write_attr(cg.path.join("memory.limit_in_bytes"), &l.to_string())?;
@@ -468,7 +477,7 @@ impl Drop for MemCgroup {
             for t in self.tasks() {
                 let _ = Command::new("kill").arg("-KILL").arg(&t).status();
             }
-            std::fs::remove_dir(&self.path).with_context(|| format!("rmdir {}", self.path.display()))
+            std::fs::remove_dir(&self.path).map_err(|e| HostError::file("remove", &self.path, e))
         });
     }
 }
@@ -532,11 +541,9 @@ impl LoopDisk {
     /// file system does no allocation work during a run), attach it, make
     /// the file system with every table written now (no lazy init running
     /// in the background during a run), mount it at `mnt`.
-    pub fn create(image: &Path, size: u64, mnt: &Path) -> anyhow::Result<LoopDisk> {
-        for t in ["losetup", "mkfs.ext4", "mount", "umount", "fallocate"] {
-            if !have(t) {
-                bail!("`{t}` is missing (bash scripts/setup.sh installs it)");
-            }
+    pub fn create(image: &Path, size: u64, mnt: &Path) -> Result<LoopDisk> {
+        if let Some(t) = ["losetup", "mkfs.ext4", "mount", "umount", "fallocate"].into_iter().find(|t| !have(t)) {
+            return Err(HostError::MissingTool(t.to_string()));
         }
         let _ = std::fs::remove_file(image);
         run_tool(Command::new("fallocate").arg("-l").arg(size.to_string()).arg(image))?;
@@ -550,7 +557,7 @@ impl LoopDisk {
         let majmin = read_trim(format!("/sys/block/{dev}/dev")).unwrap_or_default();
         let mut disk = LoopDisk { image: image.to_path_buf(), dev, majmin, mnt: mnt.to_path_buf(), mounted: false, throttled: false };
         run_tool(Command::new("mkfs.ext4").args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", "-m", "0"]).arg(disk.node()))?;
-        std::fs::create_dir_all(mnt).with_context(|| format!("cannot create {}", mnt.display()))?;
+        std::fs::create_dir_all(mnt).map_err(|e| HostError::file("create", mnt, e))?;
         run_tool(Command::new("mount").arg(disk.node()).arg(mnt))?;
         disk.mounted = true;
         Ok(disk)
@@ -574,7 +581,7 @@ impl LoopDisk {
     }
 
     /// Unmount the file system; the device stays attached.
-    pub fn unmount(&mut self) -> anyhow::Result<()> {
+    pub fn unmount(&mut self) -> Result<()> {
         if self.mounted {
             run_tool(Command::new("umount").arg(&self.mnt))?;
             self.mounted = false;
@@ -584,7 +591,7 @@ impl LoopDisk {
 
     /// Mount the file system again at its mount point, with `options`
     /// (`ro`, …).
-    pub fn mount(&mut self, options: &str) -> anyhow::Result<()> {
+    pub fn mount(&mut self, options: &str) -> Result<()> {
         if !self.mounted {
             run_tool(Command::new("mount").args(["-o", options]).arg(self.node()).arg(&self.mnt))?;
             self.mounted = true;
@@ -594,9 +601,13 @@ impl LoopDisk {
 
     /// Throttle the device for every task (rules on the root blkio
     /// cgroup), or lift the throttle (`None`).
-    pub fn throttle(&mut self, t: Option<Throttle>) -> anyhow::Result<()> {
+    pub fn throttle(&mut self, t: Option<Throttle>) -> Result<()> {
         if !Path::new(BLKIO_ROOT).join(THROTTLE_FILES[0]).exists() {
-            bail!("the cgroup v1 blkio controller (with throttling) is not mounted at {BLKIO_ROOT}");
+            return Err(HostError::Unsupported {
+                what: "cgroup v1 blkio controller with throttling",
+                path: BLKIO_ROOT,
+                needs: "mount it there, on a kernel built with CONFIG_BLK_DEV_THROTTLING",
+            });
         }
         let vals = match t {
             Some(t) => [t.iops, t.iops, t.bps, t.bps],
@@ -638,7 +649,7 @@ pub struct SwapOn {
 
 impl SwapOn {
     /// `mkswap` (if `format`) and `swapon --discard` at `priority`.
-    pub fn on(path: &Path, priority: i32, format: bool) -> anyhow::Result<SwapOn> {
+    pub fn on(path: &Path, priority: i32, format: bool) -> Result<SwapOn> {
         if format {
             run_tool(Command::new("mkswap").arg("-q").arg(path))?;
         }
@@ -647,12 +658,11 @@ impl SwapOn {
     }
 
     /// A swap file of `size` bytes, fully allocated, mode 0600.
-    pub fn make_file(path: &Path, size: u64) -> anyhow::Result<()> {
+    pub fn make_file(path: &Path, size: u64) -> Result<()> {
         let _ = std::fs::remove_file(path);
         run_tool(Command::new("fallocate").arg("-l").arg(size.to_string()).arg(path))?;
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        Ok(())
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| HostError::file("make private (mode 0600)", path, e))
     }
 }
 
@@ -684,8 +694,12 @@ pub struct FuseUringOn {
 }
 
 impl FuseUringOn {
-    pub fn new() -> anyhow::Result<FuseUringOn> {
-        let was = read_trim(FUSE_URING_PARAM).with_context(|| format!("this kernel has no FUSE over io_uring ({FUSE_URING_PARAM})"))?;
+    pub fn new() -> Result<FuseUringOn> {
+        let was = read_trim(FUSE_URING_PARAM).map_err(|_| HostError::Unsupported {
+            what: "FUSE over io_uring",
+            path: FUSE_URING_PARAM,
+            needs: "it came with Linux 6.14 (CONFIG_FUSE_IO_URING)",
+        })?;
         write_attr(FUSE_URING_PARAM, "Y")?;
         Ok(FuseUringOn { was })
     }
@@ -708,9 +722,14 @@ pub struct ZswapParams {
 impl ZswapParams {
     /// Save every parameter, and mount debugfs (for zswap's counters) if
     /// it is not mounted.
-    pub fn save() -> anyhow::Result<ZswapParams> {
+    pub fn save() -> Result<ZswapParams> {
         let mut saved = Vec::new();
-        for e in std::fs::read_dir(ZSWAP_PARAMS).with_context(|| format!("this kernel has no zswap ({ZSWAP_PARAMS})"))?.flatten() {
+        let params = std::fs::read_dir(ZSWAP_PARAMS).map_err(|_| HostError::Unsupported {
+            what: "zswap",
+            path: ZSWAP_PARAMS,
+            needs: "a kernel built with CONFIG_ZSWAP",
+        })?;
+        for e in params.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             saved.push((name, read_trim(e.path())?));
         }
@@ -722,7 +741,7 @@ impl ZswapParams {
         Ok(p)
     }
 
-    pub fn set(&self, name: &str, value: &str) -> anyhow::Result<()> {
+    pub fn set(&self, name: &str, value: &str) -> Result<()> {
         write_attr(Path::new(ZSWAP_PARAMS).join(name), value)
     }
 

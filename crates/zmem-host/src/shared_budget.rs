@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use crate::{HostError, Result};
 
 /// How often the limit follows the pool.
 pub const TICK: Duration = Duration::from_millis(10);
@@ -97,12 +97,12 @@ pub struct SharedBudget {
 impl SharedBudget {
     /// The cgroup's current limit as the budget (what `zmem swap on
     /// --charge-to` does): an error if it has none.
-    pub fn budget_of(cgroup: &Path) -> anyhow::Result<u64> {
+    pub fn budget_of(cgroup: &Path) -> Result<u64> {
         let f = cgroup.join("memory.limit_in_bytes");
-        let text = std::fs::read_to_string(&f).with_context(|| format!("cannot read {} (is it a cgroup v1 memory cgroup?)", f.display()))?;
-        let limit: u64 = text.trim().parse().with_context(|| format!("{}: not a number: {:?}", f.display(), text.trim()))?;
+        let text = std::fs::read_to_string(&f).map_err(|e| HostError::file("read the limit of a cgroup v1 memory cgroup at", &f, e))?;
+        let limit: u64 = text.trim().parse().map_err(|_| HostError::NotANumber { path: f.clone(), text: text.trim().to_string() })?;
         if limit >= UNLIMITED {
-            bail!("{} has no memory limit: write the budget for its processes and the pool together to {} first", cgroup.display(), f.display());
+            return Err(HostError::NoBudget { cgroup: cgroup.to_path_buf(), file: f });
         }
         Ok(limit)
     }
@@ -110,14 +110,15 @@ impl SharedBudget {
     /// Starts the keeper: `pool()` is the memory held outside the cgroup
     /// (`None` when it cannot be read this time: the last value stands).
     /// The limit never goes below `floor`.
-    pub fn start(cgroup: &Path, budget: u64, floor: u64, mut pool: impl FnMut() -> Option<u64> + Send + 'static) -> anyhow::Result<SharedBudget> {
+    pub fn start(cgroup: &Path, budget: u64, floor: u64, mut pool: impl FnMut() -> Option<u64> + Send + 'static) -> Result<SharedBudget> {
         if floor >= budget {
-            bail!("the floor ({floor} bytes) must be below the budget ({budget} bytes)");
+            return Err(HostError::BadFloor { floor, budget });
         }
         let limit_file = cgroup.join("memory.limit_in_bytes");
         let usage_file = cgroup.join("memory.usage_in_bytes");
         let read = |f: &Path| std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse::<u64>().ok());
-        let limit = read(&limit_file).with_context(|| format!("cannot read {}", limit_file.display()))?;
+        let limit = crate::read_trim(&limit_file)?;
+        let limit = limit.parse::<u64>().map_err(|_| HostError::NotANumber { path: limit_file.clone(), text: limit })?;
         let counters = Arc::new(Counters::default());
         counters.limit.store(limit, Ordering::Relaxed);
         counters.limit_min.store(limit, Ordering::Relaxed);
@@ -155,7 +156,7 @@ impl SharedBudget {
                     std::thread::park_timeout(TICK);
                 }
             })
-            .context("cannot start the budget keeper thread")?;
+            .map_err(|source| HostError::Thread { name: "zmem-budget", source })?;
         Ok(SharedBudget { cgroup: cgroup.to_path_buf(), budget, counters, stop, thread: Some(thread) })
     }
 

@@ -16,9 +16,10 @@ use zmem_export::Export;
 use zmem_fuse::{FuseConfig, Mounted};
 use zmem_nbd::{Listener, Server, ServerConfig};
 
-use crate::control::{bind_unix, control_loop, BindError, Frontend, Info};
-use crate::metrics::{render, MetricsAddr, MetricsError, MetricsServer};
+use crate::control::{bind_unix, BindError, Frontend, Info};
+use crate::metrics::{MetricsAddr, MetricsError, MetricsServer};
 use crate::policy::Policies;
+use crate::side::SideThreads;
 
 /// Where NBD clients connect.
 #[derive(Clone, Debug)]
@@ -126,23 +127,19 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         server.export().origin_description().map(|d| format!(", caching {d}")).unwrap_or_default(),
         cfg.control.as_ref().map(|p| format!(", control {}", p.display())).unwrap_or_default()
     );
-    eprint!("{line}");
-    crate::notify::ready(&format!("serving {} bytes at {endpoint}", server.export().size()));
-    std::thread::scope(|s| {
-        if let Some(l) = control {
-            let info = &info;
-            s.spawn(move || control_loop(l, info, stop));
-        }
-        if let Some(ep) = &metrics {
-            let info = &info;
-            s.spawn(move || ep.serve(|| render(&info.stats(), &info.device), stop));
-        }
-        cfg.policies.spawn(s, server.export().pool(), stop);
-        let r = server.run(&listener, stop);
-        crate::notify::stopping();
-        stop.store(true, Ordering::SeqCst); // also ends the control thread on error
-        r
-    })
+    let side = SideThreads { control, metrics, policies: cfg.policies, jobs: Vec::new() };
+    side.run(
+        &info,
+        || {
+            eprint!("{line}");
+            crate::notify::ready(&format!("serving {} bytes at {endpoint}", server.export().size()));
+        },
+        || {
+            let r = server.run(&listener, stop);
+            stop.store(true, Ordering::SeqCst);
+            r
+        },
+    )
     .map_err(ServeError::Serve)
 }
 

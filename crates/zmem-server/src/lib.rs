@@ -15,6 +15,9 @@
 //!   over HTTP (`--metrics`) or rendered once (`zmem stat --prometheus`).
 //! * [`policy`] — threads that follow the system's swap fullness and
 //!   recompress idle pages.
+//! * [`side`] — starting those threads beside a frontend's main loop, and
+//!   stopping them when it returns: one start-up and one stop rule for
+//!   every server.
 //! * [`reclaim`] — `mlockall`, `PR_SET_IO_FLUSHER`, `oom_score_adj` and
 //!   malloc's tuning under `mlockall` (the crate's only `unsafe`, in
 //!   `malloc.rs`).
@@ -30,3 +33,4 @@ pub mod notify;
 pub mod policy;
 pub mod protocol;
 pub mod reclaim;
+pub mod side;

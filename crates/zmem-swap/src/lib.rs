@@ -32,15 +32,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use zmem_core::{Compressor, Pool};
 use zmem_export::Export;
 use zmem_host::human_size as human;
-use zmem_server::control::{bind_unix, control_loop, Frontend, Info};
+use zmem_server::control::{bind_unix, Frontend, Info};
 use zmem_server::policy::Policies;
 use zmem_server::protocol::StatsReply;
+use zmem_server::side::{SideJob, SideThreads};
 
+mod error;
 mod unmapped;
+pub use error::{Result, SwapError};
 pub use unmapped::UnmappedFirst;
 
 /// The FUSE file a device's server serves, under its mountpoint.
@@ -152,9 +154,9 @@ pub fn parse_name(s: &str) -> Result<String, String> {
     }
 }
 
-fn require_root(what: &str) -> anyhow::Result<()> {
+fn require_root(what: &'static str) -> Result<()> {
     if !rustix::process::geteuid().is_root() {
-        bail!("`zmem swap {what}` needs root (loop devices, mount, swapon)");
+        return Err(SwapError::NotRoot(what));
     }
     Ok(())
 }
@@ -165,25 +167,23 @@ fn require_root(what: &str) -> anyhow::Result<()> {
 /// Remains of an earlier run under the same name are cleaned up first; if
 /// a step fails, every step before it is undone. Returns the device's
 /// status table.
-pub fn on(a: &Device) -> anyhow::Result<String> {
+pub fn on(a: &Device) -> Result<String> {
     require_root("on")?;
     let size = a.size;
     if size == 0 || !size.is_multiple_of(4096) {
-        bail!("--size must be a positive multiple of 4096 bytes, got {size}");
+        return Err(SwapError::BadSize(size));
     }
-    for t in ["losetup", "mkswap", "swapon", "swapoff", "umount"] {
-        if !zmem_host::have(t) {
-            bail!("`{t}` is not installed (util-linux, mount): zmem swap needs it");
-        }
+    if let Some(t) = ["losetup", "mkswap", "swapon", "swapoff", "umount"].into_iter().find(|t| !zmem_host::have(t)) {
+        return Err(zmem_host::HostError::MissingTool(t.to_string()).into());
     }
     if !Path::new("/dev/fuse").exists() {
-        bail!("/dev/fuse is missing: this kernel has no FUSE (modprobe fuse?)");
+        return Err(SwapError::NoFuse);
     }
     let dir = a.run_dir.join(&a.name);
     if dir.exists() {
         let st = read_state(&dir);
         if let Some(st) = st.as_ref().filter(|s| swap_active(&s.loop_dev)) {
-            bail!("{} is already on ({}); `zmem swap off --name {}` first", a.name, st.loop_dev, a.name);
+            return Err(SwapError::AlreadyOn { name: a.name.clone(), dev: st.loop_dev.clone() });
         }
         eprintln!("zmem: {} has remains of an earlier run; cleaning them up first", a.name);
         teardown(&dir)?;
@@ -191,40 +191,42 @@ pub fn on(a: &Device) -> anyhow::Result<String> {
     if Path::new("/sys/module/nbd").exists() {
         eprintln!("zmem: the kernel has an nbd driver, but zmem swap uses its FUSE image (the NBD path is not built yet)");
     }
-    std::fs::create_dir_all(dir.join("mnt")).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    std::fs::create_dir_all(dir.join("mnt")).map_err(|e| SwapError::file("create", &dir, e))?;
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(|e| SwapError::file("make private (mode 0700)", &dir, e))?;
     match bring_up(a, &dir) {
         Ok(st) => Ok(render_status(&[status_of(&dir, Some(&st))])),
         Err(e) => {
             eprintln!("zmem: `swap on` failed; undoing what it did");
             if let Err(e2) = teardown(&dir) {
-                eprintln!("zmem: cleanup failed too: {e2:#}");
+                eprintln!("zmem: cleanup failed too: {e2}");
             }
             Err(e)
         }
     }
 }
 
-fn bring_up(a: &Device, dir: &Path) -> anyhow::Result<State> {
+fn bring_up(a: &Device, dir: &Path) -> Result<State> {
     let charge = match &a.charge_to {
         Some(cg) => {
             // A second keeper would take the first one's lowered limit for
             // the budget, and the two would fight over it.
             if let Some(other) = charged_by_another(&a.run_dir, dir, cg) {
-                bail!("--charge-to {}: device {other} already counts its memory against that cgroup; one device per cgroup", cg.display());
+                return Err(SwapError::CgroupTaken { cgroup: cg.clone(), other });
             }
             Some((cg.as_path(), charge_budget(cg, a.max_pool)?))
         }
         None => None,
     };
-    let log = std::fs::File::create(dir.join("server.log"))?;
-    let (exe, args) = a.server.split_first().context("no server command to start")?;
+    let log_path = dir.join("server.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| SwapError::file("create", &log_path, e))?;
+    let (exe, args) = a.server.split_first().ok_or(SwapError::NoServer)?;
     let mut cmd = Command::new(exe);
-    cmd.args(args).arg("--dir").arg(dir).envs(a.server_env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    let log_out = log.try_clone().map_err(|e| SwapError::file("open", &log_path, e))?;
+    cmd.args(args).arg("--dir").arg(dir).envs(a.server_env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(log_out).stderr(log);
     // Its own process group: a ^C at the terminal that ran `on` must not
     // stop the swap device.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd.spawn().context("starting the swap server")?;
+    let mut child = cmd.spawn().map_err(SwapError::Spawn)?;
     let pid = child.id();
     let mut st = State {
         name: a.name.clone(),
@@ -240,11 +242,11 @@ fn bring_up(a: &Device, dir: &Path) -> anyhow::Result<State> {
     let ready = dir.join("ready");
     let end = Instant::now() + Duration::from_secs(30);
     while !ready.exists() {
-        if let Some(status) = child.try_wait()? {
-            bail!("the swap server exited ({status}) before it was ready:\n{}", log_tail(dir));
+        if let Some(status) = child.try_wait().map_err(SwapError::Spawn)? {
+            return Err(SwapError::ServerExited { status, log: log_tail(dir) });
         }
         if Instant::now() > end {
-            bail!("the swap server was not ready after 30 s:\n{}", log_tail(dir));
+            return Err(SwapError::ServerNotReady { log: log_tail(dir) });
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -268,10 +270,9 @@ fn bring_up(a: &Device, dir: &Path) -> anyhow::Result<State> {
         let queue = Path::new("/sys/block").join(dev.trim_start_matches("/dev/")).join("queue");
         let wbt = queue.join("wbt_lat_usec");
         if wbt.exists() {
-            std::fs::write(&wbt, "0").with_context(|| format!("turning off writeback throttling ({})", wbt.display()))?;
+            zmem_host::write_attr(&wbt, "0")?;
         }
-        let rot = queue.join("rotational");
-        std::fs::write(&rot, if a.rotational { "1" } else { "0" }).with_context(|| format!("setting {}", rot.display()))?;
+        zmem_host::write_attr(queue.join("rotational"), if a.rotational { "1" } else { "0" })?;
         let label = if i == 0 { format!("zmem-{}", a.name) } else { format!("zmem-{}-{i}", a.name) };
         tool(Command::new("mkswap").args(["-q", "-L", &label]).arg(&dev))?;
         let prio = area.priority.map(|p| vec!["-p".to_string(), p.to_string()]).unwrap_or_default();
@@ -343,7 +344,7 @@ fn log_tail(dir: &Path) -> String {
 
 /// Run a system tool ([`zmem_host::run_tool`]: its stderr in the error if
 /// it fails); its output, trimmed.
-fn tool(cmd: &mut Command) -> anyhow::Result<String> {
+fn tool(cmd: &mut Command) -> Result<String, zmem_host::HostError> {
     Ok(zmem_host::run_tool(cmd)?.trim().to_string())
 }
 
@@ -410,24 +411,20 @@ fn charged_by_another(run_dir: &Path, me: &Path, cgroup: &Path) -> Option<String
 
 /// The budget of `--charge-to CGROUP` (its limit now), checked against the
 /// pool's cap: the processes must keep at least a quarter of it.
-fn charge_budget(cgroup: &Path, max_pool: u64) -> anyhow::Result<u64> {
+fn charge_budget(cgroup: &Path, max_pool: u64) -> Result<u64> {
     let budget = zmem_host::shared_budget::SharedBudget::budget_of(cgroup)?;
     if max_pool >= budget / 4 * 3 {
-        bail!(
-            "--max-pool ({}) must be below 3/4 of the budget of --charge-to {} ({}), or the pool could leave its processes next to nothing; give a smaller --max-pool",
-            human(max_pool),
-            cgroup.display(),
-            human(budget)
-        );
+        return Err(SwapError::PoolTooLarge { max_pool, cgroup: cgroup.to_path_buf(), budget });
     }
     Ok(budget)
 }
 
-fn write_state(dir: &Path, st: &State) -> anyhow::Result<()> {
-    let tmp = dir.join("state.json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(st)?)?;
-    std::fs::rename(&tmp, dir.join("state.json"))?;
-    Ok(())
+fn write_state(dir: &Path, st: &State) -> Result<()> {
+    let (tmp, path) = (dir.join("state.json.tmp"), dir.join("state.json"));
+    // (A state of strings and numbers always serializes.)
+    let json = serde_json::to_vec_pretty(st).unwrap_or_default();
+    std::fs::write(&tmp, json).map_err(|e| SwapError::file("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| SwapError::file("write", &path, e))
 }
 
 fn read_state(dir: &Path) -> Option<State> {
@@ -467,7 +464,7 @@ fn is_our_server(pid: u32, dir: &Path) -> bool {
 
 /// Undo every step `on` did, in reverse, for device `name` under `run_dir`
 /// (every device there with `None`), also after a crash.
-pub fn off(run_dir: &Path, name: Option<&str>) -> anyhow::Result<()> {
+pub fn off(run_dir: &Path, name: Option<&str>) -> Result<()> {
     require_root("off")?;
     let dirs: Vec<PathBuf> = match name {
         None => device_dirs(run_dir),
@@ -481,7 +478,7 @@ pub fn off(run_dir: &Path, name: Option<&str>) -> anyhow::Result<()> {
         }
         did += 1;
         if let Err(e) = teardown(dir) {
-            eprintln!("zmem: {}: {e:#}", dir.display());
+            eprintln!("zmem: {}: {e}", dir.display());
             failed += 1;
         }
     }
@@ -489,7 +486,7 @@ pub fn off(run_dir: &Path, name: Option<&str>) -> anyhow::Result<()> {
         eprintln!("zmem: no zmem swap device {} under {}", name.unwrap_or("at all"), run_dir.display());
     }
     if failed > 0 {
-        bail!("{failed} device(s) could not be stopped");
+        return Err(SwapError::NotStopped(failed));
     }
     Ok(())
 }
@@ -505,7 +502,7 @@ fn device_dirs(run_dir: &Path) -> Vec<PathBuf> {
 /// device over its image, stop its server, unmount, remove the directory.
 /// Stops at a failed swapoff: the pages are still in the pool, and
 /// stopping the server would lose them.
-fn teardown(dir: &Path) -> anyhow::Result<()> {
+fn teardown(dir: &Path) -> Result<()> {
     let st = read_state(dir);
     let image = dir.join("mnt").join(IMAGE);
     let mut loops = loops_backed_by(&image);
@@ -518,7 +515,7 @@ fn teardown(dir: &Path) -> anyhow::Result<()> {
     }
     for lo in &loops {
         if swap_active(lo) {
-            tool(Command::new("swapoff").arg(lo)).with_context(|| format!("swapoff {lo}: its pages are still in zmem; nothing more was undone"))?;
+            tool(Command::new("swapoff").arg(lo)).map_err(|source| SwapError::SwapoffFailed { dev: lo.clone(), source })?;
             eprintln!("zmem: swapoff {lo}");
         }
         tool(Command::new("losetup").arg("-d").arg(lo))?;
@@ -533,7 +530,7 @@ fn teardown(dir: &Path) -> anyhow::Result<()> {
         // that died first. Writing it twice is harmless.
         let f = c.cgroup.join("memory.limit_in_bytes");
         if c.cgroup.exists() {
-            std::fs::write(&f, c.budget.to_string()).with_context(|| format!("giving {} its limit back ({})", c.cgroup.display(), c.budget))?;
+            zmem_host::write_attr(&f, &c.budget.to_string())?;
         }
     }
     let mnt = dir.join("mnt");
@@ -547,15 +544,14 @@ fn teardown(dir: &Path) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(dir.join(f));
     }
     let _ = std::fs::remove_dir(&mnt);
-    std::fs::remove_dir(dir).with_context(|| format!("removing {}", dir.display()))?;
-    Ok(())
+    std::fs::remove_dir(dir).map_err(|e| SwapError::file("remove", dir, e))
 }
 
 /// Stops the server and waits until it is gone. The wait follows the
 /// process by its start time, not by [`is_our_server`]: an exiting process
 /// loses its command line (its memory is released) well before it is gone,
 /// while it still holds its files and its FUSE mount.
-fn stop_server(pid: u32, dir: &Path) -> anyhow::Result<()> {
+fn stop_server(pid: u32, dir: &Path) -> Result<()> {
     use rustix::process::{kill_process, Pid, Signal};
     let Some(p) = Pid::from_raw(pid as i32) else { return Ok(()) };
     let Some(born) = proc_stat(pid).map(|s| s.start) else { return Ok(()) };
@@ -679,7 +675,11 @@ pub fn status(run_dir: &Path) -> Vec<Status> {
 /// is locked and charged), serve it as the FUSE file `IMAGE` under
 /// `DIR/mnt`, answer the control socket, and run the policy threads, until
 /// `stop` is set and no loop device uses the image any more.
-pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool, Compressor)>, stop: &AtomicBool) -> anyhow::Result<()> {
+pub fn serve(
+    a: &ServerConfig,
+    build_pool: impl FnOnce() -> Result<(Pool, Compressor), Box<dyn std::error::Error + Send + Sync>>,
+    stop: &AtomicBool,
+) -> Result<()> {
     let safety = zmem_server::reclaim::protect()?;
     if let (Some(cg), Some(why)) = (&a.cgroup, &safety.io_flusher) {
         // Seen here: with the server charged to the same memory cgroup as
@@ -688,13 +688,7 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
         // own device and waits for it (wbt_wait, then blk_mq_get_tag under
         // swap_writeout): a deadlock. PR_SET_IO_FLUSHER keeps its reclaim
         // from doing that I/O; without it, sharing a cgroup is refused.
-        bail!(
-            "--cgroup {}: the server would share a memory cgroup with its clients without PR_SET_IO_FLUSHER ({why}), \
-             and its own page faults at the cgroup's limit could wait on its own swap-out (a deadlock). \
-             Give it CAP_SYS_RESOURCE, or use --charge-to {} to count its memory against that cgroup's limit from outside",
-            cg.display(),
-            cg.display()
-        );
+        return Err(SwapError::SharedCgroup { cgroup: cg.clone(), why: why.clone() });
     }
     let budget = match &a.charge_to {
         Some(cg) => {
@@ -707,14 +701,14 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
         None => None,
     };
     if let Some(cg) = &a.cgroup {
-        std::fs::write(cg.join("cgroup.procs"), format!("{}\n", std::process::id())).with_context(|| format!("joining cgroup {}", cg.display()))?;
+        zmem_host::write_attr(cg.join("cgroup.procs"), &format!("{}\n", std::process::id()))?;
     }
-    let (pool, comp) = build_pool()?;
+    let (pool, comp) = build_pool().map_err(SwapError::Pool)?;
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
-    std::fs::create_dir_all(&mnt)?;
+    std::fs::create_dir_all(&mnt).map_err(|e| SwapError::file("create", &mnt, e))?;
     let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false, uring: a.fuse_uring };
-    let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).with_context(|| format!("mounting the FUSE image at {}", mnt.display()))?;
+    let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).map_err(|source| SwapError::Mount { mnt: mnt.clone(), source })?;
     // The workers' stacks and fuser's receive buffers are locked as they
     // are touched (MCL_ONFAULT), not faulted in whole: fuser sizes each
     // buffer for its own 16 MiB max_write, the kernel fills at most MAX_IO
@@ -731,25 +725,27 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
         endpoint: mnt.join(IMAGE).display().to_string(),
         backing: a.backing.clone(),
     };
-    std::fs::write(a.dir.join("ready"), format!("{}\n", std::process::id()))?;
-    zmem_server::notify::ready(&format!("serving {} bytes as {}", a.size, info.endpoint));
-    eprintln!("zmem: swap server {} ready: {} bytes, {comp}, image {}", std::process::id(), a.size, info.endpoint);
+    let ready = a.dir.join("ready");
+    std::fs::write(&ready, format!("{}\n", std::process::id())).map_err(|e| SwapError::file("write", &ready, e))?;
     let image = mnt.join(IMAGE);
-    // The threads beside the pool end when the server does, not at every
+    let mut jobs: Vec<SideJob> = Vec::new();
+    if a.unmapped_first != UnmappedFirst::Off {
+        let (pool, image, size, mode) = (export.pool(), &image, a.size, a.unmapped_first);
+        jobs.push(Box::new(move |quit| unmapped::run(pool, image, size, mode, quit)));
+    }
+    // The side threads stop when the loop below ends, not at every
     // signal: a stray SIGTERM to an active device's server is refused
-    // below, and the control socket, the metrics and the policies must
-    // go on answering.
-    let quit = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| control_loop(control, &info, &quit));
-        if let Some(ep) = &metrics {
-            s.spawn(|| ep.serve(|| zmem_server::metrics::render(&info.stats(), &info.device), &quit));
-        }
-        a.policies.spawn(s, export.pool(), &quit);
-        if a.unmapped_first != UnmappedFirst::Off {
-            s.spawn(|| unmapped::run(export.pool(), &image, a.size, a.unmapped_first, &quit));
-        }
-        loop {
+    // there, and the control socket, the metrics and the policies must go
+    // on answering.
+    let side = SideThreads { control: Some(control), metrics, policies: a.policies, jobs };
+    let ready_line = format!("serving {} bytes as {}", a.size, info.endpoint);
+    side.run(
+        &info,
+        || {
+            zmem_server::notify::ready(&ready_line);
+            eprintln!("zmem: swap server {} ready: {} bytes, {comp}, image {}", std::process::id(), a.size, info.endpoint);
+        },
+        || loop {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -757,19 +753,17 @@ pub fn serve(a: &ServerConfig, build_pool: impl FnOnce() -> anyhow::Result<(Pool
             // device with it: keep serving until its loop device is gone.
             let users = loops_backed_by(&image);
             if users.is_empty() {
-                zmem_server::notify::stopping();
                 break;
             }
             eprintln!("zmem: asked to stop, but {} still use the image; `zmem swap off` detaches them first", users.join(" "));
             zmem_server::notify::status(&format!("asked to stop, but {} still use the image", users.join(" ")));
             stop.store(false, Ordering::SeqCst);
-        }
-        quit.store(true, Ordering::SeqCst);
-    });
+        },
+    );
     let _ = std::fs::remove_file(&control_path);
     let _ = std::fs::remove_file(a.dir.join("ready"));
     let st = export.pool().stats();
-    mounted.unmount().context("unmounting the FUSE image")?;
+    mounted.unmount().map_err(SwapError::Unmount)?;
     // With it the budget keeper: the cgroup gets its budget back.
     drop(info);
     let mut err = std::io::stderr();

@@ -177,7 +177,7 @@ fn parse_discard(s: &str) -> Result<Discard, String> {
 pub fn run(cmd: SwapCmd) -> anyhow::Result<()> {
     match cmd {
         SwapCmd::On(a) => on(a),
-        SwapCmd::Off(a) => zmem_swap::off(&a.run_dir, (!a.all).then_some(a.name.as_str())),
+        SwapCmd::Off(a) => Ok(zmem_swap::off(&a.run_dir, (!a.all).then_some(a.name.as_str()))?),
         SwapCmd::Status(a) => status(a),
         SwapCmd::Serve(a) => serve(a),
     }
@@ -194,7 +194,7 @@ fn on(a: OnArgs) -> anyhow::Result<()> {
     }
     let mut failed = 0;
     for d in devices {
-        match device(&d).and_then(|d| zmem_swap::on(&d)) {
+        match device(&d).and_then(|d| Ok(zmem_swap::on(&d)?)) {
             Ok(table) => print!("{table}"),
             Err(e) => {
                 eprintln!("zmem: {}: {e:#}", d.name);
@@ -268,7 +268,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
-    zmem_swap::serve(&cfg, || a.pool.build(EXCLUSIVE_LOADS, &device_name(&a.dir)), stop)
+    Ok(zmem_swap::serve(&cfg, || a.pool.build(EXCLUSIVE_LOADS, &device_name(&a.dir)).map_err(Into::into), stop)?)
 }
 
 /// A swap server's device name: its directory's (zmem0, …).
