@@ -135,20 +135,20 @@ impl State {
     }
 
     fn alloc_slot(&mut self, e: Entry) -> RecordId {
-        let slot = if self.free_slot != NONE {
+        let (slot, gen) = if self.free_slot != NONE {
             let s = self.free_slot;
             let free = self.table[s as usize].get();
             self.free_slot = free.off;
             self.table[s as usize] = Packed::pack(Entry { gen: free.gen, ..e });
-            s
+            (s, free.gen)
         } else {
             let s = u32::try_from(self.table.len()).ok().filter(|&s| s < NONE - 1).expect("more than 4 billion live backing records");
             grow_gently(&mut self.table, 64);
             self.table.push(Packed::pack(Entry { gen: 1, ..e }));
-            s
+            (s, 1)
         };
         self.add_live(e.seg, e.len);
-        RecordId::from_raw(u64::from(self.table[slot as usize].get().gen) << 32 | (u64::from(slot) + 1))
+        RecordId::from_raw(u64::from(gen) << 32 | (u64::from(slot) + 1))
     }
 
     fn add_live(&mut self, seg: u32, len: u16) {
@@ -325,8 +325,9 @@ struct Appender {
 /// most of what it read doubles it, up to this. Not down to the record's
 /// own blocks: on a build swapping to a throttled disk that served fewer
 /// records a read and made the build far slower (docs/MEASUREMENTS.md,
-/// `zmem bench swap`), and the disks a swap device meets run out of operations long
-/// before bandwidth (3,000 IOPS and 125 MB/s: 41 KB a read; an HDD's 150
+/// `zmem bench swap`), and the disks a swap device meets run out of
+/// operations long before bandwidth (3,000 IOPS and 125 MB/s: 41 KB a
+/// read; an HDD's 150
 /// IOPS and 58 MB/s: 387 KB).
 /// The pages of one request are read together by
 /// [`BackingStore::prefetch`], whatever the read-ahead.
@@ -1188,17 +1189,20 @@ impl BackingStore {
     /// caught when its entry is checked again ([`evacuate`](Self::evacuate)).
     fn records_in(&self, segs: &[u32]) -> Vec<Vec<Live>> {
         let mut out: Vec<Vec<Live>> = vec![Vec::new(); segs.len()];
-        let at = |seg: u32| segs.iter().position(|&s| s == seg);
+        // Each segment's place in `segs`, by segment number: one look-up a
+        // slot, however many segments are asked for.
+        let mut at = vec![usize::MAX; segs.iter().max().map_or(0, |&m| m as usize + 1)];
+        for (i, &seg) in segs.iter().enumerate() {
+            at[seg as usize] = i;
+        }
         let mut start = 0;
         loop {
             let st = self.state.read();
             let end = (start + SCAN_CHUNK).min(st.table.len());
             for (slot, p) in st.table[start.min(end)..end].iter().enumerate() {
                 let e = p.get();
-                if e.seg != NONE {
-                    if let Some(i) = at(e.seg) {
-                        out[i].push(((start + slot) as u32, e.gen, e.off, e.len));
-                    }
+                if let Some(&i) = at.get(e.seg as usize).filter(|&&i| i != usize::MAX) {
+                    out[i].push(((start + slot) as u32, e.gen, e.off, e.len));
                 }
             }
             if end >= st.table.len() {
@@ -1537,9 +1541,8 @@ mod window_tests {
     #[test]
     fn reads_count_what_they_wanted_apart_from_compaction() {
         // Records read in order: the read-ahead serves most of them, so the
-        // bytes read come near the records' own bytes; a record read alone
-        // costs its blocks; compaction's reads are counted apart and serve
-        // no load.
+        // bytes read come near the records' own bytes; compaction's reads
+        // are counted apart and serve no load.
         // Four segments of records, so that compaction has closed ones.
         let (s, ids) = filled(4096);
         let rec = (1000 + RECORD_HEADER_SIZE) as u64;

@@ -461,9 +461,7 @@ impl RunResult {
     /// zmem: bytes its backing file's reads cost per byte of the records
     /// they served (read-ahead that a later load used counts as wanted).
     pub fn file_read_amplification(&self) -> Option<f64> {
-        let s = self.server_stats.as_ref()?;
-        let read = s["backing_bytes_read"].as_u64()?.saturating_sub(s["backing_compaction_bytes_read"].as_u64()?);
-        ratio(read as f64, s["backing_record_bytes_read"].as_u64()? as f64)
+        serde_json::from_value::<zmem_core::Stats>(self.server_stats.clone()?).ok()?.backing_read_amplification()
     }
 
     /// zmem: the server's CPU per page swapped in or out, in microseconds.
@@ -1382,8 +1380,14 @@ mod tests {
         z.pswpin = 1000;
         z.pswpout = 3000;
         z.server_cpu_secs = 0.02;
-        z.server_stats =
-            Some(serde_json::json!({ "bd_reads": 4, "backing_bytes_read": 9000, "backing_compaction_bytes_read": 1000, "backing_record_bytes_read": 3200 }));
+        let st = zmem_core::Stats {
+            bd_reads: 4,
+            backing_bytes_read: 9000,
+            backing_compaction_bytes_read: 1000,
+            backing_record_bytes_read: 3200,
+            ..zmem_core::Stats::default()
+        };
+        z.server_stats = Some(serde_json::to_value(st).unwrap());
         assert_eq!(z.read_ops_per_swapin(), Some(0.001));
         assert_eq!(z.read_ops_per_file_page(), Some(0.25));
         assert_eq!(z.file_read_amplification(), Some(2.5));
