@@ -5,15 +5,16 @@
 //! 64 shards, chosen by content hash, each a mutex over a map from the
 //! hash (xxh3-64 of the original page) to a [`DedupRec`]: where the shared
 //! object lives (RAM, the cold store, or dropped by it), its encoding and
-//! its reference count; with a writeback tier, the shard's LRU of its
-//! objects in RAM. Every key that shares an object names the hash in its
+//! its reference count (the writeback tier keeps its own queue of each
+//! shard's objects in RAM, changed only under the shard's lock). Every key that shares an object names the hash in its
 //! index entry, not the place, so a shared object is written back once and
 //! every key follows it. Every change of a record goes through a method of
 //! [`DedupShard`], which moves the shard's counters with it (zram's
 //! `dup_data_size` and `meta_data_size` among them). A hash match alone
 //! never shares: the caller compares the pages byte for byte first.
 //!
-//! Lock order: an index shard, then a dedup shard, then the allocator.
+//! Lock order: an index shard, then a dedup shard, then the tier's queue
+//! of that dedup shard or the allocator.
 //!
 //! # The problem
 //! The zram dedup patch judged dedup by one rule: `dup_data_size` must
@@ -48,8 +49,9 @@
 //!   twins it merged freed objects all over the size classes.
 //!
 //! # Trade-offs
-//! * A pool with a backing store stays in full mode: its records carry LRU
-//!   state that the conversions would have to move between queues.
+//! * A table that is not adaptive stays in full mode (a pool with a
+//!   backing store asks for one: the tier queues its records, and the
+//!   conversions would have to move them between its queues).
 //! * In sampling mode, twins whose hash is not 0 mod 32 are stored twice
 //!   until the pool switches back to full; the first pass then merges them.
 
@@ -58,7 +60,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::
 use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocError, Budget, Handle};
 
-use crate::charged::{map_bytes, map_insert_new, Lru, LruItem, Map};
+use crate::charged::{map_bytes, map_insert_new, Map};
 use crate::entry::{count_dict, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE};
 use crate::objects::Objects;
 use crate::shard::{Index, Shard};
@@ -99,7 +101,8 @@ pub(crate) struct DedupRec {
     pub loc: Loc,
     pub info: ObjInfo,
     pub refs: u32,
-    /// Matches the record to its LRU item (tier only).
+    /// Tells this record from an earlier one under the same hash (the
+    /// writeback tier matches what it queued by it).
     pub gen: u8,
     /// Set by a load or a new sharer: one more round in RAM.
     pub referenced: bool,
@@ -134,6 +137,8 @@ pub(crate) enum ToCold {
 pub(crate) struct DedupTable {
     shards: Box<[DedupLock]>,
     mode: DedupMode,
+    /// Whether the table may leave full mode (see the module notes).
+    adaptive: bool,
 }
 
 /// One dedup shard's lock, second in the engine's lock order.
@@ -176,8 +181,6 @@ impl Drop for DedupGuard<'_> {
 pub(crate) struct DedupShard {
     /// Content hash (xxh3-64 of the original page) -> shared object.
     map: Map<DedupRec>,
-    /// Writeback tier only: store order of the shard's objects in RAM.
-    lru: Lru,
     next_gen: u8,
     /// Bytes and huge pages of the shard's objects in RAM.
     compr_bytes: u64,
@@ -247,11 +250,6 @@ impl DedupShard {
         Some(info)
     }
 
-    /// Make room in the LRU for one more object (writeback tier).
-    pub fn reserve_lru(&mut self, b: &Budget) -> Result<(), AllocError> {
-        self.lru.reserve_one(b)
-    }
-
     /// A new shared object in RAM, referenced once, charging the map's
     /// growth; a refusal changes nothing. Returns its generation.
     pub fn insert(&mut self, hash: u64, handle: Handle, info: ObjInfo, now: u32, b: &Budget) -> Result<u8, AllocError> {
@@ -300,14 +298,12 @@ impl DedupShard {
         })
     }
 
-    /// A load of the object of `hash`: where it is and its encoding. In a
-    /// tiered pool the load marks it referenced and stamps its access.
-    pub fn access(&mut self, hash: u64, now: u32, tiered: bool) -> Option<(Loc, ObjInfo)> {
+    /// A load of the object of `hash`: where it is and its encoding. The
+    /// load marks it referenced and stamps its access (zram's ac_time).
+    pub fn access(&mut self, hash: u64, now: u32) -> Option<(Loc, ObjInfo)> {
         let rec = self.map.get_mut(&hash)?;
-        if tiered {
-            rec.referenced = true;
-            rec.ac = now;
-        }
+        rec.referenced = true;
+        rec.ac = now;
         Some((rec.loc, rec.info))
     }
 
@@ -340,7 +336,6 @@ impl DedupShard {
         st.dup_pages += self.dup_pages;
         st.dup_data_size += self.dup_bytes;
         st.bd_count += self.backed_records;
-        st.lru_bytes += self.lru.bytes();
         (self.backed_refs + self.dropped_refs, map_bytes(&self.map))
     }
 
@@ -351,35 +346,19 @@ impl DedupShard {
 
     // ---- the writeback tier's side ---------------------------------------
 
-    /// The shard's LRU.
-    pub fn lru(&mut self) -> &mut Lru {
-        &mut self.lru
+    /// Records in the shard (in RAM, written back or dropped).
+    pub fn records(&self) -> usize {
+        self.map.len()
     }
 
-    /// The shard's LRU, to look at.
-    pub fn lru_ref(&self) -> &Lru {
-        &self.lru
-    }
-
-    /// Queue the object of `hash` (new, or back in RAM) at the hot end, in
-    /// room reserved for it; sweep stale items once they outnumber the
-    /// records.
-    pub fn enqueue(&mut self, hash: u64, gen: u8, seq: u32, b: &Budget) {
-        self.lru.push_back(LruItem { key: hash, seq, gen }, b);
-        if self.lru.len() > 2 * self.map.len() + 64 {
-            let map = &self.map;
-            self.lru.retain(|it| map.get(&it.key).is_some_and(|r| r.gen == it.gen && matches!(r.loc, Loc::Ram(_))), b);
-        }
-    }
-
-    /// An item popped from the cold end: the object it names if that is
-    /// still in RAM at its generation (`Err(true)` if it was referenced:
-    /// the bit is cleared and the caller gives it a second chance;
-    /// `Err(false)` if it is stale).
-    pub fn cold_candidate(&mut self, item: &LruItem) -> Result<(Handle, ObjInfo, u8), bool> {
-        let Some(rec) = self.map.get_mut(&item.key) else { return Err(false) };
+    /// What the writeback tier queued as (`hash`, `gen`), popped from the
+    /// cold end: the object if it is still in RAM at that generation
+    /// (`Err(true)` if it was referenced: the bit is cleared and the
+    /// caller gives it a second chance; `Err(false)` if the item is stale).
+    pub fn cold_candidate(&mut self, hash: u64, gen: u8) -> Result<(Handle, ObjInfo, u8), bool> {
+        let Some(rec) = self.map.get_mut(&hash) else { return Err(false) };
         let Loc::Ram(handle) = rec.loc else { return Err(false) };
-        if rec.gen != item.gen {
+        if rec.gen != gen {
             return Err(false);
         }
         if rec.referenced {
@@ -443,13 +422,13 @@ impl DedupShard {
     }
 
     /// Bring the object of `hash` back to RAM from record `id`, if it is
-    /// still there and the LRU has room: `alloc` makes its object. Returns
-    /// its new generation (for the caller to queue it).
-    pub fn promote(&mut self, hash: u64, id: u64, b: &Budget, alloc: impl FnOnce() -> Option<Handle>) -> Option<u8> {
+    /// still there: `alloc` makes its object (the caller has made the room
+    /// it needs elsewhere first). Returns its new generation (for the
+    /// caller to queue it).
+    pub fn promote(&mut self, hash: u64, id: u64, alloc: impl FnOnce() -> Option<Handle>) -> Option<u8> {
         if self.map.get(&hash)?.loc != Loc::Backed(id) {
             return None;
         }
-        self.lru.reserve_one(b).ok()?;
         let h = alloc()?;
         let gen = self.next_gen;
         self.next_gen = gen.wrapping_add(1);
@@ -499,8 +478,10 @@ impl DedupMode {
 }
 
 impl DedupTable {
-    pub fn new() -> DedupTable {
-        DedupTable { shards: (0..DEDUP_SHARDS).map(|_| DedupLock(Mutex::new(DedupShard::default()))).collect(), mode: DedupMode::new() }
+    /// A table in full mode; `adaptive`: it may switch to sampling, and
+    /// back, by what sharing saves.
+    pub fn new(adaptive: bool) -> DedupTable {
+        DedupTable { shards: (0..DEDUP_SHARDS).map(|_| DedupLock(Mutex::new(DedupShard::default()))).collect(), mode: DedupMode::new(), adaptive }
     }
 
     /// Bytes of the shard array, held from creation to drop.
@@ -510,7 +491,12 @@ impl DedupTable {
 
     /// The shard of `hash`.
     pub fn shard(&self, hash: u64) -> &DedupLock {
-        &self.shards[(hash as usize) % self.shards.len()]
+        &self.shards[self.shard_index(hash)]
+    }
+
+    /// Where the shard of `hash` is in [`DedupTable::shards`].
+    pub fn shard_index(&self, hash: u64) -> usize {
+        (hash as usize) % self.shards.len()
     }
 
     /// The shard of `hash`, locked under the index shard `_parent` this
@@ -536,15 +522,15 @@ impl DedupTable {
     }
 
     /// Whether a page with this hash that finds no twin gets a record.
-    pub fn tracks(&self, hash: u64, tiered: bool) -> bool {
-        tiered || self.mode.full() || hash.is_multiple_of(SAMPLE)
+    pub fn tracks(&self, hash: u64) -> bool {
+        self.mode.full() || hash.is_multiple_of(SAMPLE)
     }
 
     /// A tracked store found a twin that saved `saved` bytes, or none;
     /// every `WINDOW` tracked stores, decide the mode.
-    pub fn observe(&self, tracked: bool, saved: Option<u64>, tiered: bool) {
+    pub fn observe(&self, tracked: bool, saved: Option<u64>) {
         let m = &self.mode;
-        if !tracked || tiered {
+        if !tracked || !self.adaptive {
             return;
         }
         if let Some(b) = saved {
@@ -566,10 +552,11 @@ impl DedupTable {
 
     /// If a conversion pass is under way, do its next index shard.
     /// `now` (the pool's clock) is read only if a pass runs.
-    pub fn maintain(&self, index: &Index, objects: &Objects, counters: &Counters, now: impl FnOnce() -> u32, tiered: bool) {
+    pub fn maintain(&self, index: &Index, objects: &Objects, counters: &Counters, now: impl FnOnce() -> u32) {
         let m = &self.mode;
         let pass = m.pass.load(Relaxed);
-        if pass == PASS_NONE || tiered {
+        // (A table that is not adaptive never switches: no pass.)
+        if pass == PASS_NONE {
             return;
         }
         let shards = index.shards();

@@ -35,8 +35,8 @@
 //! One [`Budget`] is shared by the allocator and this engine, and every
 //! growth is charged to it before it happens (`charged.rs`): the allocator
 //! charges pages and its tables, a publish charges the key's index block
-//! and map growth and its LRU place, the dedup table its resizes, the tier
-//! the backing store's tables. A refused charge is `PoolFull` and changes
+//! and map growth and its place in the tier's queue, the dedup table its
+//! resizes, the tier the backing store's tables. A refused charge is `PoolFull` and changes
 //! nothing visible; the new object is released. So `mem_used_total` never
 //! passes `mem_limit`, and at rest the budget equals it exactly.
 //!
@@ -52,12 +52,18 @@
 //!   A record costs ~47 bytes; records are kept for every page only while
 //!   the twins found pay for them, else for one page in 32 (`dedup.rs`).
 //! * With a backing store, the in-place rewrite is off: tiered entries carry
-//!   LRU state that a rewrite would have to reset. Without one, the rewrite
+//!   the tier's generation and queue place, which a rewrite would have to
+//!   reset. Without one, the rewrite
 //!   keeps the handle, so whoever compares an entry to see that a page is
 //!   unchanged (recompression) must compare the object's bytes too.
 //! * Access times cost 5 bytes a page in every pool (0.2 % of
 //!   `mem_used_total` on the `/usr/lib` pages), so idle pages can be named
 //!   for writeback and recompression whether or not there is a backing file.
+
+mod config;
+mod setup;
+mod shared;
+mod stats;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -66,140 +72,22 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::MutexGuard;
-use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
+use zmem_alloc::{Budget, Handle};
+use zmem_compress::Compressor;
+
+pub use config::{PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
 
 use crate::admission::{Admission, Verdict};
 use crate::cold::{ColdError, ColdStore};
-use zmem_compress::{Algorithm, Compressor};
-
-use crate::dedup::{DedupTable, Loc, Released};
-use crate::dict::{DictConfig, DictSource, Dicts, TrainReport};
-use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, DICT_SLOTS, PAGE_SIZE};
+use crate::dedup::{DedupTable, Loc};
+use crate::dict::TrainReport;
+use crate::entry::{fill_pattern, same_filled, Entry, ObjInfo, Slot, PAGE_SIZE};
 use crate::error::{Result, ZmemError};
-use crate::objects::{with_page_buf, Objects};
-use crate::recompress::{self, Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
+use crate::objects::Objects;
+use crate::recompress::{self, Recompress, RecompressReport};
 use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
-use crate::tier::{Resident, Tier, TierHost, WritebackMode, OBJ};
-
-/// Where a stored page lives (see [`Pool::residency`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Residency {
-    /// A compressed (or huge, raw) object in RAM.
-    Ram,
-    /// One repeated word, kept in the index entry.
-    SameFilled,
-    /// An object in RAM shared with other keys by deduplication.
-    Shared,
-    /// Written back to the backing store.
-    Backed,
-}
-
-/// How a pool is set up. `PoolConfig::default()` is zram's behaviour with lz4.
-#[derive(Clone, Debug)]
-pub struct PoolConfig {
-    /// Compressor for new objects; may be changed later with [`Pool::set_compressor`].
-    pub compressor: Compressor,
-    /// Share identical pages (hash to find candidates, full compare to confirm).
-    pub dedup: bool,
-    /// Pages that compress to this many bytes or more are stored raw as whole
-    /// pages (zram's huge pages), which also makes them the fastest to load.
-    pub huge_threshold: usize,
-    /// Store pages that do not compress below `huge_threshold` raw (zram) or
-    /// reject them with [`ZmemError::CompressPoor`] (zswap).
-    pub store_incompressible: bool,
-    /// Cap on `mem_used_total`, in bytes (zram's `mem_limit`): allocator
-    /// pages and every table the pool keeps, all charged before they grow.
-    pub mem_limit: Option<u64>,
-    /// Number of index shards (rounded up to a power of two).
-    pub shards: usize,
-    /// Largest span the allocator may use for a size class, in pages.
-    pub max_span_pages: usize,
-    /// zswap's `max_pool_percent`, in bytes: past it, a pool with a backing
-    /// store writes its coldest pages back; one without rejects stores
-    /// (`pool_limit_hit`) until it is below the accept threshold. It bounds
-    /// the allocator's pages plus the metadata that grows with the data
-    /// (allocator tables, index, LRU, dedup table, the backing store's
-    /// record tables), so that it bounds what the pool takes from the
-    /// machine; metadata counts for at most 3/4 of it, so pages always keep
-    /// a quarter (the tables of written-back pages cannot be written back).
-    /// Fixed costs (the shard arrays, the backing store's I/O buffers) are
-    /// not counted.
-    pub max_pool: Option<u64>,
-    /// zswap's `accept_threshold_percent`: after hitting `max_pool`, accept
-    /// again (or stop writing back) below this share of it.
-    pub accept_threshold_percent: u8,
-    /// zswap's exclusive loads, as far as a block device allows: a load is
-    /// taken to be the page's last use in the pool, because whoever reads
-    /// a block device through the page cache or the swap cache now holds
-    /// the page itself (the kernel frees a swap slot when it writes to the
-    /// page, and says so to zmem only when it reuses or discards the slot).
-    /// So a loaded object goes to the cold end of the LRU, to be the first
-    /// written back, instead of getting a second chance in RAM; and a
-    /// written-back page that is loaded stays in the file instead of coming
-    /// back to RAM. The copy is never dropped: a clean page the kernel
-    /// evicts is read from its slot again (2 % of loads on a swap storm).
-    /// Shared (deduplicated) objects keep their second chance: a load
-    /// through one key says nothing about the others.
-    ///
-    /// It pays only where loads are mostly last uses: a workload that
-    /// writes every page it reads, or swap while the device is more than
-    /// half full (then the kernel frees the slot at every swap-in,
-    /// `vm_swap_full()`). Where most loads are read faults whose pages the
-    /// kernel keeps the slots of, evicts clean and reads again, writing
-    /// them back first costs more reads from the file than it saves
-    /// (docs/MEASUREMENTS.md, "Exclusive loads").
-    /// Off by default; [`Pool::set_exclusive_loads`] switches them at run
-    /// time (`zmem swap on` does, following the swap's fullness).
-    pub exclusive_loads: bool,
-    /// Write back a victim with the other pages in RAM of its 16-key index
-    /// block, as one record (an extent, `extent.rs`): a page on the file
-    /// then costs the tables a few bytes of RAM instead of about 40, but a
-    /// load reads its whole extent. Off: every page its own record. Off by
-    /// default until a page can be read from its extent alone
-    /// (docs/MEASUREMENTS.md, "What the cap holds").
-    pub extents: bool,
-    /// zram's `recomp_algorithm`: up to three algorithms for
-    /// [`Pool::recompress`], by priority (the first is priority 1; the
-    /// pool's `compressor` is priority 0). Empty: no recompression.
-    pub recomp_algorithms: Vec<Compressor>,
-    /// Dictionaries: none, trained from the pool's pages, or given
-    /// (`dict.rs`). zstd stores and recompressions use one when there is
-    /// one; lz4 stores only with `dict.lz4`.
-    pub dict: DictConfig,
-}
-
-/// Default huge threshold: pages that compress to 4032 bytes or more are
-/// stored raw.
-///
-/// zram stores raw whatever reaches zsmalloc's `huge_class_size` (about
-/// 3264 bytes with 4-page zspages, ~3.6 KiB with 8-page chains), because a
-/// zspage cannot pack such objects without waste. Our allocator packs every
-/// 16-byte class into spans of up to 32 pages and charges only the pages
-/// objects reach into, so even a 4000-byte object costs less stored
-/// compressed than raw; the last 64 bytes are kept as the margin below
-/// which the saving is not worth a decompression on every load.
-pub const DEFAULT_HUGE_THRESHOLD: usize = 4032;
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        PoolConfig {
-            compressor: Compressor::default(),
-            dedup: false,
-            huge_threshold: DEFAULT_HUGE_THRESHOLD,
-            store_incompressible: true,
-            mem_limit: None,
-            shards: 64,
-            max_span_pages: 32,
-            max_pool: None,
-            accept_threshold_percent: 90,
-            exclusive_loads: false,
-            extents: false,
-            recomp_algorithms: Vec::new(),
-            dict: DictConfig::default(),
-        }
-    }
-}
+use crate::tier::{Resident, Tier, WritebackMode};
 
 /// A load whose record was freed or moved while it read starts again, at
 /// most this many times.
@@ -256,37 +144,7 @@ impl Pool {
     /// cache, whose pages then simply miss (`NotFound`). Starts the
     /// shrinker thread.
     pub fn with_cold_store(cfg: PoolConfig, store: Box<dyn ColdStore>) -> Result<Pool> {
-        let (exclusive, extents) = (cfg.exclusive_loads, cfg.extents);
-        Self::build(cfg, Some(Tier::new(store, exclusive, extents)))
-    }
-
-    fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Pool> {
-        let e = Arc::new(Engine::build(cfg, tier)?);
-        let shrinker = match e.tier {
-            Some(_) => {
-                let worker = Arc::clone(&e);
-                let h = std::thread::Builder::new()
-                    .name("zmem-shrink".into())
-                    .spawn(move || {
-                        if let Some(t) = &worker.tier {
-                            crate::tier::shrinker_main(&*worker, t);
-                        }
-                    })
-                    .map_err(|err| ZmemError::Config(format!("cannot start the shrinker thread: {err}")))?;
-                Some(h)
-            }
-            None => None,
-        };
-        let mut pool = Pool { e, shrinker, trainer: None };
-        if pool.e.objects.dicts().is_some_and(|d| d.cfg.background) {
-            let worker = Arc::clone(&pool.e);
-            let h = std::thread::Builder::new()
-                .name("zmem-dict".into())
-                .spawn(move || worker.dict_main())
-                .map_err(|err| ZmemError::Config(format!("cannot start the dictionary thread: {err}")))?;
-            pool.trainer = Some(h);
-        }
-        Ok(pool)
+        Self::build(cfg, Some(store))
     }
 
     pub fn config(&self) -> &PoolConfig {
@@ -326,7 +184,7 @@ impl Pool {
 
     /// Switch exclusive loads on or off ([`PoolConfig::exclusive_loads`]),
     /// e.g. when the kernel starts or stops freeing swap slots on swap-in.
-    /// A pool without a backing store has no LRU and ignores it.
+    /// A pool without a backing store has no writeback tier and ignores it.
     pub fn set_exclusive_loads(&self, on: bool) {
         if let Some(t) = &self.e.tier {
             t.set_exclusive(on);
@@ -410,7 +268,7 @@ impl Pool {
         Resident::new(items)
     }
 
-    /// Write the pages `pages` names back before anything on the LRU, when
+    /// Write the pages `pages` names back before anything else, when
     /// the pool next needs room: a hint from a user that knows which pages
     /// are most likely unneeded (a swap device's pages that no page table
     /// points to). It replaces the last hint; a page that changed since
@@ -510,89 +368,7 @@ impl Pool {
     }
 }
 
-impl Drop for Pool {
-    fn drop(&mut self) {
-        if let (Some(h), Some(d)) = (self.trainer.take(), self.e.objects.dicts()) {
-            d.stop.store(true, Relaxed);
-            h.thread().unpark();
-            if h.join().is_err() {
-                tracing::error!("the dictionary thread panicked");
-            }
-        }
-        if let (Some(h), Some(t)) = (self.shrinker.take(), &self.e.tier) {
-            t.stop();
-            if h.join().is_err() {
-                tracing::error!("the shrinker thread panicked; pages it was writing back stayed in RAM");
-            }
-        }
-    }
-}
-
 impl Engine {
-    fn build(cfg: PoolConfig, tier: Option<Tier>) -> Result<Engine> {
-        if !(1..=100).contains(&cfg.accept_threshold_percent) {
-            return Err(ZmemError::Config(format!("accept_threshold_percent {} must be between 1 and 100", cfg.accept_threshold_percent)));
-        }
-        if cfg.max_pool == Some(0) {
-            return Err(ZmemError::Config("max_pool must be more than 0 bytes".into()));
-        }
-        if cfg.huge_threshold < 64 || cfg.huge_threshold > PAGE_SIZE {
-            return Err(ZmemError::Config(format!("huge_threshold {} must be between 64 and 4096 bytes", cfg.huge_threshold)));
-        }
-        if !(1..=64).contains(&cfg.max_span_pages) {
-            return Err(ZmemError::Config(format!("max_span_pages {} must be between 1 and 64", cfg.max_span_pages)));
-        }
-        if cfg.recomp_algorithms.len() > MAX_RECOMP_ALGORITHMS {
-            return Err(ZmemError::Config(format!(
-                "{} recompression algorithms ({}): at most {MAX_RECOMP_ALGORITHMS}, as zram's priorities 1 to 3",
-                cfg.recomp_algorithms.len(),
-                crate::recompress::names(&cfg.recomp_algorithms)
-            )));
-        }
-        let index = Index::new(cfg.shards);
-        let dedup = cfg.dedup.then(DedupTable::new);
-        // One budget for everything the pool holds: the allocator charges
-        // its pages and tables to it, the index, dedup table and LRUs their
-        // growth, the tier the backing store's tables. The shard arrays are
-        // a fixed cost, charged now.
-        let budget = Arc::new(Budget::new(cfg.mem_limit));
-        // The limit is the budget's.
-        let alloc = ZsPool::with_budget(AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None }, Arc::clone(&budget));
-        budget.force_charge(index.fixed_bytes() + if dedup.is_some() { DedupTable::fixed_bytes() } else { 0 });
-        if let Some(limit) = cfg.mem_limit {
-            if budget.used() > limit {
-                return Err(ZmemError::Config(format!("mem_limit {limit} is below the {} bytes a pool holds before it stores anything", budget.used())));
-            }
-        }
-        let counters = Counters::default();
-        let dicts = match &cfg.dict.source {
-            DictSource::Off => None,
-            src => {
-                let levels: Vec<i32> = std::iter::once(cfg.compressor)
-                    .chain(cfg.recomp_algorithms.iter().copied())
-                    .filter(|c| c.algorithm == Algorithm::Zstd)
-                    .map(|c| c.level)
-                    .collect();
-                let d = Dicts::new(cfg.dict.clone(), levels);
-                if let DictSource::Bytes(bytes) = src {
-                    let dict = d.prepare(bytes.clone()).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
-                    d.install(dict, &budget).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
-                }
-                Some(d)
-            }
-        };
-        Ok(Engine {
-            objects: Objects::new(alloc, cfg.compressor, dicts, cfg.huge_threshold, cfg.store_incompressible),
-            admission: Admission::new(cfg.max_pool, cfg.accept_threshold_percent, budget.used()),
-            tier,
-            epoch: Instant::now(),
-            cfg,
-            index,
-            dedup,
-            counters,
-        })
-    }
-
     /// What `max_pool` bounds, in pages: the allocator's pages plus the
     /// metadata that grows with the data, of which at most 3/4 of
     /// `max_pool` counts. O(1): the budget's total, less the allocator's
@@ -648,13 +424,12 @@ impl Engine {
         }
         if let Some(d) = &self.dedup {
             let hash = xxhash_rust::xxh3::xxh3_64(page);
-            let tiered = self.tier.is_some();
-            d.maintain(&self.index, &self.objects, &self.counters, || self.now(), tiered);
+            d.maintain(&self.index, &self.objects, &self.counters, || self.now());
             // Without a record for every page (adaptive dedup, `dedup.rs`),
             // a page that finds no twin is stored as any other.
-            let track = d.tracks(hash, tiered);
+            let track = d.tracks(hash);
             let r = self.store_dedup(d, hash, page, track)?;
-            d.observe(track, r.as_ref().and_then(|&(_, saved)| saved), tiered);
+            d.observe(track, r.as_ref().and_then(|&(_, saved)| saved));
             if let Some((new, _)) = r {
                 return self.publish(key, new);
             }
@@ -706,23 +481,19 @@ impl Engine {
     }
 
     /// Put `new` under `key` in its (locked) shard. Charges what the key
-    /// needs first (an index block, the map's growth, a place in the LRU);
-    /// a refusal changes nothing and leaves `new` to the caller. Returns
-    /// the entry replaced, to be released once the shard lock is dropped.
+    /// needs first (an index block, the map's growth, its place in the
+    /// tier); a refusal changes nothing and leaves `new` to the caller.
+    /// Returns the entry replaced, to be released once the shard lock is
+    /// dropped.
     fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
-        let b = self.budget();
-        let new = if self.tier.is_some() {
-            if matches!(new.slot(), Slot::Obj(..)) {
-                s.lru().reserve_one(b).map_err(|e| self.alloc_failed(e))?;
-            }
-            s.stamp(new)
-        } else {
-            new
+        let (b, shard) = (self.budget(), self.index.shard_index(key));
+        let new = match &self.tier {
+            Some(t) => t.prepare(s, shard, new, b).map_err(|e| self.alloc_failed(e))?,
+            None => new,
         };
         let old = s.insert(key, new, self.now(), b).map_err(|e| self.alloc_failed(e))?;
         if let Some(t) = &self.tier {
-            t.queue(s, key, new, b);
-            s.trim_lru(b);
+            t.queue(s, shard, key, new, b);
         }
         Ok(old)
     }
@@ -769,96 +540,6 @@ impl Engine {
         self.counters.alloc_failed(e)
     }
 
-    /// Find an equal page already stored and share it, or (with `create`)
-    /// store this one as a new shared object. A hash match only names a
-    /// candidate: it is compared byte for byte (read from the backing file,
-    /// with no lock held, if it was written back). Returns the entry and,
-    /// for a page shared, the compressed bytes it saved; None when there
-    /// is no twin and `create` is off (the caller stores the page plainly).
-    fn store_dedup(&self, d: &DedupTable, hash: u64, page: &[u8], create: bool) -> Result<Option<(Entry, Option<u64>)>> {
-        let shard = d.shard(hash);
-        // A tiered pool may wait for room: never with the dedup lock held.
-        let mut admitted = false;
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let mut ds = shard.lock();
-            let Some(rec) = ds.get(hash) else {
-                if !create {
-                    return Ok(None);
-                }
-                if self.tier.is_some() && !admitted {
-                    drop(ds);
-                    self.admit()?;
-                    admitted = true;
-                    continue;
-                }
-                if self.tier.is_none() {
-                    self.admit()?;
-                }
-                let b = self.budget();
-                if self.tier.is_some() {
-                    ds.reserve_lru(b).map_err(|e| self.alloc_failed(e))?;
-                }
-                let (handle, info) = self.encode_new(page)?;
-                let gen = match ds.insert(hash, handle, info, self.now(), b) {
-                    Ok(gen) => gen,
-                    Err(e) => {
-                        drop(ds);
-                        self.release(Entry::obj(handle, info));
-                        return Err(self.alloc_failed(e));
-                    }
-                };
-                if let Some(t) = &self.tier {
-                    ds.enqueue(hash, gen, t.next_seq(), b);
-                }
-                return Ok(Some((Entry::dedup(hash, info), None)));
-            };
-            let equal = match rec.loc {
-                Loc::Dropped => false,
-                Loc::Ram(h) => self.objects.equals(h, rec.info, page),
-                Loc::Backed(id) => {
-                    drop(ds);
-                    let equal = self.record_equals(id, hash, rec.info, page);
-                    ds = shard.lock();
-                    let now = ds.get(hash).map(|r| (r.loc, r.gen));
-                    if now != Some((rec.loc, rec.gen)) {
-                        if tries < LOAD_TRIES {
-                            // Promoted, freed or replaced while we read: look again.
-                            continue;
-                        }
-                        false
-                    } else {
-                        equal
-                    }
-                }
-            };
-            if equal {
-                ds.add_ref(hash, Some(self.now()));
-                self.counters.dedup_hits.fetch_add(1, Relaxed);
-                return Ok(Some((Entry::dedup(hash, rec.info), Some(rec.info.len as u64))));
-            }
-            // A true 64-bit collision (or an unreadable or dropped
-            // candidate): store this page unshared.
-            let dropped = rec.loc == Loc::Dropped;
-            drop(ds);
-            if !dropped {
-                self.counters.dedup_collisions.fetch_add(1, Relaxed);
-            }
-            if !admitted {
-                self.admit()?;
-            }
-            let (h, info) = self.encode_new(page)?;
-            return Ok(Some((Entry::obj(h, info), None)));
-        }
-    }
-
-    /// Whether the written-back shared object `id` decodes to `page`.
-    fn record_equals(&self, id: u64, hash: u64, info: ObjInfo, page: &[u8]) -> bool {
-        let Some(t) = &self.tier else { return false };
-        OBJ.with_borrow_mut(|obj| with_page_buf(|out| t.read_record(&self.objects, hash, id, info, obj, out).is_ok() && out == page))
-    }
-
     /// Drop one reference to what `e` points at, freeing the object with its
     /// last user. A failure here (a stale handle or record: a bug) cannot be
     /// returned to anyone; it is counted (`free_fail`) and logged.
@@ -885,25 +566,6 @@ impl Engine {
 
     fn free_failed(&self, msg: &str) {
         self.counters.free_failed(msg);
-    }
-
-    fn release_shared(&self, hash: u64) -> std::result::Result<(), String> {
-        let Some(d) = &self.dedup else {
-            return Err("a shared-page entry in a pool without dedup".into());
-        };
-        let released = d.shard(hash).lock().release(hash)?;
-        match released {
-            Released::Nothing => Ok(()),
-            Released::Object(h) => self.objects.free(h).map_err(|e| e.to_string()),
-            Released::Record(id) => match &self.tier {
-                Some(t) => {
-                    let r = t.store.free(crate::cold::RecordId::from_raw(id)).map_err(|e| e.to_string());
-                    t.settle_backing(self.budget(), 0);
-                    r
-                }
-                None => Err("a written-back shared object in a pool without a backing store".into()),
-            },
-        }
     }
 
     fn load(&self, key: u64, buf: &mut [u8]) -> Result<()> {
@@ -943,7 +605,7 @@ impl Engine {
                     let d = self.dedup.as_ref().ok_or(ZmemError::Inconsistent { key, what: "a shared-page entry in a pool without dedup".into() })?;
                     let mut ds = d.lock_under(&mut s, hash);
                     let (loc, info) = ds
-                        .access(hash, now, self.tier.is_some())
+                        .access(hash, now)
                         .ok_or_else(|| ZmemError::Inconsistent { key, what: format!("shared object {hash:#x} is missing from the dedup table") })?;
                     match loc {
                         Loc::Ram(h) => return self.objects.read_object(key, h, info, buf),
@@ -971,31 +633,14 @@ impl Engine {
     }
 
     /// Look `key` up under its shard lock and record the access at `now`
-    /// (zram's ac_time; a tiered pool also sets zswap's referenced bit).
+    /// (zram's ac_time, and zswap's referenced bit).
     fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64, now: u32) -> Result<(MutexGuard<'a, Shard>, Entry)> {
-        let (e, newly) = s.access(key, now, self.tier.is_some()).ok_or(ZmemError::NotFound { key })?;
+        let (e, newly) = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
         if let Some(t) = self.tier.as_ref().filter(|t| newly && t.exclusive()) {
             // (Once: the bit now marks an object queued at the cold end.)
-            t.queue_cold(&mut s, key, e, self.budget());
+            t.queue_cold(&s, self.index.shard_index(key), key, e, self.budget());
         }
         Ok((s, e))
-    }
-
-    fn residency(&self, key: u64) -> Option<Residency> {
-        let e = self.index.shard(key).lock().get(key)?;
-        Some(match e.slot() {
-            Slot::Obj(..) => Residency::Ram,
-            Slot::Same(_) => Residency::SameFilled,
-            Slot::Dedup(hash, _) => {
-                let d = self.dedup.as_ref()?;
-                match d.shard(hash).lock().loc(hash)? {
-                    Loc::Ram(_) => Residency::Shared,
-                    Loc::Backed(_) => Residency::Backed,
-                    Loc::Dropped => return None,
-                }
-            }
-            Slot::Backed(..) => Residency::Backed,
-        })
     }
 
     fn invalidate(&self, key: u64) -> bool {
@@ -1037,172 +682,12 @@ impl Engine {
     fn len(&self) -> usize {
         self.index.len()
     }
-
-    /// Bring charges that lag behind frees up to date (the backing
-    /// store's tables shrink when its segments empty).
-    fn settle_charges(&self) {
-        if let Some(t) = &self.tier {
-            t.settle_backing(self.budget(), 0);
-        }
-    }
-
-    fn stats(&self) -> Stats {
-        self.settle_charges();
-        let mut st = Stats::default();
-        let mut index_bytes = 0;
-        for s in self.index.shards() {
-            index_bytes += s.lock().add_stats(&mut st);
-        }
-        // Pages whose data is on the backing store: their own records, and
-        // the pages that share a written-back object.
-        let mut backed_pages = st.bd_count;
-        index_bytes += self.index.fixed_bytes();
-        let mut dedup_bytes = 0;
-        if let Some(d) = &self.dedup {
-            for ds in d.shards() {
-                let (backed, table) = ds.lock().add_stats(&mut st);
-                backed_pages += backed;
-                dedup_bytes += table;
-            }
-            dedup_bytes += DedupTable::fixed_bytes();
-        }
-        let keys = st.stored_pages;
-        st.stored_pages -= backed_pages;
-        let a = self.objects.alloc_stats();
-        st.orig_data_size = st.stored_pages * PAGE_SIZE as u64;
-        st.pool_pages = a.pages_used;
-        st.alloc_metadata_bytes = a.metadata_bytes;
-        st.index_bytes = index_bytes;
-        st.meta_data_size = dedup_bytes;
-        st.dedup_full = self.dedup.as_ref().is_some_and(DedupTable::full);
-        st.dedup_switches = self.dedup.as_ref().map_or(0, DedupTable::switches);
-        if let Some(d) = self.objects.dicts() {
-            (st.dict_count, st.dict_bytes) = d.usage();
-            st.dict_id = d.current_dict().map_or(0, |c| c.id());
-            st.dict_pages = (0..DICT_SLOTS).map(|slot| self.dict_objects(slot)).sum();
-            st.dict_trainings = d.trainings.load(Relaxed);
-            st.dict_installs = d.installs.load(Relaxed);
-            st.dict_retired = d.retired.load(Relaxed);
-            st.dict_collecting = d.collecting();
-        }
-        if let Some(t) = &self.tier {
-            t.fill_stats(&mut st);
-        }
-        let tier_bytes = st.lru_bytes + st.backing_metadata_bytes;
-        if keys > 0 {
-            // Every key costs the index alike; the written-back ones also
-            // hold the cold store's records.
-            let index_share = (index_bytes as u128 * backed_pages as u128 / keys as u128) as u64;
-            st.backed_table_bytes = index_share + st.backing_metadata_bytes.saturating_sub(st.backing_buffer_bytes);
-        }
-        let meta = a.metadata_bytes + index_bytes + dedup_bytes + tier_bytes + st.dict_bytes;
-        st.mem_used_total = a.pages_used * PAGE_SIZE as u64 + meta;
-        // Everything is charged before it is taken, so the budget's
-        // high-water mark bounds every total ever held.
-        st.mem_used_max = self.budget().max_used().max(st.mem_used_total);
-        st.mem_limit = self.budget().limit().unwrap_or(0);
-        st.pages_compacted = a.pages_compacted;
-        st.same_filled_pages = st.same_pages;
-        st.pool_total_size = a.pages_used * PAGE_SIZE as u64;
-        st.objs_used = a.objs_used;
-        st.objs_allocated = a.objs_allocated;
-        self.admission.fill_stats(&mut st, self.held_pages());
-        self.counters.fill(&mut st);
-        self.objects.fill_stats(&mut st);
-        st
-    }
-}
-
-impl Engine {
-    /// The `zmem-dict` thread: a dictionary round a second until the pool
-    /// is dropped.
-    fn dict_main(&self) {
-        let Some(d) = self.objects.dicts() else { return };
-        while !d.stop.load(Relaxed) {
-            std::thread::park_timeout(crate::dict::TRAIN_PERIOD);
-            if d.stop.load(Relaxed) {
-                break;
-            }
-            if let Err(e) = self.dict_round(false) {
-                self.counters.warn.warn(|| format!("dictionary training: {e}"));
-            }
-        }
-    }
-
-    /// Free unused dictionaries, then (with `--dict auto`) train one if
-    /// the samples call for it (`force`: whatever they hold).
-    fn dict_round(&self, force: bool) -> Result<TrainReport> {
-        let Some(d) = self.objects.dicts() else {
-            return Err(ZmemError::Config("this pool has no dictionaries: create it with --dict auto".into()));
-        };
-        d.retire_unused(self.budget(), |slot| self.dict_objects(slot));
-        // The compressor whose bytes decide: the first that would use it.
-        let eval = std::iter::once(self.objects.compressor())
-            .chain(self.cfg.recomp_algorithms.iter().copied())
-            .find(|c| c.algorithm == Algorithm::Zstd || (c.algorithm == Algorithm::Lz4 && d.cfg.lz4));
-        let (Some(eval), DictSource::Auto) = (eval, &d.cfg.source) else {
-            return Ok(TrainReport::default());
-        };
-        let pages = self.index.len() as u64;
-        d.round(eval, pages, self.budget(), force).map_err(ZmemError::Config)
-    }
-
-    /// Objects written with the dictionary in `slot`, in RAM or written back.
-    fn dict_objects(&self, slot: usize) -> u64 {
-        let keys: u64 = self.index.shards().iter().map(|s| s.lock().dict_objects(slot)).sum();
-        let shared: u64 = self.dedup.iter().flat_map(|d| d.shards()).map(|ds| ds.lock().dict_objects(slot)).sum();
-        keys + shared
-    }
-}
-
-impl Engine {
-    /// After a store: wake the shrinker if the pool is at its high mark.
-    fn kick_shrinker(&self) {
-        if let Some(t) = &self.tier {
-            t.kick_if_high(self);
-        }
-    }
-
-    /// The tier, which a written-back entry implies.
-    fn tier(&self) -> Result<&Tier> {
-        self.tier.as_ref().ok_or_else(|| ZmemError::Inconsistent { key: 0, what: "a written-back entry in a pool without a backing store".into() })
-    }
-}
-
-impl TierHost for Engine {
-    fn index(&self) -> &Index {
-        &self.index
-    }
-    fn dedup(&self) -> Option<&DedupTable> {
-        self.dedup.as_ref()
-    }
-    fn objects(&self) -> &Objects {
-        &self.objects
-    }
-    fn counters(&self) -> &Counters {
-        &self.counters
-    }
-    fn held_pages(&self) -> u64 {
-        Engine::held_pages(self)
-    }
-    fn admission(&self) -> &Admission {
-        &self.admission
-    }
-    fn now(&self) -> u32 {
-        Engine::now(self)
-    }
-    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
-        Engine::publish_locked(self, s, key, new)
-    }
-    fn release(&self, e: Entry) {
-        Engine::release(self, e)
-    }
 }
 
 #[cfg(test)]
 impl Pool {
     /// The pool's dictionaries (`dict.rs`'s tests reach into them).
-    pub(crate) fn dicts_for_test(&self) -> Option<&Dicts> {
+    pub(crate) fn dicts_for_test(&self) -> Option<&crate::dict::Dicts> {
         self.e.objects.dicts()
     }
 

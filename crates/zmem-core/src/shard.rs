@@ -5,9 +5,11 @@
 //! default, a power of two); whole 16-key blocks go to one shard, so a run
 //! of keys shares a lock and a block (`index.rs`), and neighbouring blocks
 //! spread over the shards. A [`Shard`] is what one mutex guards: the
-//! shard's block map, its LRU of objects in RAM (writeback tier only),
-//! the generation stamped on its next entry, and the counters of the
-//! entries it holds.
+//! shard's block map, the generation stamped on its next entry, and the
+//! counters of the entries it holds. The writeback tier keeps its own
+//! queue for each shard (`tier.rs`), changed only under this lock;
+//! it asks the shard one question of an item it queued:
+//! [`Shard::queued_object`].
 //!
 //! Every change of an entry goes through a method here, and each moves the
 //! shard's counters with it (`compr_bytes`, same-filled, huge and
@@ -17,8 +19,8 @@
 //! [`Shard::set_flags`], which checks that.
 //!
 //! # Lock order
-//! A shard's lock comes first: a dedup shard, an allocator class and the
-//! cold store may be locked under it, never the other way round, and no
+//! A shard's lock comes first: a dedup shard, the tier's queue of this
+//! shard, an allocator class and the cold store may be locked under it, never the other way round, and no
 //! disk I/O or wait for the shrinker happens under it. [`ShardLock::lock`]
 //! checks the first half in debug builds (`lockorder.rs`); a dedup guard
 //! taken under a shard's is had through it
@@ -27,15 +29,12 @@
 //! # Trade-offs
 //! * Sharding by block rather than by key: a sequential run of stores
 //!   takes one lock and fills one block; a random key costs a whole block.
-//! * The LRU lives in the shard, under the same lock as the entries it
-//!   names, so queuing an object costs no second lock on the store path.
 
 use std::ops::Range;
 
 use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocError, Budget};
 
-use crate::charged::Lru;
 use crate::entry::{count_dict, Entry, Slot, DICT_SLOTS};
 use crate::index::{BlockIndex, BLOCK_SHIFT};
 use crate::stats::Stats;
@@ -99,9 +98,8 @@ impl Index {
 /// One shard of the index, with the counters for the entries it holds.
 pub(crate) struct Shard {
     index: BlockIndex,
-    /// Writeback tier only: store order of the shard's in-RAM objects.
-    lru: Lru,
-    /// Generation for the next entry stored (matches entry to LRU item).
+    /// Generation for the next entry stored (tells an entry from an
+    /// earlier one under the same key).
     next_gen: u8,
     /// Bytes of non-deduplicated objects referenced from this shard.
     compr_bytes: u64,
@@ -109,8 +107,7 @@ pub(crate) struct Shard {
     huge_pages: u64,
     /// Entries written back to the cold store (zram's bd_count).
     backed_pages: u64,
-    /// Entries whose object is in RAM: what the LRU's live items can name
-    /// (each at most twice: in store order, and queued cold once loaded).
+    /// Entries whose object is in RAM.
     ram_objs: u64,
     /// Objects (in RAM or written back) per dictionary slot.
     dict_objs: [u64; DICT_SLOTS],
@@ -122,7 +119,6 @@ impl Shard {
             // Every pool keeps access times (zram's ac_time): idle pages can
             // be named for writeback and recompression alike.
             index: BlockIndex::new(true),
-            lru: Lru::default(),
             next_gen: 0,
             compr_bytes: 0,
             same_pages: 0,
@@ -174,13 +170,13 @@ impl Shard {
     }
 
     /// The entry under `key`, its access time now `now` (zram's ac_time).
-    /// With `reference` (a writeback tier), an object in RAM gets zswap's
-    /// referenced bit in the same lookup; the second value says whether
-    /// this access set it.
-    pub fn access(&mut self, key: u64, now: u32, reference: bool) -> Option<(Entry, bool)> {
+    /// An object in RAM gets zswap's referenced bit in the same lookup
+    /// (what it means is the writeback tier's: `tier.rs`); the second
+    /// value says whether this access set it.
+    pub fn access(&mut self, key: u64, now: u32) -> Option<(Entry, bool)> {
         let mut newly = false;
         let e = self.index.access(key, now, |e| {
-            newly = reference && matches!(e.slot(), Slot::Obj(..)) && !e.referenced();
+            newly = matches!(e.slot(), Slot::Obj(..)) && !e.referenced();
             if newly {
                 *e = e.with_referenced(true);
             }
@@ -247,41 +243,24 @@ impl Shard {
         self.index.extents(out);
     }
 
-    /// `e` with the shard's next generation (writeback tier: it tells the
-    /// entry's LRU item from a stale one).
+    /// `e` with the shard's next generation (the writeback tier tells the
+    /// entry it queued from a later one under the same key by it).
     pub fn stamp(&mut self, e: Entry) -> Entry {
         let gen = self.next_gen;
         self.next_gen = self.next_gen.wrapping_add(1);
         e.with_gen(gen)
     }
 
-    /// The shard's LRU (writeback tier).
-    pub fn lru(&mut self) -> &mut Lru {
-        &mut self.lru
+    /// The entry under `key`, if it still holds the object in RAM that
+    /// the writeback tier queued at generation `gen` (else the tier's item
+    /// is stale).
+    pub fn queued_object(&self, key: u64, gen: u8) -> Option<Entry> {
+        self.index.get(key).filter(|e| e.gen() == gen && matches!(e.slot(), Slot::Obj(..)))
     }
 
-    /// The shard's LRU, to look at.
-    pub fn lru_ref(&self) -> &Lru {
-        &self.lru
-    }
-
-    /// Sweep stale LRU items once there are more than the shard's objects
-    /// in RAM can account for (each has at most two live items: in store
-    /// order, and queued cold once loaded), and give back the room of a
-    /// queue that writeback emptied. Only objects in RAM count: a shard
-    /// whose pages are mostly written back (or same-filled) has few live
-    /// items, and stale ones (keys overwritten, freed or written back)
-    /// must not pile up behind them. Amortised O(1) per push: a sweep
-    /// leaves at most `2 × ram_objs` items and room for twice that, so
-    /// the next needs `ram_objs + 64` more pushes or the objects in RAM
-    /// halved.
-    pub fn trim_lru(&mut self, b: &Budget) {
-        let live = 3 * self.ram_objs as usize + 64;
-        if self.lru.len() <= live && self.lru.capacity() <= 4 * live + self.lru.out() {
-            return;
-        }
-        let index = &self.index;
-        self.lru.retain(|it| index.get(it.key).is_some_and(|e| e.gen() == it.gen && matches!(e.slot(), Slot::Obj(..))), b);
+    /// Entries whose object is in RAM.
+    pub fn ram_objects(&self) -> usize {
+        self.ram_objs as usize
     }
 
     /// Objects in RAM or written back with the dictionary in `slot`.
@@ -290,15 +269,14 @@ impl Shard {
     }
 
     /// Add this shard's counts to `st` (entries, compressed bytes,
-    /// same-filled, huge and written-back pages, LRU bytes); returns the
-    /// heap bytes of its index.
+    /// same-filled, huge and written-back pages); returns the heap bytes of
+    /// its index.
     pub fn add_stats(&self, st: &mut Stats) -> u64 {
         st.stored_pages += self.index.len() as u64;
         st.compr_data_size += self.compr_bytes;
         st.same_pages += self.same_pages;
         st.huge_pages += self.huge_pages;
         st.bd_count += self.backed_pages;
-        st.lru_bytes += self.lru.bytes();
         self.index.heap_bytes()
     }
 }

@@ -52,19 +52,25 @@
 //! bytes of the pages still to free.
 //!
 //! # LRU
-//! Each index shard keeps a FIFO of [`LruItem`]s in store order, and so does
-//! each dedup shard for its shared objects (a shared object is written back
-//! once, and every key that refers to it follows it: their entries name
-//! the hash, and the dedup record says where the object is). Items carry a
+//! The tier keeps a FIFO of [`LruItem`]s in store order for each index
+//! shard, and one for each dedup shard's shared objects (`tier/lru.rs`; a
+//! shared object is written back once, and every key that refers to it
+//! follows it: their entries name the hash, and the dedup record says
+//! where the object is). Items carry a
 //! pool-wide sequence number so the shrinker starts from the queue whose
 //! oldest item is oldest overall, and the generation of what they were
 //! queued for, so an overwritten or invalidated key leaves a stale item that
 //! is skipped (and swept once there are more than three per object in
 //! RAM, so they cannot pile up behind written-back pages). A load sets
-//! the referenced bit (the entry's, or the shared record's); the shrinker
-//! clears it and re-queues the item at the hot end instead of writing it
-//! back. All of this happens under the shard lock the store or load already
-//! holds.
+//! the referenced bit (the entry's, or the shared record's: zswap's
+//! `referenced` lives in its entry too); the shrinker clears it and
+//! re-queues the item at the hot end instead of writing it back. A queue
+//! changes only under the lock of the shard it belongs to, which the store
+//! or load already holds; the shard is asked one thing of an item: whether
+//! it still names the object it was queued for
+//! ([`Shard::queued_object`], [`DedupShard::cold_candidate`]). The policy
+//! (what to write back, in which order, who gets a second chance) is all
+//! in this file.
 //!
 //! With exclusive loads (zswap drops an entry when the kernel loads it into
 //! its swap cache; a block device is not told when the slot is freed, so
@@ -102,7 +108,8 @@ use zmem_alloc::{Budget, Handle};
 use crate::admission::Admission;
 use crate::cold::{ColdStore, RecordId};
 
-use crate::charged::LruItem;
+mod lru;
+
 use crate::dedup::DedupTable;
 use crate::dedup::{DedupLock, DedupShard, ToCold};
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
@@ -112,6 +119,7 @@ use crate::shard::Index;
 use crate::shard::{Shard, ShardLock};
 use crate::stats::Counters;
 use crate::stats::Stats;
+use lru::{Lru, LruItem, Queues};
 
 /// Pages written back per batch (one write to the file).
 const BATCH: usize = 64;
@@ -231,6 +239,8 @@ pub(crate) struct Tier {
     reserved_now: AtomicU64,
     /// Pages to write back before the LRUs' cold ends ([`Tier::write_first`]).
     first: Mutex<FirstOut>,
+    /// The LRU: a queue per index shard and per dedup shard (`tier/lru.rs`).
+    queues: Queues,
 }
 
 /// The pages a user of the pool named as most likely unneeded (a swap
@@ -289,11 +299,11 @@ struct BackingCharge {
     reserved: u64,
 }
 
-/// Where a batch of victims comes from.
+/// Where a batch of victims comes from: a shard, and its queue.
 #[derive(Clone, Copy)]
 enum Source<'a> {
-    Index(&'a ShardLock),
-    Shared(&'a DedupLock),
+    Index(&'a ShardLock, usize),
+    Shared(&'a DedupLock, usize),
 }
 
 /// An object picked for writeback, and where its bytes sit in the batch.
@@ -333,7 +343,7 @@ struct Pick<'b> {
 
 impl Pick<'_> {
     /// The next item to pop from `lru`, if this queue should give one.
-    fn next(&mut self, lru: &crate::charged::Lru) -> Option<LruItem> {
+    fn next(&mut self, lru: &Lru) -> Option<LruItem> {
         if self.victims.len() >= BATCH || self.buf.len() >= self.max_bytes || self.examined >= 4 * BATCH {
             return None;
         }
@@ -347,8 +357,12 @@ impl Pick<'_> {
 }
 
 impl Tier {
-    pub fn new(store: Box<dyn ColdStore>, exclusive: bool, extents: bool) -> Tier {
+    /// A tier over `store`, with a queue for each of `index_shards` index
+    /// shards and `dedup_shards` dedup shards (whose fixed cost,
+    /// [`Tier::fixed_bytes`], the caller charges).
+    pub fn new(store: Box<dyn ColdStore>, exclusive: bool, extents: bool, index_shards: usize, dedup_shards: usize) -> Tier {
         Tier {
+            queues: Queues::new(index_shards, dedup_shards),
             // (A store that drops what it is given gets single objects.)
             extents: extents && store.keeps(),
             store,
@@ -397,33 +411,69 @@ impl Tier {
         f.keys.len()
     }
 
-    pub fn next_seq(&self) -> u32 {
+    fn next_seq(&self) -> u32 {
         self.seq.fetch_add(1, Relaxed)
     }
 
-    /// If the (stamped, published) entry holds an object in RAM, queue it
-    /// at the hot end of the shard's LRU, in the room reserved for it.
-    pub fn queue(&self, s: &mut Shard, key: u64, e: Entry, b: &Budget) {
-        if matches!(e.slot(), Slot::Obj(..)) {
-            s.lru().push_back(LruItem { key, seq: self.next_seq(), gen: e.gen() }, b);
-        }
+    /// Bytes of the queue array, held from creation to drop.
+    pub fn fixed_bytes(&self) -> u64 {
+        self.queues.fixed_bytes()
     }
 
-    /// Queue `key`'s object (entry `e`, just loaded) at the cold end of its
-    /// shard's LRU, to be written back before any object not yet loaded
+    /// `e`, about to be published under a key of index shard `shard`
+    /// (locked: `s`), stamped with the shard's next generation; if it holds
+    /// an object in RAM, its place in the shard's queue is made first. A
+    /// refusal (the pool's budget) changes nothing.
+    pub fn prepare(&self, s: &mut Shard, shard: usize, e: Entry, b: &Budget) -> std::result::Result<Entry, zmem_alloc::AllocError> {
+        if matches!(e.slot(), Slot::Obj(..)) {
+            self.queues.lock(self.queues.of_index(shard)).reserve_one(b)?;
+        }
+        Ok(s.stamp(e))
+    }
+
+    /// `key`'s entry `e` (prepared, and now published in index shard
+    /// `shard`, locked: `s`): if it holds an object in RAM, queue it at the
+    /// hot end, in the room made for it.
+    pub fn queue(&self, s: &Shard, shard: usize, key: u64, e: Entry, b: &Budget) {
+        let mut q = self.queues.lock(self.queues.of_index(shard));
+        if matches!(e.slot(), Slot::Obj(..)) {
+            q.push_back(LruItem { key, seq: self.next_seq(), gen: e.gen() }, b);
+        }
+        trim_keys(&mut q, s, b);
+    }
+
+    /// Queue `key`'s object (entry `e`, just loaded; index shard `shard`,
+    /// locked: `s`) at the cold end, to be written back before any object
+    /// not yet loaded
     /// ([`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads)).
     /// Its item in store order stays and is skipped once the object has
     /// gone. Without room for the item (the pool's budget), nothing changes.
-    pub fn queue_cold(&self, s: &mut Shard, key: u64, e: Entry, b: &Budget) {
-        if s.lru().reserve_one(b).is_err() {
+    pub fn queue_cold(&self, s: &Shard, shard: usize, key: u64, e: Entry, b: &Budget) {
+        let mut q = self.queues.lock(self.queues.of_index(shard));
+        if q.reserve_one(b).is_err() {
             return; // it keeps its place in store order
         }
         // Older than anything queued in store order: ages are counted
         // modulo 2^32 from a point 2^30 ahead of now (writeback_lru_batch).
         let seq = self.seq.load(Relaxed).wrapping_sub(1 << 31);
-        s.lru().push_front(LruItem { key, seq, gen: e.gen() }, b);
+        q.push_front(LruItem { key, seq, gen: e.gen() }, b);
         self.cold_queued.fetch_add(1, Relaxed);
-        s.trim_lru(b);
+        trim_keys(&mut q, s, b);
+    }
+
+    /// Make a place in dedup shard `shard`'s queue for a new shared object
+    /// (before it is made: a refusal changes nothing).
+    pub fn prepare_shared(&self, shard: usize, b: &Budget) -> std::result::Result<(), zmem_alloc::AllocError> {
+        self.queues.lock(self.queues.of_shared(shard)).reserve_one(b)
+    }
+
+    /// Queue the shared object of `hash` (new at generation `gen`, or back
+    /// in RAM; dedup shard `shard`, locked: `ds`) at the hot end, in the
+    /// room made for it.
+    pub fn queue_shared(&self, ds: &DedupShard, shard: usize, hash: u64, gen: u8, b: &Budget) {
+        let mut q = self.queues.lock(self.queues.of_shared(shard));
+        q.push_back(LruItem { key: hash, seq: self.next_seq(), gen }, b);
+        trim_shared(&mut q, ds, b);
     }
 
     /// Charge `bound` ahead of a write that may grow the backing store's
@@ -538,7 +588,7 @@ impl Tier {
         st.writeback_fail = self.writeback_fail.load(Relaxed);
         st.extents_repacked = self.repacked.load(Relaxed);
         let f = self.first.lock();
-        st.lru_bytes += f.charged;
+        st.lru_bytes += f.charged + self.queues.bytes() + self.queues.fixed_bytes();
         st.first_out_named = f.named;
         st.first_out_of = f.of;
         st.first_out_taken = f.taken;
@@ -751,15 +801,21 @@ impl Tier {
         // this batch (newer sequence numbers) are the youngest, not wrapped.
         let now = self.seq.load(Relaxed).wrapping_add(1 << 30);
         let age = |it: &LruItem| now.wrapping_sub(it.seq);
-        let sources: Vec<Source<'_>> =
-            h.index().shards().iter().map(Source::Index).chain(h.dedup().into_iter().flat_map(|d| d.shards()).map(Source::Shared)).collect();
+        // (Source i is queue i: the index shards', then the dedup shards'.)
+        let qs = &self.queues;
+        let sources: Vec<Source<'_>> = h
+            .index()
+            .shards()
+            .iter()
+            .enumerate()
+            .map(|(i, sh)| Source::Index(sh, qs.of_index(i)))
+            .chain(h.dedup().into_iter().flat_map(|d| d.shards().iter().enumerate()).map(|(j, ds)| Source::Shared(ds, qs.of_shared(j))))
+            .collect();
         let mut heads = std::collections::BinaryHeap::new();
         for (i, src) in sources.iter().enumerate() {
-            let front = match src {
-                Source::Index(sh) => sh.lock().lru_ref().front().map(age),
-                Source::Shared(ds) => ds.lock().lru_ref().front().map(age),
-            };
-            if let Some(a) = front {
+            // (A look at the head needs no shard lock: it only orders.)
+            let (Source::Index(_, q) | Source::Shared(_, q)) = *src;
+            if let Some(a) = qs.lock(q).front().map(age) {
                 heads.push((a, i));
             }
         }
@@ -771,15 +827,17 @@ impl Tier {
             let bound = heads.peek().map(|&(a, _)| a);
             let mut pick = Pick { t: self, now, bound, src: i, victims: &mut victims, buf: &mut buf, max_bytes, examined: 0 };
             let front = match sources[i] {
-                Source::Index(sh) => {
+                Source::Index(sh, q) => {
                     let mut s = sh.lock();
-                    Self::pick_cold_keys(h, &mut s, &mut pick);
-                    s.lru_ref().front().map(age)
+                    let mut lru = qs.lock(q);
+                    Self::pick_cold_keys(h, &mut s, &mut lru, &mut pick);
+                    lru.front().map(age)
                 }
-                Source::Shared(ds) => {
+                Source::Shared(ds, q) => {
                     let mut g = ds.lock();
-                    Self::pick_cold_shared(h, &mut g, &mut pick);
-                    g.lru_ref().front().map(age)
+                    let mut lru = qs.lock(q);
+                    Self::pick_cold_shared(h, &mut g, &mut lru, &mut pick);
+                    lru.front().map(age)
                 }
             };
             examined += pick.examined;
@@ -832,28 +890,25 @@ impl Tier {
     /// items stay queued, and are skipped once they have gone; one popped
     /// during the same batch is attached to its victim, so a failed write
     /// puts it back.
-    fn pick_cold_keys(h: &impl TierHost, s: &mut Shard, p: &mut Pick<'_>) {
+    fn pick_cold_keys(h: &impl TierHost, s: &mut Shard, lru: &mut Lru, p: &mut Pick<'_>) {
         let mates = p.t.extents;
-        while let Some(item) = p.next(s.lru_ref()) {
-            s.lru().pop_front();
-            let Some(e) = s.get(item.key) else { continue };
+        while let Some(item) = p.next(lru) {
+            lru.pop_front();
+            let Some(e) = s.queued_object(item.key, item.gen) else { continue };
             let Slot::Obj(handle, info) = e.slot() else { continue };
-            if e.gen() != item.gen {
-                continue;
-            }
             if let Some(v) = p.victims.iter_mut().filter(|_| mates).find(|v| v.src == p.src && v.key == item.key && v.item.is_none()) {
                 // Already in the batch as a neighbour of an older victim.
                 v.item = Some(item);
-                s.lru().take_out();
+                lru.take_out();
                 continue;
             }
             if e.referenced() && !p.t.exclusive() {
                 s.set_flags(item.key, e.with_referenced(false));
-                s.lru().push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
+                lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
                 continue;
             }
             let Some(off) = h.objects().copy_out(handle, info, p.buf) else { continue };
-            s.lru().take_out();
+            lru.take_out();
             let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
             p.victims.push(v);
             if mates {
@@ -878,19 +933,19 @@ impl Tier {
     }
 
     /// [`pick_cold_keys`](Self::pick_cold_keys) for a dedup shard's shared objects.
-    fn pick_cold_shared(h: &impl TierHost, ds: &mut DedupShard, p: &mut Pick<'_>) {
-        while let Some(item) = p.next(ds.lru_ref()) {
-            ds.lru().pop_front();
-            let (handle, info, gen) = match ds.cold_candidate(&item) {
+    fn pick_cold_shared(h: &impl TierHost, ds: &mut DedupShard, lru: &mut Lru, p: &mut Pick<'_>) {
+        while let Some(item) = p.next(lru) {
+            lru.pop_front();
+            let (handle, info, gen) = match ds.cold_candidate(item.key, item.gen) {
                 Ok(c) => c,
                 Err(true) => {
-                    ds.lru().push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
+                    lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
                     continue;
                 }
                 Err(false) => continue,
             };
             let Some(off) = h.objects().copy_out(handle, info, p.buf) else { continue };
-            ds.lru().take_out();
+            lru.take_out();
             let v = Victim { src: p.src, key: item.key, entry: Entry::EMPTY, handle, info, gen, referenced: false, item: Some(item), off };
             p.victims.push(v);
         }
@@ -933,8 +988,14 @@ impl Tier {
                 for &i in &by_src {
                     let mine = victims.iter().filter(|v| v.src == i);
                     match sources[i] {
-                        Source::Index(sh) => requeue_keys(self, b, &mut sh.lock(), mine, out(i)),
-                        Source::Shared(ds) => requeue_shared(self, b, &mut ds.lock(), mine, out(i)),
+                        Source::Index(sh, q) => {
+                            let s = sh.lock();
+                            requeue_keys(self, b, &s, &mut self.queues.lock(q), mine, out(i));
+                        }
+                        Source::Shared(ds, q) => {
+                            let g = ds.lock();
+                            requeue_shared(self, b, &g, &mut self.queues.lock(q), mine, out(i));
+                        }
                     }
                 }
                 return Err(e);
@@ -944,8 +1005,14 @@ impl Tier {
         for &i in &by_src {
             let mine = victims.iter().zip(&rec_of).filter(|(v, _)| v.src == i).map(|(v, &r)| (v, r, ids[r]));
             match sources[i] {
-                Source::Index(sh) => settle_keys(self, b, &mut sh.lock(), mine, &mut settled, out(i)),
-                Source::Shared(ds) => settle_shared(self, b, &mut ds.lock(), mine, &mut settled, out(i)),
+                Source::Index(sh, q) => {
+                    let mut s = sh.lock();
+                    settle_keys(self, b, &mut s, &mut self.queues.lock(q), mine, &mut settled, out(i));
+                }
+                Source::Shared(ds, q) => {
+                    let mut g = ds.lock();
+                    settle_shared(self, b, &mut g, &mut self.queues.lock(q), mine, &mut settled, out(i));
+                }
             }
         }
         let Settled { freed, taken, dropped } = settled;
@@ -978,13 +1045,13 @@ impl Tier {
         let mut budget = limit_pages.unwrap_or(u64::MAX);
         let cap = |budget: u64| usize::try_from(budget).unwrap_or(usize::MAX);
         let mut total = 0;
-        for shard in h.index().shards() {
+        for (i, shard) in h.index().shards().iter().enumerate() {
             let picked: Vec<(u64, Entry)> = {
                 let s = shard.lock();
                 let obj = |e: Entry, ac| matches!(e.slot(), Slot::Obj(_, info) if mode.picks(info, ac, now));
                 s.iter().filter(|&(_, e, ac)| obj(e, ac)).map(|(k, e, _)| (k, e)).take(cap(budget)).collect()
             };
-            total += self.writeback_in_batches(h, Source::Index(shard), &picked, &mut budget, |chunk, victims, buf| {
+            total += self.writeback_in_batches(h, Source::Index(shard, self.queues.of_index(i)), &picked, &mut budget, |chunk, victims, buf| {
                 let s = shard.lock();
                 for &(key, e) in chunk {
                     let Slot::Obj(handle, info) = e.slot() else { continue };
@@ -996,9 +1063,9 @@ impl Tier {
                 }
             })?;
         }
-        for ds in h.dedup().into_iter().flat_map(|d| d.shards()) {
+        for (j, ds) in h.dedup().into_iter().flat_map(|d| d.shards().iter().enumerate()) {
             let picked = ds.lock().ram_picked(|info, ac| mode.picks(info, ac, now), cap(budget));
-            total += self.writeback_in_batches(h, Source::Shared(ds), &picked, &mut budget, |chunk, victims, buf| {
+            total += self.writeback_in_batches(h, Source::Shared(ds, self.queues.of_shared(j)), &picked, &mut budget, |chunk, victims, buf| {
                 let g = ds.lock();
                 for &(hash, gen) in chunk {
                     let Some((handle, info, referenced)) = g.in_ram(hash, gen) else { continue };
@@ -1128,9 +1195,12 @@ impl Tier {
             }
             {
                 let mut ds = d.shard(hash).lock();
-                let b = h.objects().budget();
-                let Some(gen) = ds.promote(hash, id, b, || h.objects().write(obj).ok()) else { return Ok(()) };
-                ds.enqueue(hash, gen, self.next_seq(), b);
+                let (b, shard) = (h.objects().budget(), d.shard_index(hash));
+                if self.prepare_shared(shard, b).is_err() {
+                    return Ok(()); // no room for its place: it stays on the file
+                }
+                let Some(gen) = ds.promote(hash, id, || h.objects().write(obj).ok()) else { return Ok(()) };
+                self.queue_shared(&ds, shard, hash, gen, b);
             }
             if let Err(e) = self.store.free(RecordId::from_raw(id)) {
                 h.counters().free_failed(&e.to_string());
@@ -1169,7 +1239,7 @@ fn layout_records<'b>(victims: &[Victim], sources: &[Source<'_>], buf: &'b [u8],
     let mut i = 0;
     while i < order.len() {
         let v = &victims[order[i]];
-        if !keeps || matches!(sources[v.src], Source::Shared(_)) {
+        if !keeps || matches!(sources[v.src], Source::Shared(..)) {
             records.push(Record { key: v.key, bytes: bytes(v).into() });
             rec_of[order[i]] = records.len() - 1;
             i += 1;
@@ -1207,31 +1277,42 @@ fn layout_records<'b>(victims: &[Victim], sources: &[Source<'_>], buf: &'b [u8],
 /// was pinned in RAM).
 /// `out` is how many of the victims the shrinker took out of this queue:
 /// their places were kept, so putting them back never grows it.
-fn requeue_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
+fn requeue_keys<'v>(t: &Tier, b: &Budget, s: &Shard, lru: &mut Lru, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
     for v in victims.rev() {
         let (Some(item), Some(now)) = (v.item, s.get(v.key)) else { continue };
         if now.gen() != item.gen || now.slot() != v.entry.slot() {
             continue; // overwritten or gone: its new entry has its own item
         }
         if now.referenced() && !t.exclusive() {
-            s.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
+            lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
         } else {
-            s.lru().push_front(item, b);
+            lru.push_front(item, b);
         }
     }
-    s.lru().return_out(out);
+    lru.return_out(out);
 }
 
-fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &mut DedupShard, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
+fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &DedupShard, lru: &mut Lru, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
     for v in victims.rev() {
         let (Some(item), Some(referenced)) = (v.item, ds.still_in_ram(v.key, v.gen, v.handle)) else { continue };
         if referenced {
-            ds.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
+            lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
         } else {
-            ds.lru().push_front(item, b);
+            lru.push_front(item, b);
         }
     }
-    ds.lru().return_out(out);
+    lru.return_out(out);
+}
+
+/// Sweep a shard's queue of stale items once they outnumber what its
+/// objects in RAM can account for ([`Lru::trim`]).
+fn trim_keys(lru: &mut Lru, s: &Shard, b: &Budget) {
+    lru.trim(s.ram_objects(), |it| s.queued_object(it.key, it.gen).is_some(), b);
+}
+
+/// [`trim_keys`] for a dedup shard's queue.
+fn trim_shared(lru: &mut Lru, ds: &DedupShard, b: &Budget) {
+    lru.trim(ds.records(), |it| ds.in_ram(it.key, it.gen).is_some(), b);
 }
 
 /// What settling a batch leaves to do once the shard locks are dropped.
@@ -1251,7 +1332,15 @@ struct Settled {
 /// remove it if the store dropped the object; then keep each index block
 /// whose pages all went in one extent in its cold form. Collects the
 /// handles to free and marks the records an entry took.
-fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item = (&'v Victim, usize, Option<RecordId>)>, settled: &mut Settled, out: usize) {
+fn settle_keys<'v>(
+    t: &Tier,
+    b: &Budget,
+    s: &mut Shard,
+    lru: &mut Lru,
+    done: impl Iterator<Item = (&'v Victim, usize, Option<RecordId>)>,
+    settled: &mut Settled,
+    out: usize,
+) {
     let mut blocks: Vec<u64> = Vec::new();
     for (v, r, id) in done {
         let now = s.get(v.key);
@@ -1279,17 +1368,17 @@ fn settle_keys<'v>(t: &Tier, b: &Budget, s: &mut Shard, done: impl Iterator<Item
         // keeps its place in the LRU, at the hot end.
         if let (Some(item), Some(now)) = (v.item, s.get(v.key)) {
             if now.gen() == item.gen && now.slot() == v.entry.slot() {
-                s.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
+                lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
             }
         }
     }
     for block in blocks {
         s.make_cold(block, b);
     }
-    s.lru().return_out(out);
+    lru.return_out(out);
     // The victims' places are free now: give the room back once it is
     // most of the queue's.
-    s.trim_lru(b);
+    trim_keys(lru, s, b);
 }
 
 /// [`settle_keys`] for shared objects. A dropped one stays in the table,
@@ -1298,6 +1387,7 @@ fn settle_shared<'v>(
     t: &Tier,
     b: &Budget,
     ds: &mut DedupShard,
+    lru: &mut Lru,
     done: impl Iterator<Item = (&'v Victim, usize, Option<RecordId>)>,
     settled: &mut Settled,
     out: usize,
@@ -1308,7 +1398,7 @@ fn settle_shared<'v>(
             ToCold::Referenced => {
                 // Loaded or shared again while we wrote: stays, at the hot end.
                 if let Some(item) = v.item {
-                    ds.lru().push_back(LruItem { seq: t.next_seq(), ..item }, b);
+                    lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
                 }
             }
             ToCold::Moved { dropped } => {
@@ -1318,5 +1408,5 @@ fn settle_shared<'v>(
             }
         }
     }
-    ds.lru().return_out(out);
+    lru.return_out(out);
 }

@@ -1,0 +1,201 @@
+//! Making a pool and stopping it: the engine's components, built and
+//! charged in one place; the pool's threads (the shrinker, `zmem-dict`),
+//! started with it and joined when it is dropped; and what those threads
+//! and the writeback tier see of the engine ([`TierHost`]).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use zmem_alloc::{AllocConfig, Budget, ZsPool};
+use zmem_compress::Algorithm;
+
+use super::{Engine, Pool, PoolConfig};
+use crate::admission::Admission;
+use crate::cold::ColdStore;
+use crate::dedup::DedupTable;
+use crate::dict::{DictSource, Dicts, TrainReport};
+use crate::entry::Entry;
+use crate::error::{Result, ZmemError};
+use crate::objects::Objects;
+use crate::shard::{Index, Shard};
+use crate::stats::Counters;
+use crate::tier::{Tier, TierHost};
+
+impl Pool {
+    pub(super) fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>) -> Result<Pool> {
+        let e = Arc::new(Engine::build(cfg, store)?);
+        let shrinker = match e.tier {
+            Some(_) => {
+                let worker = Arc::clone(&e);
+                let h = std::thread::Builder::new()
+                    .name("zmem-shrink".into())
+                    .spawn(move || {
+                        if let Some(t) = &worker.tier {
+                            crate::tier::shrinker_main(&*worker, t);
+                        }
+                    })
+                    .map_err(|err| ZmemError::Config(format!("cannot start the shrinker thread: {err}")))?;
+                Some(h)
+            }
+            None => None,
+        };
+        let mut pool = Pool { e, shrinker, trainer: None };
+        if pool.e.objects.dicts().is_some_and(|d| d.cfg.background) {
+            let worker = Arc::clone(&pool.e);
+            let h = std::thread::Builder::new()
+                .name("zmem-dict".into())
+                .spawn(move || worker.dict_main())
+                .map_err(|err| ZmemError::Config(format!("cannot start the dictionary thread: {err}")))?;
+            pool.trainer = Some(h);
+        }
+        Ok(pool)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let (Some(h), Some(d)) = (self.trainer.take(), self.e.objects.dicts()) {
+            d.stop.store(true, Relaxed);
+            h.thread().unpark();
+            if h.join().is_err() {
+                tracing::error!("the dictionary thread panicked");
+            }
+        }
+        if let (Some(h), Some(t)) = (self.shrinker.take(), &self.e.tier) {
+            t.stop();
+            if h.join().is_err() {
+                tracing::error!("the shrinker thread panicked; pages it was writing back stayed in RAM");
+            }
+        }
+    }
+}
+
+impl Engine {
+    fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>) -> Result<Engine> {
+        cfg.check()?;
+        let index = Index::new(cfg.shards);
+        // (With a tier, the table keeps a record for every shared page.)
+        let dedup = cfg.dedup.then(|| DedupTable::new(store.is_none()));
+        let tier = store.map(|st| Tier::new(st, cfg.exclusive_loads, cfg.extents, index.shards().len(), dedup.as_ref().map_or(0, |d| d.shards().len())));
+        // One budget for everything the pool holds: the allocator charges
+        // its pages and tables to it, the index, dedup table and the tier's
+        // queues their growth, the tier the backing store's tables. The shard arrays are
+        // a fixed cost, charged now.
+        let budget = Arc::new(Budget::new(cfg.mem_limit));
+        // The limit is the budget's.
+        let alloc = ZsPool::with_budget(AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None }, Arc::clone(&budget));
+        budget.force_charge(index.fixed_bytes() + if dedup.is_some() { DedupTable::fixed_bytes() } else { 0 } + tier.as_ref().map_or(0, Tier::fixed_bytes));
+        if let Some(limit) = cfg.mem_limit {
+            if budget.used() > limit {
+                return Err(ZmemError::Config(format!("mem_limit {limit} is below the {} bytes a pool holds before it stores anything", budget.used())));
+            }
+        }
+        let counters = Counters::default();
+        let dicts = match &cfg.dict.source {
+            DictSource::Off => None,
+            src => {
+                let levels: Vec<i32> = std::iter::once(cfg.compressor)
+                    .chain(cfg.recomp_algorithms.iter().copied())
+                    .filter(|c| c.algorithm == Algorithm::Zstd)
+                    .map(|c| c.level)
+                    .collect();
+                let d = Dicts::new(cfg.dict.clone(), levels);
+                if let DictSource::Bytes(bytes) = src {
+                    let dict = d.prepare(bytes.clone()).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
+                    d.install(dict, &budget).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
+                }
+                Some(d)
+            }
+        };
+        Ok(Engine {
+            objects: Objects::new(alloc, cfg.compressor, dicts, cfg.huge_threshold, cfg.store_incompressible),
+            admission: Admission::new(cfg.max_pool, cfg.accept_threshold_percent, budget.used()),
+            tier,
+            epoch: Instant::now(),
+            cfg,
+            index,
+            dedup,
+            counters,
+        })
+    }
+}
+
+impl Engine {
+    /// The `zmem-dict` thread: a dictionary round a second until the pool
+    /// is dropped.
+    fn dict_main(&self) {
+        let Some(d) = self.objects.dicts() else { return };
+        while !d.stop.load(Relaxed) {
+            std::thread::park_timeout(crate::dict::TRAIN_PERIOD);
+            if d.stop.load(Relaxed) {
+                break;
+            }
+            if let Err(e) = self.dict_round(false) {
+                self.counters.warn.warn(|| format!("dictionary training: {e}"));
+            }
+        }
+    }
+
+    /// Free unused dictionaries, then (with `--dict auto`) train one if
+    /// the samples call for it (`force`: whatever they hold).
+    pub(super) fn dict_round(&self, force: bool) -> Result<TrainReport> {
+        let Some(d) = self.objects.dicts() else {
+            return Err(ZmemError::Config("this pool has no dictionaries: create it with --dict auto".into()));
+        };
+        d.retire_unused(self.budget(), |slot| self.dict_objects(slot));
+        // The compressor whose bytes decide: the first that would use it.
+        let eval = std::iter::once(self.objects.compressor())
+            .chain(self.cfg.recomp_algorithms.iter().copied())
+            .find(|c| c.algorithm == Algorithm::Zstd || (c.algorithm == Algorithm::Lz4 && d.cfg.lz4));
+        let (Some(eval), DictSource::Auto) = (eval, &d.cfg.source) else {
+            return Ok(TrainReport::default());
+        };
+        let pages = self.index.len() as u64;
+        d.round(eval, pages, self.budget(), force).map_err(ZmemError::Config)
+    }
+}
+
+impl Engine {
+    /// After a store: wake the shrinker if the pool is at its high mark.
+    pub(super) fn kick_shrinker(&self) {
+        if let Some(t) = &self.tier {
+            t.kick_if_high(self);
+        }
+    }
+
+    /// The tier, which a written-back entry implies.
+    pub(super) fn tier(&self) -> Result<&Tier> {
+        self.tier.as_ref().ok_or_else(|| ZmemError::Inconsistent { key: 0, what: "a written-back entry in a pool without a backing store".into() })
+    }
+}
+
+impl TierHost for Engine {
+    fn index(&self) -> &Index {
+        &self.index
+    }
+    fn dedup(&self) -> Option<&DedupTable> {
+        self.dedup.as_ref()
+    }
+    fn objects(&self) -> &Objects {
+        &self.objects
+    }
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    fn held_pages(&self) -> u64 {
+        Engine::held_pages(self)
+    }
+    fn admission(&self) -> &Admission {
+        &self.admission
+    }
+    fn now(&self) -> u32 {
+        Engine::now(self)
+    }
+    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
+        Engine::publish_locked(self, s, key, new)
+    }
+    fn release(&self, e: Entry) {
+        Engine::release(self, e)
+    }
+}
