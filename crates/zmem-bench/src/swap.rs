@@ -730,8 +730,7 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
                     .args(["swap", "on", "--name", ZMEM_NAME, "--size"])
                     .arg(cfg.swap_size.to_string())
                     .args(zmem_compressor(&cfg.compressor, &args))
-                    .arg("--max-pool")
-                    .arg(cap.to_string())
+                    .args(zmem_max_pool(cap, &args))
                     .args(cold_tier(sys, &backing, &mut s)?)
                     .arg("--run-dir")
                     .arg(&run_dir)
@@ -776,6 +775,16 @@ fn with_b_args(common: &[String], b: &[String]) -> Vec<String> {
     }
     out.extend(b.iter().cloned());
     out
+}
+
+/// `--max-pool` for `zmem swap on`: the pool cap, unless the zmem
+/// arguments name one of their own (a zmem-b run with a smaller pool in
+/// the same set: `--zmem-b-arg=--max-pool --zmem-b-arg=24M`).
+fn zmem_max_pool(cap: u64, zmem_args: &[String]) -> Vec<String> {
+    if zmem_args.iter().any(|a| a == "--max-pool" || a.starts_with("--max-pool=")) {
+        return vec![];
+    }
+    vec!["--max-pool".into(), cap.to_string()]
 }
 
 /// Whether the zmem arguments turn on FUSE over io_uring.
@@ -1307,6 +1316,14 @@ mod tests {
             v("--extents on --unmapped-first on --compressor=lz4")
         );
         assert_eq!(with_b_args(&v("--dedup on"), &[]), v("--dedup on"));
+    }
+
+    #[test]
+    fn a_max_pool_of_the_runs_own_replaces_the_cap() {
+        let v = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(zmem_max_pool(1 << 20, &v("--dedup on")), v("--max-pool 1048576"));
+        assert!(zmem_max_pool(1 << 20, &v("--max-pool 24M")).is_empty());
+        assert!(zmem_max_pool(1 << 20, &v("--dedup on --max-pool=24M")).is_empty());
     }
 
     #[test]

@@ -193,10 +193,11 @@ impl BlockIndex {
     }
 
     /// A load's access to `key`: record the access time and let `mark`
-    /// update the entry's flags, in one lookup; returns the entry as it is
+    /// update the entry's flags (given the access time it replaces: 0
+    /// without access times), in one lookup; returns the entry as it is
     /// then. `None` if the key is absent. (A cold block's keys keep no
     /// access times and no flags: they are not in RAM.)
-    pub fn access(&mut self, key: u64, now: u32, mark: impl FnOnce(&mut Entry)) -> Option<Entry> {
+    pub fn access(&mut self, key: u64, now: u32, mark: impl FnOnce(&mut Entry, u32)) -> Option<Entry> {
         let id = key >> BLOCK_SHIFT;
         let i = (key & MASK) as usize;
         let Some(b) = self.blocks.get_mut(&id) else {
@@ -206,10 +207,11 @@ impl BlockIndex {
         if b.e[i].is_empty() {
             return None;
         }
+        let mut before = 0;
         if let Some(ac) = b.ac.as_mut() {
-            ac[i] = now;
+            before = std::mem::replace(&mut ac[i], now);
         }
-        mark(&mut b.e[i]);
+        mark(&mut b.e[i], before);
         Some(b.e[i])
     }
 
@@ -459,7 +461,7 @@ mod tests {
         assert_eq!((ix.len(), ix.blocks.len(), ix.cold.len()), (16, 0, 1));
         assert_eq!(ix.get(16), Some(Entry::same(0)));
         assert_eq!(ix.get(17).and_then(Entry::record), Some(7));
-        assert_eq!(ix.access(17, 5, |_| panic!("no flags on a cold key")).and_then(Entry::record), Some(7));
+        assert_eq!(ix.access(17, 5, |_, _| panic!("no flags on a cold key")).and_then(Entry::record), Some(7));
         assert_eq!(ix.iter().count(), 16);
         let mut ext = Vec::new();
         ix.extents(&mut ext);

@@ -72,7 +72,7 @@ pub use cold::{ColdError, ColdStats, ColdStore, DropCold, RecordId, MAX_RECORD_P
 pub use dict::{DictConfig, DictSource, TrainReport};
 pub use error::{Result, ZmemError};
 pub use latency::{Latencies, LatencyHistogram, LATENCY_BOUNDS_NS};
-pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
+pub use pool::{Pool, PoolConfig, Residency, ReuseSample, DEFAULT_HUGE_THRESHOLD};
 pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use stats::{RateLimited, Stats};
 pub use tier::{Resident, WritebackMode};

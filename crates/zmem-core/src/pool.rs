@@ -89,6 +89,15 @@ use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
 use crate::tier::{Resident, Tier, WritebackMode};
 
+/// [`Pool::reuse`]: hits served from RAM so far, near and far, and the
+/// cold store's median read time (0 before its first read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReuseSample {
+    pub near: u64,
+    pub far: u64,
+    pub read_ns: u64,
+}
+
 /// A load whose record was freed or moved while it read starts again, at
 /// most this many times.
 const LOAD_TRIES: u32 = 8;
@@ -219,6 +228,15 @@ impl Pool {
     pub fn max_pool_usage(&self) -> Option<(u64, u64)> {
         let max = self.e.admission.max_pages();
         (max != u64::MAX).then(|| (self.e.held_pages() * PAGE_SIZE as u64, max * PAGE_SIZE as u64))
+    }
+
+    /// How far back the pages this pool served from RAM were last used:
+    /// near hits (a workload given the pool's memory would have kept the
+    /// page), far hits (the pool saved a read from its cold store), and
+    /// what such a read takes; None without a cold store.
+    pub fn reuse(&self) -> Option<ReuseSample> {
+        let (near, far, read_ns) = self.e.tier.as_ref()?.reuse();
+        Some(ReuseSample { near, far, read_ns })
     }
 
     /// Change zswap's `max_pool` (None: no limit).
@@ -404,6 +422,9 @@ impl Engine {
         match self.store_inner(key, page) {
             Ok(old) => {
                 self.counters.stores.fetch_add(1, Relaxed);
+                if let Some(t) = &self.tier {
+                    t.note_store(self.now());
+                }
                 if let Some(o) = old {
                     self.release(o);
                 }
@@ -635,10 +656,14 @@ impl Engine {
     /// Look `key` up under its shard lock and record the access at `now`
     /// (zram's ac_time, and zswap's referenced bit).
     fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64, now: u32) -> Result<(MutexGuard<'a, Shard>, Entry)> {
-        let (e, newly) = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
-        if let Some(t) = self.tier.as_ref().filter(|t| newly && t.exclusive()) {
-            // (Once: the bit now marks an object queued at the cold end.)
-            t.queue_cold(&s, self.index.shard_index(key), key, e, self.budget());
+        let a = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
+        let e = a.entry;
+        if let (Some(t), Slot::Obj(..)) = (&self.tier, e.slot()) {
+            t.note_hit(a.last_access, now, self.held_pages());
+            if a.newly_referenced && t.exclusive() {
+                // (Once: the bit now marks an object queued at the cold end.)
+                t.queue_cold(&s, self.index.shard_index(key), key, e, self.budget());
+            }
         }
         Ok((s, e))
     }

@@ -95,6 +95,18 @@ impl Index {
     }
 }
 
+/// What a load's [`Shard::access`] found.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Access {
+    /// The entry, as it is after the access.
+    pub entry: Entry,
+    /// This access set the referenced bit.
+    pub newly_referenced: bool,
+    /// The access time it replaced: the page's last store or load (0 for
+    /// a key without access times).
+    pub last_access: u32,
+}
+
 /// One shard of the index, with the counters for the entries it holds.
 pub(crate) struct Shard {
     index: BlockIndex,
@@ -171,17 +183,17 @@ impl Shard {
 
     /// The entry under `key`, its access time now `now` (zram's ac_time).
     /// An object in RAM gets zswap's referenced bit in the same lookup
-    /// (what it means is the writeback tier's: `tier.rs`); the second
-    /// value says whether this access set it.
-    pub fn access(&mut self, key: u64, now: u32) -> Option<(Entry, bool)> {
-        let mut newly = false;
-        let e = self.index.access(key, now, |e| {
+    /// (what it means is the writeback tier's: `tier.rs`).
+    pub fn access(&mut self, key: u64, now: u32) -> Option<Access> {
+        let (mut newly, mut before) = (false, 0);
+        let entry = self.index.access(key, now, |e, ac| {
             newly = matches!(e.slot(), Slot::Obj(..)) && !e.referenced();
+            before = ac;
             if newly {
                 *e = e.with_referenced(true);
             }
         })?;
-        Some((e, newly))
+        Some(Access { entry, newly_referenced: newly, last_access: before })
     }
 
     /// Change only the flags of `key`'s entry (what it stores stays).

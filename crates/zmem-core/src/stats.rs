@@ -233,6 +233,12 @@ pub struct Stats {
     pub backing_in_flight: u64,
     /// Written-back pages a load brought back into RAM.
     pub promoted_pages: u64,
+    /// Loads served from RAM of pages last used fewer stores ago than the
+    /// pool holds pages of memory: a workload given that memory would have
+    /// kept them (near), or further back (far: by that measure, a read
+    /// from the cold store saved). `tier/reuse.rs`.
+    pub reuse_near: u64,
+    pub reuse_far: u64,
     /// Loaded pages queued at the cold end under exclusive loads, and
     /// whether loads are exclusive now (`--exclusive-loads auto` switches).
     pub cold_queued_pages: u64,

@@ -109,6 +109,7 @@ use crate::admission::Admission;
 use crate::cold::{ColdStore, RecordId};
 
 mod lru;
+mod reuse;
 
 use crate::dedup::DedupTable;
 use crate::dedup::{DedupLock, DedupShard, ToCold};
@@ -120,6 +121,7 @@ use crate::shard::{Shard, ShardLock};
 use crate::stats::Counters;
 use crate::stats::Stats;
 use lru::{Lru, LruItem, Queues};
+use reuse::Reuse;
 
 /// Pages written back per batch (one write to the file).
 const BATCH: usize = 64;
@@ -241,6 +243,8 @@ pub(crate) struct Tier {
     first: Mutex<FirstOut>,
     /// The LRU: a queue per index shard and per dedup shard (`tier/lru.rs`).
     queues: Queues,
+    /// How far back the pages served from RAM were last used (`tier/reuse.rs`).
+    reuse: Reuse,
 }
 
 /// The pages a user of the pool named as most likely unneeded (a swap
@@ -363,6 +367,7 @@ impl Tier {
     pub fn new(store: Box<dyn ColdStore>, exclusive: bool, extents: bool, index_shards: usize, dedup_shards: usize) -> Tier {
         Tier {
             queues: Queues::new(index_shards, dedup_shards),
+            reuse: Reuse::new(),
             // (A store that drops what it is given gets single objects.)
             extents: extents && store.keeps(),
             store,
@@ -415,9 +420,28 @@ impl Tier {
         self.seq.fetch_add(1, Relaxed)
     }
 
-    /// Bytes of the queue array, held from creation to drop.
+    /// Bytes of the queue array and the store clock, held from creation
+    /// to drop.
     pub fn fixed_bytes(&self) -> u64 {
-        self.queues.fixed_bytes()
+        self.queues.fixed_bytes() + Reuse::fixed_bytes()
+    }
+
+    /// A page was stored at `now` (seconds): the clock hits are measured by.
+    pub fn note_store(&self, now: u32) {
+        self.reuse.note_store(now);
+    }
+
+    /// A load served from RAM at `now` a page last used at `last`, while
+    /// the pool holds `pool_pages` pages of memory (near or far: `tier/reuse.rs`).
+    pub fn note_hit(&self, last: u32, now: u32, pool_pages: u64) {
+        self.reuse.note_hit(last, now, pool_pages);
+    }
+
+    /// (near hits, far hits) so far, and the backing store's median read
+    /// time in nanoseconds (0 before its first read).
+    pub fn reuse(&self) -> (u64, u64, u64) {
+        let (near, far) = self.reuse.hits();
+        (near, far, self.store.stats().read_p50_ns)
     }
 
     /// `e`, about to be published under a key of index shard `shard`
@@ -587,8 +611,9 @@ impl Tier {
         st.exclusive_loads = self.exclusive();
         st.writeback_fail = self.writeback_fail.load(Relaxed);
         st.extents_repacked = self.repacked.load(Relaxed);
+        (st.reuse_near, st.reuse_far) = self.reuse.hits();
         let f = self.first.lock();
-        st.lru_bytes += f.charged + self.queues.bytes() + self.queues.fixed_bytes();
+        st.lru_bytes += f.charged + self.queues.bytes() + self.fixed_bytes();
         st.first_out_named = f.named;
         st.first_out_of = f.of;
         st.first_out_taken = f.taken;

@@ -249,6 +249,10 @@ fn pool_lines(v: &StatsReply) -> Option<String> {
     if let (Some(share), true) = (st.pool_data_share(), st.max_pool_bytes > 0) {
         out += &format!("pool holds: {:.0}% compressed data, the rest allocator slack and tables\n", share * 100.0);
     }
+    if st.reuse_near + st.reuse_far > 0 {
+        out +=
+            &format!("hits from RAM: {} near, {} far (last used fewer or more stores ago than the pool holds pages of memory)\n", st.reuse_near, st.reuse_far);
+    }
     if st.first_out_of > 0 {
         out += &format!(
             "unmapped: {} of the {} pages in RAM at the last scan were in no page table; {} written back first\n",

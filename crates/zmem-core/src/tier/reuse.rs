@@ -1,0 +1,138 @@
+//! Whether the pool is worth the memory it takes: how long ago a page the
+//! pool serves from RAM was last used, counted in pages stored since (the
+//! kernel's refault distance, `mm/workingset.c`, applied to hits).
+//!
+//! A swap device's pool shares the machine's RAM with the workload: a pool
+//! holding M pages of memory takes M pages from it. A page served from RAM
+//! that was last used fewer than M stores ago would still have been in the
+//! workload's memory had the pool not taken that memory: a **near** hit,
+//! a fault the pool caused and then served. One last used further back
+//! would have been read from the disk without the pool: a **far** hit, a
+//! disk read saved. A build's short processes reuse their pages soon or
+//! never, so its hits should be near and the pool only cost it; a
+//! long-lived heap read at random is served far. The counts are reported
+//! (`Stats::reuse_near`, `reuse_far`) for a policy that sizes the pool to
+//! weigh; measured so far, they do not yet tell the two apart (the build
+//! counts about half its hits far: a page the kernel evicted clean from
+//! its swap cache and read again counts from its last load, not from its
+//! eviction, which the pool does not see). docs/MEASUREMENTS.md, "Pool
+//! size".
+//!
+//! Stores are counted per second in a ring of [`RING`] seconds; a hit's
+//! distance is the stores since the start of the first second, from its
+//! last use on, in which there were stores (so distances are known to
+//! within one second's stores), and a last use older than the ring is far.
+//! Lock-free: a store costs an atomic add (and two stores once a second),
+//! a hit a few loads; a race at a second's turn skews one sample.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+
+/// Seconds of stores remembered.
+const RING: usize = 256;
+
+/// The store clock and the hit counts (see the module notes).
+pub(crate) struct Reuse {
+    stores: AtomicU64,
+    /// Per second (modulo [`RING`]): the second plus one (0: none yet), and
+    /// the stores counted before its first store.
+    ring: Box<[(AtomicU32, AtomicU64)]>,
+    near: AtomicU64,
+    far: AtomicU64,
+}
+
+impl Reuse {
+    pub fn new() -> Reuse {
+        Reuse {
+            stores: AtomicU64::new(0),
+            ring: (0..RING).map(|_| (AtomicU32::new(0), AtomicU64::new(0))).collect(),
+            near: AtomicU64::new(0),
+            far: AtomicU64::new(0),
+        }
+    }
+
+    /// A page was stored at `now` (seconds).
+    pub fn note_store(&self, now: u32) {
+        let n = self.stores.fetch_add(1, Relaxed);
+        let (sec, at) = &self.ring[now as usize % RING];
+        let tag = now.wrapping_add(1);
+        if sec.load(Relaxed) != tag {
+            at.store(n, Relaxed);
+            sec.store(tag, Release);
+        }
+    }
+
+    /// Stores since the start of the first second in `last..=now` that had
+    /// any; `None` if `last` is older than the ring remembers.
+    fn stores_since(&self, last: u32, now: u32) -> Option<u64> {
+        let age = now.wrapping_sub(last);
+        if age as usize >= RING {
+            return None;
+        }
+        let stores = self.stores.load(Relaxed);
+        for t in (0..=age).map(|d| last.wrapping_add(d)) {
+            let (sec, at) = &self.ring[t as usize % RING];
+            if sec.load(Acquire) == t.wrapping_add(1) {
+                return Some(stores.saturating_sub(at.load(Relaxed)));
+            }
+        }
+        Some(0) // no store since: as near as can be
+    }
+
+    /// A load served from RAM at `now` a page last used at `last`, while
+    /// the pool holds `pool_pages` pages of memory.
+    pub fn note_hit(&self, last: u32, now: u32, pool_pages: u64) {
+        match self.stores_since(last, now) {
+            Some(d) if d < pool_pages => self.near.fetch_add(1, Relaxed),
+            _ => self.far.fetch_add(1, Relaxed),
+        };
+    }
+
+    /// (near hits, far hits) so far.
+    pub fn hits(&self) -> (u64, u64) {
+        (self.near.load(Relaxed), self.far.load(Relaxed))
+    }
+
+    /// Bytes it holds, from creation to drop.
+    pub fn fixed_bytes() -> u64 {
+        (RING * std::mem::size_of::<(AtomicU32, AtomicU64)>() + std::mem::size_of::<Reuse>()) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hit_is_near_within_the_pools_size_in_stores_and_far_beyond() {
+        let r = Reuse::new();
+        // Second 10: page A stored; then 500 stores in second 11 and 20 in 12.
+        r.note_store(10);
+        (0..500).for_each(|_| r.note_store(11));
+        (0..20).for_each(|_| r.note_store(12));
+        // A (last used at 10): 520 stores since the start of second 10, plus its own.
+        assert_eq!(r.stores_since(10, 12), Some(521));
+        r.note_hit(10, 12, 100);
+        assert_eq!(r.hits(), (0, 1), "farther than a 100-page pool");
+        r.note_hit(10, 12, 1000);
+        assert_eq!(r.hits(), (1, 1), "within a 1000-page pool");
+        // A page last used at 12: the 20 stores of that second.
+        r.note_hit(12, 12, 100);
+        assert_eq!(r.hits(), (2, 1));
+        // A second without stores counts from the next one that had some.
+        assert_eq!(r.stores_since(9, 12), Some(521));
+        // Nothing stored since: near.
+        assert_eq!(r.stores_since(13, 13), Some(0));
+        // Older than the ring: far, whatever the pool.
+        assert_eq!(r.stores_since(10, 10 + RING as u32), None);
+        r.note_hit(10, 10 + RING as u32, u64::MAX);
+        assert_eq!(r.hits(), (2, 2));
+    }
+
+    #[test]
+    fn a_second_seen_again_a_ring_later_starts_afresh() {
+        let r = Reuse::new();
+        (0..50).for_each(|_| r.note_store(3));
+        (0..7).for_each(|_| r.note_store(3 + RING as u32));
+        assert_eq!(r.stores_since(3 + RING as u32, 3 + RING as u32), Some(7));
+    }
+}
