@@ -132,6 +132,12 @@ impl LocalCluster {
             .args(["--cluster-enabled", "yes", "--cluster-config-file", &format!("nodes-{port}.conf")])
             .args(["--cluster-node-timeout", &self.node_timeout_ms.to_string()])
             .args(["--appendonly", "no", "--save", "", "--daemonize", "no"])
+            // A replica's first sync starts at once (Redis waits 5 s by
+            // default for more replicas to share a diskless transfer), and
+            // its master pings it every second, not every 10: until the
+            // replication offset moves, CLUSTER SLOTS leaves the replica
+            // out (Redis 7), and the cluster is not ready for a test.
+            .args(["--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"])
             .args(["--dir", &self.dir.display().to_string(), "--logfile", &format!("{port}.log")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
