@@ -89,13 +89,11 @@ use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
 use crate::tier::{Resident, Tier, WritebackMode};
 
-/// [`Pool::reuse`]: hits served from RAM so far, near and far, and the
-/// cold store's median read time (0 before its first read).
+/// [`Pool::reuse`]: hits served from RAM so far, near and far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReuseSample {
     pub near: u64,
     pub far: u64,
-    pub read_ns: u64,
 }
 
 /// A load whose record was freed or moved while it read starts again, at
@@ -232,11 +230,11 @@ impl Pool {
 
     /// How far back the pages this pool served from RAM were last used:
     /// near hits (a workload given the pool's memory would have kept the
-    /// page), far hits (the pool saved a read from its cold store), and
-    /// what such a read takes; None without a cold store.
+    /// page) and far hits; None without a cold store. (Also in
+    /// [`Pool::stats`], which takes every shard's lock.)
     pub fn reuse(&self) -> Option<ReuseSample> {
-        let (near, far, read_ns) = self.e.tier.as_ref()?.reuse();
-        Some(ReuseSample { near, far, read_ns })
+        let (near, far) = self.e.tier.as_ref()?.reuse();
+        Some(ReuseSample { near, far })
     }
 
     /// Change zswap's `max_pool` (None: no limit).
@@ -421,9 +419,9 @@ impl Engine {
         }
         match self.store_inner(key, page) {
             Ok(old) => {
-                self.counters.stores.fetch_add(1, Relaxed);
+                let n = self.counters.stores.fetch_add(1, Relaxed);
                 if let Some(t) = &self.tier {
-                    t.note_store(self.now());
+                    t.note_store(self.now(), n);
                 }
                 if let Some(o) = old {
                     self.release(o);
@@ -659,7 +657,7 @@ impl Engine {
         let a = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
         let e = a.entry;
         if let (Some(t), Slot::Obj(..)) = (&self.tier, e.slot()) {
-            t.note_hit(a.last_access, now, self.held_pages());
+            t.note_hit(a.last_access, now, self.counters.stores.load(Relaxed), self.held_pages());
             if a.newly_referenced && t.exclusive() {
                 // (Once: the bit now marks an object queued at the cold end.)
                 t.queue_cold(&s, self.index.shard_index(key), key, e, self.budget());

@@ -426,22 +426,22 @@ impl Tier {
         self.queues.fixed_bytes() + Reuse::fixed_bytes()
     }
 
-    /// A page was stored at `now` (seconds): the clock hits are measured by.
-    pub fn note_store(&self, now: u32) {
-        self.reuse.note_store(now);
+    /// A page was stored at `now` (seconds), the pool's store number `n`:
+    /// the clock hits are measured by.
+    pub fn note_store(&self, now: u32, n: u64) {
+        self.reuse.note_store(now, n);
     }
 
-    /// A load served from RAM at `now` a page last used at `last`, while
-    /// the pool holds `pool_pages` pages of memory (near or far: `tier/reuse.rs`).
-    pub fn note_hit(&self, last: u32, now: u32, pool_pages: u64) {
-        self.reuse.note_hit(last, now, pool_pages);
+    /// A load served from RAM at `now` a page last used at `last`, after
+    /// the pool's `stores` so far, while it holds `pool_pages` pages of
+    /// memory (near or far: `tier/reuse.rs`).
+    pub fn note_hit(&self, last: u32, now: u32, stores: u64, pool_pages: u64) {
+        self.reuse.note_hit(last, now, stores, pool_pages);
     }
 
-    /// (near hits, far hits) so far, and the backing store's median read
-    /// time in nanoseconds (0 before its first read).
-    pub fn reuse(&self) -> (u64, u64, u64) {
-        let (near, far) = self.reuse.hits();
-        (near, far, self.store.stats().read_p50_ns)
+    /// (near hits, far hits) so far.
+    pub fn reuse(&self) -> (u64, u64) {
+        self.reuse.hits()
     }
 
     /// `e`, about to be published under a key of index shard `shard`

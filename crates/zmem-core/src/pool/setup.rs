@@ -119,9 +119,7 @@ impl Engine {
             counters,
         })
     }
-}
 
-impl Engine {
     /// The `zmem-dict` thread: a dictionary round a second until the pool
     /// is dropped.
     fn dict_main(&self) {
@@ -154,9 +152,7 @@ impl Engine {
         let pages = self.index.len() as u64;
         d.round(eval, pages, self.budget(), force).map_err(ZmemError::Config)
     }
-}
 
-impl Engine {
     /// After a store: wake the shrinker if the pool is at its high mark.
     pub(super) fn kick_shrinker(&self) {
         if let Some(t) = &self.tier {

@@ -22,8 +22,10 @@
 //! distance is the stores since the start of the first second, from its
 //! last use on, in which there were stores (so distances are known to
 //! within one second's stores), and a last use older than the ring is far.
-//! Lock-free: a store costs an atomic add (and two stores once a second),
-//! a hit a few loads; a race at a second's turn skews one sample.
+//! Stores are counted once, by the pool (`Counters::stores`): the ring
+//! notes that count at each second's first store. Lock-free: a store costs
+//! a load (and two stores once a second), a hit a few loads and an add; a
+//! race at a second's turn skews one sample.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
@@ -32,7 +34,6 @@ const RING: usize = 256;
 
 /// The store clock and the hit counts (see the module notes).
 pub(crate) struct Reuse {
-    stores: AtomicU64,
     /// Per second (modulo [`RING`]): the second plus one (0: none yet), and
     /// the stores counted before its first store.
     ring: Box<[(AtomicU32, AtomicU64)]>,
@@ -42,17 +43,12 @@ pub(crate) struct Reuse {
 
 impl Reuse {
     pub fn new() -> Reuse {
-        Reuse {
-            stores: AtomicU64::new(0),
-            ring: (0..RING).map(|_| (AtomicU32::new(0), AtomicU64::new(0))).collect(),
-            near: AtomicU64::new(0),
-            far: AtomicU64::new(0),
-        }
+        Reuse { ring: (0..RING).map(|_| (AtomicU32::new(0), AtomicU64::new(0))).collect(), near: AtomicU64::new(0), far: AtomicU64::new(0) }
     }
 
-    /// A page was stored at `now` (seconds).
-    pub fn note_store(&self, now: u32) {
-        let n = self.stores.fetch_add(1, Relaxed);
+    /// A page was stored at `now` (seconds), the pool's store number `n`
+    /// (its stores before this one).
+    pub fn note_store(&self, now: u32, n: u64) {
         let (sec, at) = &self.ring[now as usize % RING];
         let tag = now.wrapping_add(1);
         if sec.load(Relaxed) != tag {
@@ -62,13 +58,13 @@ impl Reuse {
     }
 
     /// Stores since the start of the first second in `last..=now` that had
-    /// any; `None` if `last` is older than the ring remembers.
-    fn stores_since(&self, last: u32, now: u32) -> Option<u64> {
+    /// any, of the pool's `stores` so far; `None` if `last` is older than
+    /// the ring remembers.
+    fn stores_since(&self, last: u32, now: u32, stores: u64) -> Option<u64> {
         let age = now.wrapping_sub(last);
         if age as usize >= RING {
             return None;
         }
-        let stores = self.stores.load(Relaxed);
         for t in (0..=age).map(|d| last.wrapping_add(d)) {
             let (sec, at) = &self.ring[t as usize % RING];
             if sec.load(Acquire) == t.wrapping_add(1) {
@@ -78,10 +74,11 @@ impl Reuse {
         Some(0) // no store since: as near as can be
     }
 
-    /// A load served from RAM at `now` a page last used at `last`, while
-    /// the pool holds `pool_pages` pages of memory.
-    pub fn note_hit(&self, last: u32, now: u32, pool_pages: u64) {
-        match self.stores_since(last, now) {
+    /// A load served from RAM at `now` a page last used at `last`, after
+    /// the pool's `stores` so far, while it holds `pool_pages` pages of
+    /// memory.
+    pub fn note_hit(&self, last: u32, now: u32, stores: u64, pool_pages: u64) {
+        match self.stores_since(last, now, stores) {
             Some(d) if d < pool_pages => self.near.fetch_add(1, Relaxed),
             _ => self.far.fetch_add(1, Relaxed),
         };
@@ -102,37 +99,47 @@ impl Reuse {
 mod tests {
     use super::*;
 
+    /// The pool's store counter, for the ring.
+    struct Pool(u64);
+
+    impl Pool {
+        fn store(&mut self, r: &Reuse, now: u32) {
+            r.note_store(now, self.0);
+            self.0 += 1;
+        }
+    }
+
     #[test]
     fn a_hit_is_near_within_the_pools_size_in_stores_and_far_beyond() {
-        let r = Reuse::new();
+        let (r, mut p) = (Reuse::new(), Pool(0));
         // Second 10: page A stored; then 500 stores in second 11 and 20 in 12.
-        r.note_store(10);
-        (0..500).for_each(|_| r.note_store(11));
-        (0..20).for_each(|_| r.note_store(12));
+        p.store(&r, 10);
+        (0..500).for_each(|_| p.store(&r, 11));
+        (0..20).for_each(|_| p.store(&r, 12));
         // A (last used at 10): 520 stores since the start of second 10, plus its own.
-        assert_eq!(r.stores_since(10, 12), Some(521));
-        r.note_hit(10, 12, 100);
+        assert_eq!(r.stores_since(10, 12, p.0), Some(521));
+        r.note_hit(10, 12, p.0, 100);
         assert_eq!(r.hits(), (0, 1), "farther than a 100-page pool");
-        r.note_hit(10, 12, 1000);
+        r.note_hit(10, 12, p.0, 1000);
         assert_eq!(r.hits(), (1, 1), "within a 1000-page pool");
         // A page last used at 12: the 20 stores of that second.
-        r.note_hit(12, 12, 100);
+        r.note_hit(12, 12, p.0, 100);
         assert_eq!(r.hits(), (2, 1));
         // A second without stores counts from the next one that had some.
-        assert_eq!(r.stores_since(9, 12), Some(521));
+        assert_eq!(r.stores_since(9, 12, p.0), Some(521));
         // Nothing stored since: near.
-        assert_eq!(r.stores_since(13, 13), Some(0));
+        assert_eq!(r.stores_since(13, 13, p.0), Some(0));
         // Older than the ring: far, whatever the pool.
-        assert_eq!(r.stores_since(10, 10 + RING as u32), None);
-        r.note_hit(10, 10 + RING as u32, u64::MAX);
+        assert_eq!(r.stores_since(10, 10 + RING as u32, p.0), None);
+        r.note_hit(10, 10 + RING as u32, p.0, u64::MAX);
         assert_eq!(r.hits(), (2, 2));
     }
 
     #[test]
     fn a_second_seen_again_a_ring_later_starts_afresh() {
-        let r = Reuse::new();
-        (0..50).for_each(|_| r.note_store(3));
-        (0..7).for_each(|_| r.note_store(3 + RING as u32));
-        assert_eq!(r.stores_since(3 + RING as u32, 3 + RING as u32), Some(7));
+        let (r, mut p) = (Reuse::new(), Pool(0));
+        (0..50).for_each(|_| p.store(&r, 3));
+        (0..7).for_each(|_| p.store(&r, 3 + RING as u32));
+        assert_eq!(r.stores_since(3 + RING as u32, 3 + RING as u32, p.0), Some(7));
     }
 }
