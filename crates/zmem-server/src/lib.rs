@@ -15,6 +15,8 @@
 //!   over HTTP (`--metrics`) or rendered once (`zmem stat --prometheus`).
 //! * [`policy`] — threads that follow the system's swap fullness and
 //!   recompress idle pages.
+//! * [`sizing`] — `--pool-size auto`: a swap pool's cap moved to where the
+//!   machine gets the most work done.
 //! * [`side`] — starting those threads beside a frontend's main loop, and
 //!   stopping them when it returns: one start-up and one stop rule for
 //!   every server.
@@ -34,3 +36,4 @@ pub mod policy;
 pub mod protocol;
 pub mod reclaim;
 pub mod side;
+pub mod sizing;

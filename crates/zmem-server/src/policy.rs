@@ -4,6 +4,8 @@
 //! * Following the system's swap fullness (`--exclusive-loads auto`):
 //!   loads are exclusive while swap is more than half full, the kernel's
 //!   own rule (`vm_swap_full()`).
+//! * Sizing the pool (`--pool-size auto`): the cap moves to where the
+//!   machine gets the most work done (`sizing.rs`).
 //! * Idle recompression (`--recompress-idle`): pages idle this long are
 //!   rewritten with the pool's recompression algorithms, within a share
 //!   of one CPU.
@@ -25,6 +27,8 @@ pub struct Policies {
     pub follow_swap_fullness: bool,
     /// Recompress pages idle this long in the background.
     pub recompress_idle: Option<IdleRecompress>,
+    /// Size the pool's cap up to this many bytes ([`crate::sizing`]).
+    pub size_pool: Option<u64>,
 }
 
 /// `--recompress-idle` and `--recompress-cpu`.
@@ -43,6 +47,9 @@ impl Policies {
         }
         if let Some(r) = self.recompress_idle {
             scope.spawn(move || recompress_idle(pool, r, stop));
+        }
+        if let Some(max) = self.size_pool {
+            scope.spawn(move || crate::sizing::size_pool(pool, max, stop));
         }
     }
 }
