@@ -110,12 +110,18 @@ pub struct ColdStats {
     /// checks), and reads that found no record.
     pub failed_reads: u64,
     pub missing_reads: u64,
+    /// Reads a replica answered because the record's primary copy did not
+    /// (a remote tier's master down or hung).
+    pub replica_reads: u64,
     /// Round-trip time of a record read: median and 99th percentile, in
     /// nanoseconds (0 for a store that does not measure it).
     pub read_p50_ns: u64,
     pub read_p99_ns: u64,
     /// Batches being written now (the write queue's depth).
     pub in_flight: u64,
+    /// Nodes that take no batch now for want of replicas to acknowledge
+    /// it (a remote tier's masters with fewer than it asks).
+    pub masters_short: u64,
     /// Frees queued and not yet done, and frees given up on.
     pub frees_pending: u64,
     pub frees_failed: u64,
@@ -156,6 +162,14 @@ pub trait ColdStore: Send + Sync {
     /// Fixed RAM it holds for I/O (counted, but not against `max_pool`).
     fn buffer_bytes(&self) -> u64 {
         0
+    }
+    /// How long its writes may fail for a moment and then heal by
+    /// themselves (a cluster's failover): a store waiting for room waits
+    /// that long for a failing writeback before it is refused. Zero (a
+    /// file, whose failures do not heal): refused after the first round
+    /// that fails.
+    fn ride_through(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
     }
     /// Its counters (zram's `bd_stat` and the store's sizes).
     fn stats(&self) -> ColdStats {

@@ -224,6 +224,12 @@ pub struct Stats {
     pub backing_failed_writes: u64,
     pub backing_failed_reads: u64,
     pub backing_missing_reads: u64,
+    /// Reads a replica answered because the master did not (a remote
+    /// tier riding through a failover).
+    pub backing_replica_reads: u64,
+    /// Masters that take no writeback now for want of replicas
+    /// (`--remote-replicas`): writeback waits for them.
+    pub backing_masters_short: u64,
     pub backing_frees_pending: u64,
     pub backing_frees_failed: u64,
     /// A record read's round trip, median and 99th percentile (ns), and

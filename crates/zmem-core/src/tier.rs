@@ -198,6 +198,9 @@ struct Ctl {
     last_failed: bool,
     /// A store is waiting for room: cut a backoff short.
     urgent: bool,
+    /// Since when rounds have failed on the cold store's errors (None:
+    /// the last round did not fail that way).
+    failing_since: Option<Instant>,
 }
 
 pub(crate) struct Tier {
@@ -599,6 +602,8 @@ impl Tier {
         st.backing_failed_writes = b.failed_writes;
         st.backing_failed_reads = b.failed_reads;
         st.backing_missing_reads = b.missing_reads;
+        st.backing_replica_reads = b.replica_reads;
+        st.backing_masters_short = b.masters_short;
         st.backing_frees_pending = b.frees_pending;
         st.backing_frees_failed = b.frees_failed;
         st.backing_read_p50_ns = b.read_p50_ns;
@@ -647,6 +652,7 @@ pub(crate) fn shrinker_main(e: &impl TierHost, t: &Tier) {
         c.running = false;
         c.rounds += 1;
         c.last_failed = failed;
+        c.failing_since = if r.is_err() { c.failing_since.or(Some(Instant::now())) } else { None };
         t.progress.notify_all();
         if failed {
             // Do not hammer a failing disk on behalf of the high mark: pause,
@@ -671,17 +677,22 @@ impl Tier {
     /// for the shrinker to make room. Called with no lock held. Refuses
     /// when a round that ended while we waited could not get under the
     /// limit (the disk failed, or nothing is left to write back), or after
-    /// [`ADMIT_WAIT`]. A waiting store cuts the shrinker's backoff short, so
-    /// a disk that failed once is tried again for it.
+    /// [`ADMIT_WAIT`]. A cold store whose failures heal by themselves
+    /// ([`ColdStore::ride_through`]: a cluster failing over) is waited for
+    /// instead, until it has failed that long. A waiting store cuts the
+    /// shrinker's backoff short, so a disk that failed once is tried again
+    /// for it.
     pub(crate) fn wait_for_room(&self, h: &impl TierHost, max: u64) -> Result<()> {
-        let deadline = Instant::now() + ADMIT_WAIT;
+        let ride = self.store.ride_through();
+        let deadline = Instant::now() + ADMIT_WAIT.max(ride);
         let mut c = self.ctl.lock();
         let start = c.rounds;
         loop {
             if h.held_pages() < max {
                 return Ok(());
             }
-            let gave_up = c.last_failed && !c.running && c.rounds > start;
+            let healing = c.failing_since.is_some_and(|t| t.elapsed() < ride);
+            let gave_up = c.last_failed && !c.running && c.rounds > start && !healing;
             if c.stop || gave_up || Instant::now() >= deadline {
                 break;
             }

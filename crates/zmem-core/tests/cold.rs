@@ -154,3 +154,95 @@ fn every_hit_from_ram_is_weighed_near_or_far() {
     let again = p.reuse().unwrap();
     assert_eq!((again.near - r.near, again.far - r.far), (300, 0), "{again:?}");
 }
+
+/// A cold store in RAM whose writes fail until `heals_at` (a cluster
+/// failing over), and which says its failures heal within `ride`.
+struct Healing {
+    records: parking_lot::Mutex<HashMap<u64, Vec<u8>>>,
+    next: std::sync::atomic::AtomicU64,
+    heals_at: parking_lot::Mutex<Option<std::time::Instant>>,
+    ride: Duration,
+}
+
+impl zmem_core::ColdStore for Healing {
+    fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<zmem_core::RecordId>>, zmem_core::ColdError> {
+        if self.heals_at.lock().is_some_and(|t| std::time::Instant::now() < t) {
+            return Err(zmem_core::ColdError::Store("the cluster is failing over".into()));
+        }
+        let mut r = self.records.lock();
+        Ok(objects
+            .iter()
+            .map(|(_, o)| {
+                let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                r.insert(id, o.to_vec());
+                Some(zmem_core::RecordId::from_raw(id))
+            })
+            .collect())
+    }
+    fn read(&self, id: zmem_core::RecordId, _key: u64, out: &mut Vec<u8>) -> Result<(), zmem_core::ColdError> {
+        let r = self.records.lock();
+        let v = r.get(&id.to_raw()).ok_or(zmem_core::ColdError::NotLive { id: id.to_raw() })?;
+        out.clear();
+        out.extend_from_slice(v);
+        Ok(())
+    }
+    fn free(&self, id: zmem_core::RecordId) -> Result<(), zmem_core::ColdError> {
+        self.records.lock().remove(&id.to_raw()).map(|_| ()).ok_or(zmem_core::ColdError::NotLive { id: id.to_raw() })
+    }
+    fn ride_through(&self) -> Duration {
+        self.ride
+    }
+}
+
+/// Fill a 1 MiB pool over a store that fails for `fail_for` from the
+/// moment the pool is full, storing on through the failure: how many
+/// stores were refused, and whether every page stored reads back.
+fn store_through_a_failure(ride: Duration, fail_for: Duration) -> (u64, Pool) {
+    let store = Arc::new(Healing { records: Default::default(), next: Default::default(), heals_at: Default::default(), ride });
+    struct Shared(Arc<Healing>);
+    impl zmem_core::ColdStore for Shared {
+        fn put_batch(&self, o: &[(u64, &[u8])]) -> Result<Vec<Option<zmem_core::RecordId>>, zmem_core::ColdError> {
+            self.0.put_batch(o)
+        }
+        fn read(&self, id: zmem_core::RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), zmem_core::ColdError> {
+            self.0.read(id, key, out)
+        }
+        fn free(&self, id: zmem_core::RecordId) -> Result<(), zmem_core::ColdError> {
+            self.0.free(id)
+        }
+        fn ride_through(&self) -> Duration {
+            self.0.ride_through()
+        }
+    }
+    let cfg = PoolConfig { max_pool: Some(1 << 20), shards: 8, ..PoolConfig::default() };
+    let p = Pool::with_cold_store(cfg, Box::new(Shared(Arc::clone(&store)))).unwrap();
+    let mut k = 0u64;
+    while p.stats().written_back_pages == 0 {
+        p.store(k, &compressible(k)).unwrap();
+        k += 1;
+    }
+    let start = std::time::Instant::now();
+    *store.heals_at.lock() = Some(start + fail_for);
+    let mut refused = 0;
+    while start.elapsed() < fail_for + Duration::from_millis(200) {
+        match p.store(k, &compressible(k)) {
+            Ok(()) => k += 1,
+            Err(ZmemError::PoolFull { .. }) => refused += 1,
+            Err(e) => panic!("page {k}: {e}"),
+        }
+    }
+    for key in 0..k {
+        assert!(get(&p, key).is_some_and(|page| page == compressible(key)), "page {key} did not read back");
+    }
+    (refused, p)
+}
+
+#[test]
+fn a_cold_store_that_heals_holds_stores_instead_of_refusing_them() {
+    let (refused, p) = store_through_a_failure(Duration::from_secs(10), Duration::from_millis(1500));
+    assert_eq!(refused, 0, "a store was refused while the cold store healed");
+    assert!(p.stats().reject_reclaim_fail > 0, "writeback never failed: the test tested nothing");
+    // A store whose failures do not heal (a file): refused at once.
+    let (refused, _) = store_through_a_failure(Duration::ZERO, Duration::from_millis(1500));
+    assert!(refused > 0, "a failing file's pool took every store");
+}

@@ -32,10 +32,19 @@
 //!   the length and an xxh3 checksum. A record id is never reused within a
 //!   run, so a page written back twice has two keys, and an older copy
 //!   (say, on a replica promoted before it saw the newer one) cannot
-//!   answer for the newer: the key is missing and the read fails. A read
-//!   has a deadline; it fails (EIO to an NBD or FUSE client), it never
-//!   returns wrong bytes and never waits past the deadline and one
-//!   attempt.
+//!   answer for the newer: the key is missing and the read fails.
+//! * **A read rides through a failover.** An EIO on a swap-in kills the
+//!   process that faulted, so a read asks the record's master, and when
+//!   it does not answer (refused, hung past the call deadline), the
+//!   master's replicas (`READONLY`): each holds every record its master
+//!   acknowledged through `WAIT` to it. While none answers, it reads the
+//!   slot map again and asks again, until the failover deadline
+//!   ([`DEFAULT_FAILOVER`]: Redis's default node timeout and the
+//!   election), and only then fails (EIO to an NBD or FUSE client), with
+//!   each node it asked and why in the error. A master that failed a call
+//!   is asked after its replicas for a while (`topology::BACKOFF`), so a
+//!   hung master costs one call deadline, not one per read. It never
+//!   returns wrong bytes.
 //! * **Frees are asynchronous** (`freer.rs`): the engine's frees
 //!   (overwrites, discards, a page brought back to RAM) queue ids for a
 //!   thread that deletes them in pipelined `UNLINK`s; a store never waits
@@ -48,10 +57,10 @@
 //!
 //! | failure | effect |
 //! |---|---|
-//! | a master dies, its replica takes over | nothing acknowledged is lost: the replica had every acknowledged record; reads of its slots fail until the takeover (within the deadline), writes go to the other masters |
+//! | a master dies or hangs, its replica takes over | nothing acknowledged is lost: the replica had every acknowledged record; reads of its slots go to the replica at once, writes go to the other masters |
 //! | a master dies with no replica in sync | writes to it were never acknowledged (`WAIT` failed), so they stayed in RAM; records it held are lost: reads of them fail with EIO |
-//! | a master and all its replicas die | the records on them are lost: reads fail with EIO; the rest of the device works |
-//! | the whole cluster stops | writeback fails and pages stay in RAM (the pool fills and refuses stores, as with a failing disk); reads of written-back pages fail within the deadline; both resume when it returns, if its data survived (persistence is the cluster's) |
+//! | a master and all its replicas die | the records on them are lost: reads of them fail with EIO once the failover deadline has passed; the rest of the device works |
+//! | the whole cluster stops | writeback fails and pages stay in RAM (the pool fills and refuses stores, as with a failing disk); reads of written-back pages wait for it up to the failover deadline, then fail; both resume when it returns, if its data survived (persistence is the cluster's) |
 //! | zmem dies | its records are dead; the next start under the same namespace deletes them |
 //! | a node answers with the wrong record | refused by the checks above: EIO, never wrong bytes |
 
@@ -59,9 +68,9 @@ mod conns;
 mod freer;
 pub mod keys;
 mod latency;
+mod nodes;
 pub mod record;
 mod topology;
-mod writers;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -75,8 +84,8 @@ use zmem_core::{ColdError, ColdStats, ColdStore, RecordId};
 use crate::conns::Conns;
 use crate::freer::Freer;
 use crate::latency::Histogram;
+use crate::nodes::{Nodes, Role};
 use crate::topology::Topology;
-use crate::writers::Writers;
 
 /// How a remote store is reached and what it promises.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,8 +97,13 @@ pub struct RemoteConfig {
     /// Replicas that must acknowledge a batch before its pages leave RAM
     /// (`WAIT`); 0 for a cluster without replicas.
     pub replicas: u32,
-    /// How long a read, or a batch's acknowledgement, may take.
+    /// How long one call to a node (a read, a batch's acknowledgement) may
+    /// take.
     pub deadline: Duration,
+    /// How long a read keeps asking while no node that holds the record
+    /// answers: long enough for the cluster to promote a replica
+    /// ([`DEFAULT_FAILOVER`]).
+    pub failover: Duration,
     /// Batches written at once; more wait.
     pub max_in_flight: usize,
 }
@@ -113,6 +127,8 @@ pub enum RemoteError {
     Redis { op: &'static str, source: redis::RedisError },
     #[error("writing a batch to the master of slot {slot}: {acked} of the {wanted} replicas acknowledged within {deadline:?} (the pages stay in RAM; is the master's replica up?)")]
     Replicas { slot: u16, acked: i64, wanted: u32, deadline: Duration },
+    #[error("writeback waits: the cluster's masters have at most {most} replicas and --remote-replicas asks {wanted} to acknowledge each batch (the pages stay in RAM until replicas attach; lower --remote-replicas only if one copy is enough)")]
+    NoReplicas { most: usize, wanted: u32 },
     #[error("reading {key}: no answer within the deadline of {deadline:?} ({last})")]
     Deadline { key: String, deadline: Duration, last: String },
     #[error("reading {key}: the cluster answered with a value that is not this record: {source}")]
@@ -125,14 +141,28 @@ impl From<RemoteError> for ColdError {
     }
 }
 
+/// How long a read waits for a record's master or replicas by default:
+/// Redis Cluster's default `cluster-node-timeout` (15 s), after which a
+/// replica of an unreachable master is promoted, plus 5 s for the
+/// election and for the store to read the new map.
+pub const DEFAULT_FAILOVER: Duration = Duration::from_secs(20);
+
 impl RemoteConfig {
     /// The defaults for `url` (see [`parse_seeds`]) and `namespace`: one
-    /// replica acknowledges, a 1 s deadline, 4 batches in flight.
+    /// replica acknowledges, a 1 s deadline per call, reads that wait
+    /// [`DEFAULT_FAILOVER`] for a failover, 4 batches in flight.
     pub fn new(url: &str, namespace: &str) -> Result<RemoteConfig, RemoteError> {
         if !keys::valid_namespace(namespace) {
             return Err(RemoteError::Namespace(namespace.to_string()));
         }
-        Ok(RemoteConfig { seeds: parse_seeds(url)?, namespace: namespace.to_string(), replicas: 1, deadline: Duration::from_secs(1), max_in_flight: 4 })
+        Ok(RemoteConfig {
+            seeds: parse_seeds(url)?,
+            namespace: namespace.to_string(),
+            replicas: 1,
+            deadline: Duration::from_secs(1),
+            failover: DEFAULT_FAILOVER,
+            max_in_flight: 4,
+        })
     }
 }
 
@@ -190,6 +220,8 @@ struct Counters {
     prefetch_ops: AtomicU64,
     failed_writes: AtomicU64,
     failed_reads: AtomicU64,
+    /// Reads a replica answered because the master did not.
+    replica_reads: AtomicU64,
     missing: AtomicU64,
     live: AtomicU64,
 }
@@ -239,8 +271,9 @@ pub struct RemoteStore {
     owner: String,
     /// Values fetched ahead for the reads of one request.
     ahead: Mutex<Ahead>,
-    /// Connections to the masters for batches.
-    writers: Writers,
+    /// Connections to single nodes: masters for batches, replicas for
+    /// reads their master does not answer.
+    nodes: Nodes,
 }
 
 /// Records fetched by [`ColdStore::prefetch`], oldest first, at most
@@ -291,7 +324,7 @@ impl RemoteStore {
         let Some(first) = cfg.seeds.first() else {
             return Err(RemoteError::Url { url: String::new(), why: "no seed nodes".into() });
         };
-        let writers = Writers::new(split_url(first).1, cfg.deadline);
+        let nodes = Nodes::new(split_url(first).1, cfg.deadline);
         let seeds = cfg.seeds.join(",");
         let part = (cfg.deadline / 4).max(Duration::from_millis(10));
         let client = ClusterClient::builder(cfg.seeds.clone())
@@ -304,16 +337,10 @@ impl RemoteStore {
             .map_err(|source| RemoteError::Connect { seeds: seeds.clone(), source })?;
         let conns = Conns::new(client, seeds.clone());
         let mut conn = conns.take(Instant::now() + cfg.deadline * 10)?;
+        // Masters short of replicas (a cluster still healing, replicas
+        // still attaching) take no batch until they have them: the pool
+        // holds its pages meanwhile (`pick`).
         let masters = read_topology(&mut conn, &seeds)?;
-        // A cluster with too few replicas anywhere is a misconfiguration;
-        // one master short of them (a failover not yet healed) is not:
-        // its batches fail WAIT and go to the others.
-        if let Some(most) = masters.iter().map(|m| m.replicas as u32).max().filter(|&r| r < cfg.replicas) {
-            return Err(RemoteError::Cluster {
-                seeds,
-                why: format!("its masters have at most {most} replicas and --remote-replicas asks {} to acknowledge each write", cfg.replicas),
-            });
-        }
         let owner = ownership::token();
         ownership::claim(&mut conn, &cfg.namespace, &owner)?;
         let cleaned = sweep(&mut conn, &cfg.namespace, &masters)?;
@@ -335,7 +362,7 @@ impl RemoteStore {
             cleaned,
             owner,
             ahead: Mutex::new(Ahead::default()),
-            writers,
+            nodes,
         })
     }
 
@@ -370,7 +397,13 @@ impl RemoteStore {
                 Err(_) => {}
             }
         }
-        let w = t.writable(now);
+        let w = t.writable(now, self.cfg.replicas);
+        if w.is_empty() {
+            // Read the map again for the next batch: replicas may attach.
+            t.invalidate();
+            let most = t.masters.iter().map(|m| m.replicas).max().unwrap_or(0);
+            return Err(RemoteError::NoReplicas { most, wanted: self.cfg.replicas });
+        }
         let n = self.batches.fetch_add(1, Relaxed);
         let m = &w[(n % w.len() as u64) as usize];
         Ok((m.addr.clone(), m.slot(n / w.len() as u64)))
@@ -404,28 +437,107 @@ impl RemoteStore {
         Ok(bytes)
     }
 
-    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RemoteError> {
-        let start = Instant::now();
-        loop {
-            let r = self.conns.take(start + self.cfg.deadline).and_then(|mut conn| {
-                let v = redis::cmd("GET").arg(key).query::<Option<Vec<u8>>>(&mut conn).map_err(|source| RemoteError::Redis { op: "GET", source })?;
-                self.conns.give(conn);
-                Ok(v)
-            });
-            let last = match r {
-                Ok(v) => {
-                    self.reads.record(start.elapsed());
-                    return Ok(v);
-                }
-                Err(e) => e.to_string(),
-            };
-            // Another attempt only if one more fits in the deadline.
-            if start.elapsed() + self.cfg.deadline / 4 > self.cfg.deadline {
-                return Err(RemoteError::Deadline { key: key.to_string(), deadline: self.cfg.deadline, last });
-            }
-            self.topo.lock().invalidate();
-            std::thread::sleep(Duration::from_millis(20));
+    /// Read the map of masters and replicas again now (a read that its
+    /// master did not answer: a replica may have taken over).
+    /// Not more often than every [`topology::RECENT`], whoever asks.
+    fn refresh(&self, until: Instant) {
+        let now = Instant::now();
+        if now.checked_sub(topology::RECENT).is_some_and(|t| self.topo.lock().read_since(t)) {
+            return;
         }
+        let Ok(mut conn) = self.conns.take((now + self.cfg.deadline).min(until)) else { return };
+        if let Ok(m) = read_topology(&mut conn, &self.conns.seeds) {
+            self.conns.give(conn);
+            self.topo.lock().set(m, Instant::now());
+        }
+    }
+
+    /// `GET key` from the master of `slot`; if it does not answer, from
+    /// its replicas (each holds what its master acknowledged through
+    /// `WAIT`); if none does, again with a fresh map, until
+    /// [`RemoteConfig::failover`] has passed. A master that failed a call
+    /// in the last moments is asked after its replicas, not before. A
+    /// master's nil is the answer; a replica's only if every replica says
+    /// so (one may lag).
+    fn get(&self, key: &str, slot: u16) -> Result<Option<Vec<u8>>, RemoteError> {
+        let start = Instant::now();
+        let until = start + self.cfg.failover.max(self.cfg.deadline);
+        let mut pause = Duration::from_millis(20);
+        // What each node asked last said, for the error.
+        let mut last: Vec<String> = Vec::new();
+        loop {
+            last.clear();
+            let (replicas, suspect) = {
+                let t = self.topo.lock();
+                (t.replicas_of(slot), t.backing_off(slot, Instant::now()))
+            };
+            if !suspect {
+                match self.master_get(key, until) {
+                    Ok(v) => return Ok(self.answered(start, v)),
+                    Err(e) => {
+                        last.push(format!("the master of slot {slot}: {e}"));
+                        self.topo.lock().back_off(slot, Instant::now());
+                    }
+                }
+            }
+            let mut nils = 0;
+            for addr in &replicas {
+                let left = until.saturating_duration_since(Instant::now());
+                if left < Duration::from_millis(5) {
+                    break;
+                }
+                match self.replica_get(addr, key, left) {
+                    Ok(Some(v)) => {
+                        self.c.replica_reads.fetch_add(1, Relaxed);
+                        return Ok(self.answered(start, Some(v)));
+                    }
+                    Ok(None) => nils += 1,
+                    Err(e) => last.push(format!("replica {addr}: {e}")),
+                }
+            }
+            if nils > 0 && nils == replicas.len() {
+                return Ok(self.answered(start, None));
+            }
+            if suspect && Instant::now() + self.cfg.deadline / 4 < until {
+                match self.master_get(key, until) {
+                    Ok(v) => return Ok(self.answered(start, v)),
+                    Err(e) => last.push(format!("the master of slot {slot} (failing): {e}")),
+                }
+            }
+            // Another round only if one more call fits before the end.
+            if Instant::now() + pause + self.cfg.deadline / 4 > until {
+                if last.is_empty() {
+                    last.push(format!("slot {slot}: no time left to ask its master"));
+                }
+                return Err(RemoteError::Deadline { key: key.to_string(), deadline: until - start, last: last.join("; ") });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(250));
+            self.refresh(until);
+        }
+    }
+
+    /// A read's answer, its time noted.
+    fn answered(&self, start: Instant, v: Option<Vec<u8>>) -> Option<Vec<u8>> {
+        self.reads.record(start.elapsed());
+        v
+    }
+
+    /// `GET key` through the cluster connection: the key's master, by the
+    /// connection's map (which follows MOVED).
+    fn master_get(&self, key: &str, until: Instant) -> Result<Option<Vec<u8>>, RemoteError> {
+        let mut conn = self.conns.take((Instant::now() + self.cfg.deadline).min(until))?;
+        let v = redis::cmd("GET").arg(key).query::<Option<Vec<u8>>>(&mut conn).map_err(|source| RemoteError::Redis { op: "GET", source })?;
+        self.conns.give(conn);
+        Ok(v)
+    }
+
+    /// `GET key` from the replica at `addr` (`READONLY`), within `left`.
+    fn replica_get(&self, addr: &str, key: &str, left: Duration) -> Result<Option<Vec<u8>>, RemoteError> {
+        let mut conn = self.nodes.take(Role::Replica, addr, left)?;
+        let v = redis::cmd("GET").arg(key).query::<Option<Vec<u8>>>(&mut conn).map_err(|source| RemoteError::Redis { op: "GET from a replica", source })?;
+        self.nodes.give(Role::Replica, addr, conn);
+        Ok(v)
     }
 }
 
@@ -435,28 +547,43 @@ impl ColdStore for RemoteStore {
             return Ok(Vec::new());
         }
         let _permit = self.flight.acquire();
-        let (addr, slot) = self.pick()?;
-        let mut ids = Vec::with_capacity(objects.len());
-        let written = self.writers.take(&addr).and_then(|mut conn| {
-            let bytes = self.write(&mut conn, slot, objects, &mut ids)?;
-            self.writers.give(&addr, conn);
-            Ok(bytes)
-        });
-        match written {
-            Ok(bytes) => {
-                self.c.records_written.fetch_add(ids.len() as u64, Relaxed);
-                self.c.bytes_written.fetch_add(bytes, Relaxed);
-                self.c.live.fetch_add(ids.len() as u64, Relaxed);
-                Ok(ids.into_iter().map(|id| Some(RecordId::from_raw(id))).collect())
+        // A master that fails the batch backs off, and the batch goes to
+        // the next at once: each master is tried once at most.
+        let mut tried: Vec<String> = Vec::new();
+        let mut failed = None;
+        loop {
+            let (addr, slot) = self.pick()?;
+            if tried.contains(&addr) {
+                return Err(failed.unwrap_or(RemoteError::NoReplicas { most: 0, wanted: self.cfg.replicas }).into());
             }
-            Err(e) => {
-                self.c.failed_writes.fetch_add(1, Relaxed);
-                self.topo.lock().back_off(slot, Instant::now());
-                // Whatever reached the cluster is dead: the pages stay in RAM.
-                self.freer.orphans(&ids);
-                Err(e.into())
+            let mut ids = Vec::with_capacity(objects.len());
+            let written = self.nodes.take(Role::Master, &addr, self.cfg.deadline).and_then(|mut conn| {
+                let bytes = self.write(&mut conn, slot, objects, &mut ids)?;
+                self.nodes.give(Role::Master, &addr, conn);
+                Ok(bytes)
+            });
+            match written {
+                Ok(bytes) => {
+                    self.c.records_written.fetch_add(ids.len() as u64, Relaxed);
+                    self.c.bytes_written.fetch_add(bytes, Relaxed);
+                    self.c.live.fetch_add(ids.len() as u64, Relaxed);
+                    return Ok(ids.into_iter().map(|id| Some(RecordId::from_raw(id))).collect());
+                }
+                Err(e) => {
+                    self.c.failed_writes.fetch_add(1, Relaxed);
+                    self.topo.lock().back_off(slot, Instant::now());
+                    // Whatever reached the cluster is dead: those pages stay in RAM.
+                    self.freer.orphans(&ids);
+                    tried.push(addr);
+                    failed = Some(e);
+                }
             }
         }
+    }
+
+    /// A cluster heals by itself: a failover, replicas attaching.
+    fn ride_through(&self) -> Duration {
+        self.cfg.failover
     }
 
     fn read(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> Result<(), ColdError> {
@@ -467,7 +594,7 @@ impl ColdStore for RemoteStore {
         }
         let got = match ahead {
             Some(v) => Ok(Some(v)),
-            None => self.get(&k),
+            None => self.get(&k, keys::split(id.to_raw()).0),
         };
         let v = match got {
             Ok(Some(v)) => v,
@@ -547,10 +674,12 @@ impl ColdStore for RemoteStore {
             records_read: c.records_read.load(Relaxed),
             failed_writes: c.failed_writes.load(Relaxed),
             failed_reads: c.failed_reads.load(Relaxed),
+            replica_reads: c.replica_reads.load(Relaxed),
             missing_reads: c.missing.load(Relaxed),
             read_p50_ns: self.reads.percentile(50.0),
             read_p99_ns: self.reads.percentile(99.0),
             in_flight: *self.flight.n.lock() as u64,
+            masters_short: self.topo.lock().short_of(self.cfg.replicas) as u64,
             frees_pending: self.freer.pending(),
             frees_failed: self.freer.failed(),
             ..ColdStats::default()

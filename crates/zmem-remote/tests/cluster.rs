@@ -180,11 +180,117 @@ fn a_master_killed_in_a_writeback_storm_loses_no_acknowledged_page() {
     assert_eq!(read(&s, ids[0].unwrap(), 1 << 40).unwrap(), b"after");
 }
 
+/// How a read storm fared through a failure of one master.
+struct Storm {
+    reads: u64,
+    longest: Duration,
+}
+
+/// Read every record of `acked` round after round, checking each byte,
+/// until `done` says so (asked between rounds with the time since the
+/// start); a read that fails fails the test.
+fn read_storm(s: &RemoteStore, acked: &[(u64, RecordId, Vec<u8>)], what: &str, mut done: impl FnMut(Duration) -> bool) -> Storm {
+    let start = Instant::now();
+    let mut st = Storm { reads: 0, longest: Duration::ZERO };
+    while !done(start.elapsed()) {
+        for (k, id, bytes) in acked {
+            let t = Instant::now();
+            let got = read(s, *id, *k).unwrap_or_else(|e| panic!("{what}: page {k}, {:?} in: {e}", start.elapsed()));
+            st.longest = st.longest.max(t.elapsed());
+            assert_eq!(&got, bytes, "{what}: page {k}");
+            st.reads += 1;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "{what}: the cluster did not heal in two minutes");
+    }
+    st
+}
+
+#[test]
+fn reads_ride_through_a_master_hung_then_one_killed() {
+    let node_timeout = Duration::from_millis(1000);
+    let Some(mut c) = cluster(node_timeout.as_millis() as u32) else { return };
+    let s = store(&c, "ride");
+    let mut rng = XorShift::new(33);
+    let mut acked: Vec<(u64, RecordId, Vec<u8>)> = Vec::new();
+    // Batches rotate over the masters: every master holds some.
+    for b in 0..24u64 {
+        let objs: Vec<(u64, Vec<u8>)> = (0..16).map(|i| (b * 16 + i, object(&mut rng, b * 16 + i))).collect();
+        let refs: Vec<(u64, &[u8])> = objs.iter().map(|(k, o)| (*k, &o[..])).collect();
+        let ids = s.put_batch(&refs).expect("a batch to a healthy cluster");
+        acked.extend(objs.into_iter().zip(ids).map(|((k, o), id)| (k, id.unwrap(), o)));
+    }
+    // A master hangs (SIGSTOP) for 5 node timeouts: its replica takes
+    // over, and it comes back as a replica. Reads go on throughout.
+    let hung = c.masters().unwrap()[0].0;
+    c.signal(hung, true).unwrap();
+    let mut resumed = false;
+    let storm = read_storm(&s, &acked, "a master hung", |t| {
+        if !resumed && t > node_timeout * 5 {
+            c.signal(hung, false).unwrap();
+            resumed = true;
+        }
+        resumed && t > node_timeout * 6 && c.wait_state(1, Duration::ZERO).is_ok()
+    });
+    eprintln!("a master hung for 5 s: {} reads, longest {:?}, {} answered by a replica", storm.reads, storm.longest, s.stats().replica_reads);
+    assert!(s.stats().replica_reads > 0, "no read went to a replica while its master hung");
+    // Then a master is killed: its replica has every acknowledged record.
+    let killed = c.masters().unwrap()[1].0;
+    c.kill(killed).unwrap();
+    let before = s.stats().replica_reads;
+    let storm = read_storm(&s, &acked, "a master killed", |t| t > node_timeout * 3 && c.wait_state(0, Duration::ZERO).is_ok());
+    eprintln!("a master killed: {} reads, longest {:?}, {} answered by a replica", storm.reads, storm.longest, s.stats().replica_reads - before);
+    let st = s.stats();
+    assert_eq!((st.failed_reads, st.missing_reads), (0, 0));
+}
+
+#[test]
+fn a_store_starts_while_replicas_are_away_and_writes_back_once_they_attach() {
+    let Some(mut c) = cluster(1000) else { return };
+    let replicas: Vec<u16> = c.masters().unwrap().into_iter().flat_map(|(_, r)| r).collect();
+    assert_eq!(replicas.len(), 3, "a 3+3 cluster");
+    for &r in &replicas {
+        c.kill(r).unwrap();
+    }
+    // A cluster healing: the store starts all the same.
+    let s = store(&c, "healing");
+    // Once the cluster has marked the replicas failed, a batch is not even
+    // tried: writeback waits, and says why. (Before, WAIT times out.)
+    let end = Instant::now() + Duration::from_secs(60);
+    let why = loop {
+        match s.put_batch(&[(1, b"waits".as_slice())]) {
+            Ok(_) => panic!("a batch was acknowledged with every replica dead"),
+            Err(e) if e.to_string().contains("writeback waits") => break e.to_string(),
+            Err(_) => {}
+        }
+        assert!(Instant::now() < end, "the cluster did not drop its dead replicas from CLUSTER SLOTS in a minute");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(why.contains("--remote-replicas"), "{why}");
+    assert_eq!(s.stats().masters_short, 3);
+    // The replicas come back: writeback resumes by itself.
+    for &r in &replicas {
+        c.restart(r).unwrap();
+    }
+    c.wait_state(1, Duration::from_secs(60)).unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        if let Ok(ids) = s.put_batch(&[(2, b"resumed".as_slice())]) {
+            break ids[0].unwrap();
+        }
+        assert!(Instant::now() < end, "writeback did not resume within 30 s of the replicas attaching");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(read(&s, id, 2).unwrap(), b"resumed");
+    assert_eq!(s.stats().masters_short, 0);
+}
+
 #[test]
 fn a_stopped_cluster_gives_errors_within_the_deadline_and_recovers() {
     let Some(c) = cluster(5000) else { return };
     let mut cfg = RemoteConfig::new(&c.url(), "stopped").unwrap();
     cfg.deadline = Duration::from_millis(600);
+    // No node answers: a read waits out the failover deadline, then fails.
+    cfg.failover = Duration::from_millis(600);
     let s = RemoteStore::open(cfg).unwrap();
     let ids = s.put_batch(&[(1, b"one".as_slice()), (2, b"two".as_slice())]).unwrap();
     c.signal_all(true).unwrap();

@@ -297,13 +297,18 @@ impl LocalCluster {
     /// SIGSTOP (`pause`) or SIGCONT every running node: a cluster that
     /// hangs instead of refusing, and comes back with its data.
     pub fn signal_all(&self, pause: bool) -> Result<()> {
-        for n in &self.nodes {
-            if let Some(c) = &n.child {
-                let sig = if pause { "-STOP" } else { "-CONT" };
-                let st = Command::new("kill").args([sig, &c.id().to_string()]).status().map_err(|e| ClusterError(format!("kill: {e}")))?;
-                if !st.success() {
-                    return err(format!("kill {sig} {} failed", c.id()));
-                }
+        self.nodes.iter().try_for_each(|n| self.signal(n.port, pause))
+    }
+
+    /// SIGSTOP (`pause`) or SIGCONT the node on `port`, if it runs: a node
+    /// that hangs instead of refusing.
+    pub fn signal(&self, port: u16, pause: bool) -> Result<()> {
+        let n = self.nodes.iter().find(|n| n.port == port).ok_or_else(|| ClusterError(format!("no node on {port}")))?;
+        if let Some(c) = &n.child {
+            let sig = if pause { "-STOP" } else { "-CONT" };
+            let st = Command::new("kill").args([sig, &c.id().to_string()]).status().map_err(|e| ClusterError(format!("kill: {e}")))?;
+            if !st.success() {
+                return err(format!("kill {sig} {} failed", c.id()));
             }
         }
         Ok(())

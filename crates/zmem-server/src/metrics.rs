@@ -91,6 +91,7 @@ pub const COUNTERS: &[&str] = &[
     "backing_failed_writes",
     "backing_failed_reads",
     "backing_missing_reads",
+    "backing_replica_reads",
     "backing_frees_failed",
     "promoted_pages",
     "writeback_fail",

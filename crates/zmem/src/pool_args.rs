@@ -66,6 +66,12 @@ pub struct PoolArgs {
     /// acknowledgement (500ms, 2s).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::util::parse_millis, requires = "remote")]
     pub remote_timeout: std::time::Duration,
+    /// How long a read of a written-back page keeps asking the record's
+    /// master, its replicas and the cluster's new map while none answers
+    /// (20s: Redis Cluster's default cluster-node-timeout of 15 s, then
+    /// the election). A read that a replica can answer does not wait.
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = crate::util::parse_millis, requires = "remote")]
+    pub remote_failover: std::time::Duration,
     /// zswap's exclusive loads: on, off or auto. On: a page read from the
     /// pool is taken to be held by the kernel's swap or page cache from
     /// then on, so its compressed copy is the first written back (never
@@ -216,6 +222,7 @@ impl PoolArgs {
         let mut rc = zmem_remote::RemoteConfig::new(url, &self.namespace(device))?;
         rc.replicas = self.remote_replicas;
         rc.deadline = self.remote_timeout;
+        rc.failover = self.remote_failover;
         Ok(rc)
     }
 
@@ -322,6 +329,7 @@ impl PoolArgs {
             // The URL itself goes by the environment ([`PoolArgs::to_env`]).
             v.extend(["--remote-replicas".into(), self.remote_replicas.to_string()]);
             v.extend(["--remote-timeout".into(), format!("{}ms", self.remote_timeout.as_millis())]);
+            v.extend(["--remote-failover".into(), format!("{}ms", self.remote_failover.as_millis())]);
             if let Some(ns) = &self.remote_namespace {
                 v.extend(["--remote-namespace".into(), ns.clone()]);
             }
@@ -380,12 +388,16 @@ mod tests {
             pool: PoolArgs,
         }
         let url = "redis://:secret@10.0.0.5:7000";
-        let c = Cli::try_parse_from(["zmem", "--remote", url, "--remote-replicas", "2", "--remote-timeout", "250ms"]).unwrap();
+        let c = Cli::try_parse_from(["zmem", "--remote", url, "--remote-replicas", "2", "--remote-timeout", "250ms", "--remote-failover", "3s"]).unwrap();
         let words = c.pool.to_args();
         assert!(!words.iter().any(|w| w.contains("secret")), "{words:?}");
         assert_eq!(c.pool.to_env(), vec![(REMOTE_URL_ENV.into(), url.into())]);
         let i = words.iter().position(|w| w == "--remote-timeout").unwrap();
         assert_eq!((words[i + 1].as_str(), c.pool.remote_timeout.as_millis()), ("250ms", 250));
+        let i = words.iter().position(|w| w == "--remote-failover").unwrap();
+        assert_eq!((words[i + 1].as_str(), c.pool.remote_failover.as_millis()), ("3000ms", 3000));
+        let rc = c.pool.remote_config(url, "zmem0").unwrap();
+        assert_eq!((rc.deadline.as_millis(), rc.failover.as_millis()), (250, 3000));
         assert!(c.pool.cold_store("zmem0").unwrap().starts_with("redis://10.0.0.5:7000 (namespace "), "no password in what stat shows");
         assert!(Cli::try_parse_from(["zmem", "--remote", url, "--backing", "/tmp/x"]).is_err());
     }

@@ -293,13 +293,18 @@ fn remote_lines(v: &StatsReply) -> String {
     let st = &v.stats;
     let Some(to) = v.backing.as_deref().filter(|b| b.starts_with("redis://")) else { return String::new() };
     let us = |ns: u64| format!("{:.0} µs", ns as f64 / 1000.0);
+    let waits = match st.backing_masters_short {
+        0 => String::new(),
+        n => format!("remote writeback waits: {n} master(s) have fewer replicas than --remote-replicas asks to acknowledge a batch\n"),
+    };
     format!(
-        "remote: {to}: {} pages there; read p50 {} p99 {}; {} batches in flight, {} frees pending\nremote failures: {} batches kept in RAM, {} reads failed, {} found no record, {} frees given up\n",
+        "{waits}remote: {to}: {} pages there; read p50 {} p99 {}; {} batches in flight, {} frees pending; {} reads answered by a replica\nremote failures: {} batches kept in RAM, {} reads failed, {} found no record, {} frees given up\n",
         st.bd_count,
         us(st.backing_read_p50_ns),
         us(st.backing_read_p99_ns),
         st.backing_in_flight,
         st.backing_frees_pending,
+        st.backing_replica_reads,
         st.backing_failed_writes,
         st.backing_failed_reads,
         st.backing_missing_reads,
