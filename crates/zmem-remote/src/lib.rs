@@ -467,15 +467,15 @@ impl RemoteStore {
         let mut last: Vec<String> = Vec::new();
         loop {
             last.clear();
-            let (replicas, suspect) = {
+            let (master, replicas, suspect) = {
                 let t = self.topo.lock();
-                (t.replicas_of(slot), t.backing_off(slot, Instant::now()))
+                (t.master_addr(slot), t.replicas_of(slot), t.backing_off(slot, Instant::now()))
             };
             if !suspect {
                 match self.master_get(key, until) {
                     Ok(v) => return Ok(self.answered(start, v)),
                     Err(e) => {
-                        last.push(format!("the master of slot {slot}: {e}"));
+                        last.push(format!("the master of slot {slot}, {master}: {e}"));
                         self.topo.lock().back_off(slot, Instant::now());
                     }
                 }
@@ -495,13 +495,16 @@ impl RemoteStore {
                     Err(e) => last.push(format!("replica {addr}: {e}")),
                 }
             }
+            if replicas.is_empty() {
+                last.push(format!("slot {slot} lists no replica"));
+            }
             if nils > 0 && nils == replicas.len() {
                 return Ok(self.answered(start, None));
             }
             if suspect && Instant::now() + self.cfg.deadline / 4 < until {
                 match self.master_get(key, until) {
                     Ok(v) => return Ok(self.answered(start, v)),
-                    Err(e) => last.push(format!("the master of slot {slot} (failing): {e}")),
+                    Err(e) => last.push(format!("the master of slot {slot}, {master} (failing): {e}")),
                 }
             }
             // Another round only if one more call fits before the end.

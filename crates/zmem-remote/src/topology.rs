@@ -130,6 +130,12 @@ impl Topology {
         self.masters.iter().find(|m| m.ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
     }
 
+    /// The address of the master serving `slot`, as last read ("?" if
+    /// none does).
+    pub fn master_addr(&self, slot: u16) -> String {
+        self.master_of(slot).map_or_else(|| "?".to_string(), |m| m.addr.clone())
+    }
+
     /// The replicas of the master serving `slot`, as last read.
     pub fn replicas_of(&self, slot: u16) -> Vec<String> {
         self.master_of(slot).map(|m| m.replica_addrs.clone()).unwrap_or_default()

@@ -392,3 +392,97 @@ fn freed_records_give_the_cluster_its_memory_back_and_a_restart_sweeps_the_rest(
     drop(s2);
     assert_eq!(c.keys().unwrap(), 0, "a clean close deletes its records and its owner key");
 }
+
+/// A page that compresses about 2:1 (half random, half zeros), from `key`.
+fn page(key: u64) -> Vec<u8> {
+    let mut p = vec![0u8; zmem_core::PAGE_SIZE];
+    XorShift::new(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).fill(&mut p[..zmem_core::PAGE_SIZE / 2]);
+    p
+}
+
+#[test]
+fn a_full_pool_rides_through_a_master_killed_in_a_store_storm() {
+    let node_timeout = Duration::from_millis(1000);
+    let Some(mut c) = cluster(node_timeout.as_millis() as u32) else { return };
+    let store = store(&c, "pool");
+    // A small pool: stores keep writeback busy all through.
+    let cfg = zmem_core::PoolConfig { max_pool: Some(2 << 20), shards: 8, ..zmem_core::PoolConfig::default() };
+    let pool = zmem_core::Pool::with_cold_store(cfg, Box::new(store)).unwrap();
+    let victim = c.masters().unwrap()[0].0;
+    let start = Instant::now();
+    let (mut key, mut longest, mut killed_at) = (0u64, Duration::ZERO, None);
+    loop {
+        let t = Instant::now();
+        pool.store(key, &page(key)).unwrap_or_else(|e| panic!("page {key}, {:?} after the kill: {e}", killed_at.map(|k: Instant| k.elapsed())));
+        longest = longest.max(t.elapsed());
+        key += 1;
+        if killed_at.is_none() && start.elapsed() > Duration::from_secs(1) {
+            c.kill(victim).unwrap();
+            killed_at = Some(Instant::now());
+        }
+        if killed_at.is_some_and(|k| k.elapsed() > node_timeout * 4) && c.wait_state(0, Duration::ZERO).is_ok() {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "the cluster did not heal in two minutes");
+    }
+    let st = pool.stats();
+    eprintln!(
+        "{key} pages stored through a master's death, the longest store {longest:?}; {} written back, {} batches refused",
+        st.written_back_pages, st.backing_failed_writes
+    );
+    assert!(st.written_back_pages > 1000, "the pool hardly wrote back: the test tested nothing");
+    let mut buf = vec![0u8; zmem_core::PAGE_SIZE];
+    for k in 0..key {
+        pool.load(k, &mut buf).unwrap_or_else(|e| panic!("page {k}: {e}"));
+        assert!(buf == page(k), "page {k} read back wrong");
+    }
+    assert_eq!(pool.stats().backing_failed_reads, 0);
+}
+
+#[test]
+fn a_shard_gone_whole_fails_only_its_own_reads_and_says_where() {
+    let Some(mut c) = cluster(1000) else { return };
+    let mut cfg = RemoteConfig::new(&c.url(), "gone").unwrap();
+    cfg.failover = Duration::from_secs(2);
+    let s = RemoteStore::open(cfg).unwrap();
+    let mut rng = XorShift::new(8);
+    let mut acked = Vec::new();
+    for b in 0..12u64 {
+        let objs: Vec<(u64, Vec<u8>)> = (0..8).map(|i| (b * 8 + i, object(&mut rng, b * 8 + i))).collect();
+        let refs: Vec<(u64, &[u8])> = objs.iter().map(|(k, o)| (*k, &o[..])).collect();
+        let ids = s.put_batch(&refs).unwrap();
+        acked.extend(objs.into_iter().zip(ids).map(|((k, o), id)| (k, id.unwrap(), o)));
+    }
+    // A master and its replica die: that shard's records are gone.
+    let (master, replicas) = c.masters().unwrap().remove(0);
+    c.kill(master).unwrap();
+    for r in replicas {
+        c.kill(r).unwrap();
+    }
+    let (mut lost, mut found) = (0, 0);
+    // A batch is one slot: one lost record of a slot stands for the rest.
+    let mut lost_slots = std::collections::HashSet::new();
+    for (k, id, bytes) in &acked {
+        let slot = zmem_remote::keys::split(id.to_raw()).0;
+        if lost_slots.contains(&slot) {
+            continue;
+        }
+        let t = Instant::now();
+        match read(&s, *id, *k) {
+            Ok(v) => {
+                assert_eq!(&v, bytes, "page {k}");
+                found += 1;
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(&format!(":{master}")), "the error names the dead master: {e}");
+                // It asked until the failover deadline (2 s) was near, not once.
+                assert!(t.elapsed() >= Duration::from_secs(1), "a read gave up after {:?}, long before the failover deadline", t.elapsed());
+                lost_slots.insert(slot);
+                lost += 1;
+            }
+        }
+    }
+    eprintln!("a shard gone: {found} records read, {lost} lost");
+    assert!(lost > 0 && found > 0, "{lost} lost, {found} read: every shard held some");
+}

@@ -138,6 +138,9 @@ impl LocalCluster {
             // replication offset moves, CLUSTER SLOTS leaves the replica
             // out (Redis 7), and the cluster is not ready for a test.
             .args(["--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"])
+            // A shard lost whole leaves the others serving (with Redis's
+            // default, the whole cluster stops until the shard is back).
+            .args(["--cluster-require-full-coverage", "no"])
             .args(["--dir", &self.dir.display().to_string(), "--logfile", &format!("{port}.log")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
