@@ -27,6 +27,8 @@ want swapon util-linux
 # that the tests start on loopback (Debian's Redis 7, BSD-3).
 want redis-server redis-server
 want redis-cli redis-tools
+# The TLS cluster tests make their certificates with it.
+want openssl openssl
 # The Debian package is built with dpkg-deb (dpkg-dev for the architecture
 # names, binutils for strip).
 want dpkg-deb dpkg

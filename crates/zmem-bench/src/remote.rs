@@ -24,7 +24,9 @@
 //! with blkio to 3,000 IOPS and 125 MB/s each way (a small cloud disk);
 //! it needs root, and without it the run has the cluster alone. The
 //! cluster is 3 masters and 3 replicas of the machine's `redis-server`,
-//! started for the run and stopped after it, with `--remote-replicas 1`.
+//! started for the run and stopped after it, with `--remote-replicas 1`;
+//! then the same over TLS (`cluster-tls`: a cluster that speaks TLS only,
+//! certificates made for the run, zmem trusting its CA).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -200,6 +202,17 @@ pub fn run(cfg: &Config, mut note: impl FnMut(&str)) -> anyhow::Result<Report> {
         Ok(Box::new(zmem_remote::RemoteStore::open(zmem_remote::RemoteConfig::new(&cluster.url(), &format!("bench-{name}"))?)?))
     };
     report.systems.push(measure("cluster", &pool_cfg, open, &cluster, data, cfg.samples)?);
+    drop(cluster);
+    // The same over TLS (rediss://, the cluster's CA), every other step alike.
+    note("the loopback cluster over TLS...");
+    let cluster = LocalCluster::start_tls(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a TLS Redis cluster: {e}"))?;
+    let ca = std::fs::read(cluster.certs().context("a TLS cluster has certificates")?.file("ca.crt"))?;
+    let open = |name: &str| -> anyhow::Result<Box<dyn ColdStore>> {
+        let mut rc = zmem_remote::RemoteConfig::new(&cluster.url(), &format!("bench-{name}"))?;
+        rc.tls = Some(zmem_remote::Tls { ca: Some(ca.clone()), client: None });
+        Ok(Box::new(zmem_remote::RemoteStore::open(rc)?))
+    };
+    report.systems.push(measure("cluster-tls", &pool_cfg, open, &cluster, data, cfg.samples)?);
     Ok(report)
 }
 

@@ -58,13 +58,16 @@ impl Conns {
                 let me = Arc::clone(self);
                 if let Err(e) = std::thread::Builder::new().name("zmem-remote-conn".into()).spawn(move || me.connect()) {
                     st.connecting = false;
-                    return Err(RemoteError::Unreachable { seeds: self.seeds.clone(), why: format!("cannot start a thread to connect: {e}") });
+                    return Err(RemoteError::Unreachable {
+                        seeds: self.seeds.clone(),
+                        why: format!("cannot start a thread to connect: {e} (the machine is out of threads or memory)"),
+                    });
                 }
             }
             if self.ready.wait_until(&mut st, until).timed_out() {
                 return Err(RemoteError::Unreachable {
                     seeds: self.seeds.clone(),
-                    why: format!("no connection within {:?}", until.saturating_duration_since(asked)),
+                    why: format!("no connection within {:?} (is it up, and are these its nodes?)", until.saturating_duration_since(asked)),
                 });
             }
         }
@@ -76,7 +79,7 @@ impl Conns {
         st.connecting = false;
         match r {
             Ok(c) => st.idle.push(c),
-            Err(e) => st.failed = Some((Instant::now(), e.to_string())),
+            Err(e) => st.failed = Some((Instant::now(), format!("{e} ({})", crate::advice(&e)))),
         }
         self.ready.notify_all();
     }

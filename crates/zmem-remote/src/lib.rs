@@ -45,6 +45,15 @@
 //!   is asked after its replicas for a while (`topology::BACKOFF`), so a
 //!   hung master costs one call deadline, not one per read. It never
 //!   returns wrong bytes.
+//! * **TLS and users.** `rediss://` seeds make every connection TLS
+//!   (rustls with ring, through the `redis` crate: the cluster client, and
+//!   the single-node connections of batches and replica reads), trusting
+//!   the CA the operator gives ([`Tls`]) or the system's roots, with a
+//!   client certificate if the cluster asks for one. `USER:PASSWORD@` in
+//!   the URL authenticates as an ACL user. What a refused connection most
+//!   likely means (a CA that did not sign the cluster's certificate, a
+//!   wrong password, TLS spoken to a plain port or the reverse) is in its
+//!   error, and a password never is.
 //! * **Frees are asynchronous** (`freer.rs`): the engine's frees
 //!   (overwrites, discards, a page brought back to RAM) queue ids for a
 //!   thread that deletes them in pipelined `UNLINK`s; a store never waits
@@ -90,8 +99,11 @@ use crate::topology::Topology;
 /// How a remote store is reached and what it promises.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteConfig {
-    /// Cluster seeds, one `redis://[USER:PASSWORD@]HOST:PORT` each.
+    /// Cluster seeds, one `redis[s]://[USER:PASSWORD@]HOST:PORT` each.
     pub seeds: Vec<String>,
+    /// TLS (`rediss://`): what the connections trust and show; None for
+    /// plain `redis://`.
+    pub tls: Option<Tls>,
     /// This device's namespace (keys `zm:NAMESPACE:…`).
     pub namespace: String,
     /// Replicas that must acknowledge a batch before its pages leave RAM
@@ -115,10 +127,12 @@ pub enum RemoteError {
     Url { url: String, why: String },
     #[error("remote namespace {0:?}: use 1 to 200 printable characters without spaces or braces")]
     Namespace(String),
-    #[error("cannot reach the cluster at {seeds}: {source} (is it up, and are these its nodes?)")]
+    #[error("cannot reach the cluster at {seeds}: {source} ({})", advice(source))]
     Connect { seeds: String, source: redis::RedisError },
-    #[error("cannot reach the cluster at {seeds}: {why} (is it up, and are these its nodes?)")]
+    #[error("cannot reach the cluster at {seeds}: {why}")]
     Unreachable { seeds: String, why: String },
+    #[error("--remote-ca, --remote-cert and --remote-key are for a TLS cluster: give its URL as rediss://")]
+    TlsWithoutRediss,
     #[error("the cluster at {seeds} cannot be used: {why}")]
     Cluster { seeds: String, why: String },
     #[error("remote namespace {namespace:?} is served by {owner} (stop that server, or give this one another --remote-namespace; if that server is gone for good, delete the key zm:{namespace}:owner on the cluster)")]
@@ -147,6 +161,56 @@ impl From<RemoteError> for ColdError {
 /// election and for the store to read the new map.
 pub const DEFAULT_FAILOVER: Duration = Duration::from_secs(20);
 
+/// What `rediss://` connections trust and present, as PEM bytes.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Tls {
+    /// The CA that signed the cluster's certificates (None: the system's
+    /// roots).
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate (chain) and its key, for a cluster that asks
+    /// clients for one (`tls-auth-clients`).
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("Tls").field("ca", &self.ca.as_ref().map(Vec::len)).field("client", &self.client.is_some()).finish()
+    }
+}
+
+impl Tls {
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self.client.as_ref().map(|(cert, key)| redis::ClientTlsConfig { client_cert: cert.clone(), client_key: key.clone() }),
+            root_cert: self.ca.clone(),
+        }
+    }
+}
+
+/// rustls's crypto (ring), installed once for the process.
+fn install_crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // Another part of the process may have installed one: that one serves.
+    ONCE.call_once(|| drop(rustls::crypto::ring::default_provider().install_default()));
+}
+
+/// What a connection error most likely means, for its message.
+pub(crate) fn advice(e: &redis::RedisError) -> &'static str {
+    let text = format!("{e:?} {e}");
+    if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") || text.contains("BadSignature") {
+        "the cluster's TLS certificate is not signed by the CA zmem trusts: give the cluster's CA with --remote-ca"
+    } else if text.contains("NotValidForName") {
+        "the cluster's TLS certificate does not name the host in the URL"
+    } else if text.contains("WRONGPASS") || text.contains("invalid username-password") || text.contains("NOAUTH") || text.contains("AuthenticationFailed") {
+        "the cluster refused the user and password in the URL: check them, and the user's ACL"
+    } else if text.contains("CertificateRequired") || text.contains("certificate required") {
+        "the cluster asks for a client certificate: give --remote-cert and --remote-key"
+    } else {
+        "is it up, are these its nodes, and does it speak TLS (rediss://) or not (redis://)?"
+    }
+}
+
 impl RemoteConfig {
     /// The defaults for `url` (see [`parse_seeds`]) and `namespace`: one
     /// replica acknowledges, a 1 s deadline per call, reads that wait
@@ -155,8 +219,11 @@ impl RemoteConfig {
         if !keys::valid_namespace(namespace) {
             return Err(RemoteError::Namespace(namespace.to_string()));
         }
+        let seeds = parse_seeds(url)?;
+        let tls = seeds.iter().any(|s| s.starts_with("rediss://")).then(Tls::default);
         Ok(RemoteConfig {
-            seeds: parse_seeds(url)?,
+            seeds,
+            tls,
             namespace: namespace.to_string(),
             replicas: 1,
             deadline: Duration::from_secs(1),
@@ -166,17 +233,16 @@ impl RemoteConfig {
     }
 }
 
-/// `redis://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]` as one seed URL per
-/// node, each with the credentials.
+/// `redis[s]://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]` as one seed URL
+/// per node, each with the scheme and the credentials.
 pub fn parse_seeds(url: &str) -> Result<Vec<String>, RemoteError> {
     let bad = |why: &str| RemoteError::Url { url: url.to_string(), why: why.to_string() };
     let (scheme, auth, hosts) = split_url(url);
-    match scheme {
-        Some("redis") => {}
-        Some("rediss") => return Err(bad("TLS (rediss://) is not built into this zmem; reach the cluster over a TLS tunnel, or use redis://")),
+    let scheme = match scheme {
+        Some(s @ ("redis" | "rediss")) => s,
         Some(s) => return Err(bad(&format!("unknown scheme {s:?}"))),
-        None => return Err(bad("no redis:// scheme")),
-    }
+        None => return Err(bad("no redis:// or rediss:// scheme")),
+    };
     let mut seeds = Vec::new();
     for h in hosts.split(',') {
         let (host, port) = h.rsplit_once(':').ok_or_else(|| bad(&format!("{h:?} has no :PORT")))?;
@@ -184,7 +250,7 @@ pub fn parse_seeds(url: &str) -> Result<Vec<String>, RemoteError> {
             return Err(bad(&format!("{h:?} is not HOST:PORT")));
         }
         port.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| bad(&format!("{port:?} is not a port")))?;
-        seeds.push(format!("redis://{auth}{host}:{port}"));
+        seeds.push(format!("{scheme}://{auth}{host}:{port}"));
     }
     Ok(seeds)
 }
@@ -324,17 +390,19 @@ impl RemoteStore {
         let Some(first) = cfg.seeds.first() else {
             return Err(RemoteError::Url { url: String::new(), why: "no seed nodes".into() });
         };
-        let nodes = Nodes::new(split_url(first).1, cfg.deadline);
-        let seeds = cfg.seeds.join(",");
+        if cfg.tls.is_some() {
+            install_crypto();
+        }
+        let nodes = Nodes::new(split_url(first).1, cfg.deadline, cfg.tls.clone());
+        // What errors show: never the password.
+        let seeds = cfg.seeds.iter().map(|s| redacted(s)).collect::<Vec<_>>().join(",");
         let part = (cfg.deadline / 4).max(Duration::from_millis(10));
-        let client = ClusterClient::builder(cfg.seeds.clone())
-            .connection_timeout(part)
-            .response_timeout(part)
-            .retries(2)
-            .min_retry_wait(5)
-            .max_retry_wait(50)
-            .build()
-            .map_err(|source| RemoteError::Connect { seeds: seeds.clone(), source })?;
+        let mut builder =
+            ClusterClient::builder(cfg.seeds.clone()).connection_timeout(part).response_timeout(part).retries(2).min_retry_wait(5).max_retry_wait(50);
+        if let Some(t) = &cfg.tls {
+            builder = builder.certs(t.certificates());
+        }
+        let client = builder.build().map_err(|source| RemoteError::Connect { seeds: seeds.clone(), source })?;
         let conns = Conns::new(client, seeds.clone());
         let mut conn = conns.take(Instant::now() + cfg.deadline * 10)?;
         // Masters short of replicas (a cluster still healing, replicas
@@ -816,7 +884,11 @@ mod tests {
     fn urls_become_seeds_or_say_what_is_wrong() {
         assert_eq!(parse_seeds("redis://127.0.0.1:7000,127.0.0.1:7001").unwrap(), ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
         assert_eq!(parse_seeds("redis://u:p@h:1,g:2/").unwrap(), ["redis://u:p@h:1", "redis://u:p@g:2"]);
-        for bad in ["127.0.0.1:7000", "http://h:1", "redis://h", "redis://h:0", "redis://h:x", "redis://:1", "rediss://h:1", "redis://h:1,"] {
+        assert_eq!(parse_seeds("rediss://u:p@h:1,g:2").unwrap(), ["rediss://u:p@h:1", "rediss://u:p@g:2"]);
+        assert!(RemoteConfig::new("rediss://h:1", "n").unwrap().tls.is_some());
+        assert!(RemoteConfig::new("redis://h:1", "n").unwrap().tls.is_none());
+        assert_eq!(redacted("rediss://u:p@h:1"), "rediss://h:1");
+        for bad in ["127.0.0.1:7000", "http://h:1", "redis://h", "redis://h:0", "redis://h:x", "redis://:1", "redis://h:1,"] {
             let e = parse_seeds(bad).unwrap_err().to_string();
             assert!(e.contains(bad), "{bad}: {e}");
         }

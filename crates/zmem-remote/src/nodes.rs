@@ -32,8 +32,9 @@ pub(crate) enum Role {
 }
 
 pub(crate) struct Nodes {
-    /// `redis://` plus the seeds' `USER:PASSWORD@`, if any.
+    /// `redis://` (or `rediss://`) plus the seeds' `USER:PASSWORD@`, if any.
     prefix: String,
+    tls: Option<crate::Tls>,
     timeout: Duration,
     idle: Mutex<HashMap<(Role, String), Vec<redis::Connection>>>,
 }
@@ -41,8 +42,9 @@ pub(crate) struct Nodes {
 impl Nodes {
     /// Connections made with the seeds' credentials (`USER:PASSWORD@`),
     /// each of whose calls may take `timeout`.
-    pub(crate) fn new(auth: &str, timeout: Duration) -> Nodes {
-        Nodes { prefix: format!("redis://{auth}"), timeout, idle: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(auth: &str, timeout: Duration, tls: Option<crate::Tls>) -> Nodes {
+        let scheme = if tls.is_some() { "rediss" } else { "redis" };
+        Nodes { prefix: format!("{scheme}://{auth}"), tls, timeout, idle: Mutex::new(HashMap::new()) }
     }
 
     /// A connection to the node at `addr` (`HOST:PORT`) for `role`, for
@@ -64,7 +66,12 @@ impl Nodes {
         }
         // A new connection: three round trips share the time.
         timeout /= 3;
-        let client = redis::Client::open(format!("{}{addr}", self.prefix)).map_err(err)?;
+        let url = format!("{}{addr}", self.prefix);
+        let client = match &self.tls {
+            Some(t) => redis::Client::build_with_tls(url, t.certificates()),
+            None => redis::Client::open(url),
+        }
+        .map_err(err)?;
         let mut c = client.get_connection_with_timeout(timeout).map_err(err)?;
         c.set_read_timeout(Some(timeout)).map_err(err)?;
         c.set_write_timeout(Some(timeout)).map_err(err)?;

@@ -1,6 +1,10 @@
 //! A real Redis Cluster on loopback, started by a test or a benchmark and
 //! torn down by `Drop`, also when the test fails.
 //!
+//! [`LocalCluster::start_tls`] starts one that speaks TLS only (clients,
+//! cluster bus and replication), with a CA, a server certificate for
+//! 127.0.0.1 and a client certificate made at start by `openssl`.
+//!
 //! It runs Debian's `redis-server` (one process per node, cluster mode,
 //! no persistence) and forms the cluster with `redis-cli --cluster create`,
 //! as an operator would. Nothing here speaks the protocol itself: the
@@ -40,6 +44,47 @@ pub struct LocalCluster {
     nodes: Vec<Node>,
     dir: PathBuf,
     node_timeout_ms: u32,
+    /// TLS only: the directory of its certificates ([`Certs`]).
+    tls: Option<Certs>,
+}
+
+/// A TLS cluster's files, made at start: `ca.crt` (and another CA,
+/// `other-ca.crt`, that signed nothing of it), `server.crt`/`.key` for
+/// 127.0.0.1, `client.crt`/`.key`.
+#[derive(Clone, Debug)]
+pub struct Certs {
+    pub dir: PathBuf,
+}
+
+impl Certs {
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Make the CAs and the certificates in `dir` (EC P-256, valid 2 days).
+    fn make(dir: &Path) -> Result<Certs> {
+        std::fs::create_dir_all(dir).map_err(|e| ClusterError(format!("{}: {e}", dir.display())))?;
+        let ssl = |args: &[&str]| -> Result<()> {
+            let out = Command::new("openssl").args(args).current_dir(dir).output().map_err(|e| ClusterError(format!("openssl: {e} (is it installed?)")))?;
+            if !out.status.success() {
+                return err(format!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+            }
+            Ok(())
+        };
+        let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        for ca in ["ca", "other-ca"] {
+            let (k, c, subj) = (format!("{ca}.key"), format!("{ca}.crt"), format!("/CN=zmem test {ca}"));
+            ssl(&[&["req", "-x509"], &key[..], &["-keyout", &k, "-out", &c, "-days", "2", "-subj", &subj]].concat())?;
+        }
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+            .map_err(|e| ClusterError(format!("san.ext: {e}")))?;
+        for who in ["server", "client"] {
+            let (k, csr, c, subj) = (format!("{who}.key"), format!("{who}.csr"), format!("{who}.crt"), format!("/CN=127.0.0.1 {who}"));
+            ssl(&[&["req"], &key[..], &["-keyout", &k, "-out", &csr, "-subj", &subj]].concat())?;
+            ssl(&["x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", &c, "-days", "2", "-extfile", "san.ext"])?;
+        }
+        Ok(Certs { dir: dir.to_path_buf() })
+    }
 }
 
 /// How the harness fails: what it ran and what came back.
@@ -80,11 +125,24 @@ impl LocalCluster {
     /// is `cluster-node-timeout`: how long a dead master goes unnoticed
     /// before its replica takes over.
     pub fn start(masters: usize, replicas: usize, node_timeout_ms: u32) -> Result<LocalCluster> {
+        Self::start_with(masters, replicas, node_timeout_ms, false)
+    }
+
+    /// [`LocalCluster::start`], speaking TLS only ([`Certs`]; clients may
+    /// present a certificate, and need not).
+    pub fn start_tls(masters: usize, replicas: usize, node_timeout_ms: u32) -> Result<LocalCluster> {
+        Self::start_with(masters, replicas, node_timeout_ms, true)
+    }
+
+    fn start_with(masters: usize, replicas: usize, node_timeout_ms: u32, tls: bool) -> Result<LocalCluster> {
         let n = masters * (1 + replicas);
         let ports = node_ports(n, &[])?;
         let dir = std::env::temp_dir().join(format!("zmem-redis-{}-{}", std::process::id(), ports[0]));
         std::fs::create_dir_all(&dir).map_err(|e| ClusterError(format!("{}: {e}", dir.display())))?;
-        let mut c = LocalCluster { nodes: ports.iter().map(|&port| Node { port, child: None }).collect(), dir, node_timeout_ms };
+        let mut c = LocalCluster { nodes: ports.iter().map(|&port| Node { port, child: None }).collect(), dir, node_timeout_ms, tls: None };
+        if tls {
+            c.tls = Some(Certs::make(&c.dir.join("tls"))?);
+        }
         for i in 0..n {
             // Before the cluster forms a node has no identity to keep: one
             // that lost its port to another process starts on a new one.
@@ -109,7 +167,7 @@ impl LocalCluster {
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
         args.extend(["--cluster-replicas".into(), replicas.to_string(), "--cluster-yes".into()]);
-        let out = Command::new("redis-cli").args(&args).output().map_err(|e| ClusterError(format!("redis-cli: {e}")))?;
+        let out = Command::new("redis-cli").args(c.tls_args()).args(&args).output().map_err(|e| ClusterError(format!("redis-cli: {e}")))?;
         if !out.status.success() {
             return err(format!("redis-cli --cluster create failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
         }
@@ -127,8 +185,21 @@ impl LocalCluster {
     fn try_start_node(&mut self, i: usize) -> std::result::Result<(), NodeStart> {
         let port = self.nodes[i].port;
         let log = self.dir.join(format!("{port}.log"));
-        let mut child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--protected-mode", "no"])
+        let mut server = Command::new("redis-server");
+        match &self.tls {
+            None => server.args(["--port", &port.to_string()]),
+            Some(t) => server
+                .args(["--port", "0", "--tls-port", &port.to_string(), "--tls-cluster", "yes", "--tls-replication", "yes"])
+                .args(["--tls-auth-clients", "optional"])
+                .arg("--tls-cert-file")
+                .arg(t.file("server.crt"))
+                .arg("--tls-key-file")
+                .arg(t.file("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(t.file("ca.crt")),
+        };
+        let mut child = server
+            .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
             .args(["--cluster-enabled", "yes", "--cluster-config-file", &format!("nodes-{port}.conf")])
             .args(["--cluster-node-timeout", &self.node_timeout_ms.to_string()])
             .args(["--appendonly", "no", "--save", "", "--daemonize", "no"])
@@ -165,10 +236,32 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// The seeds as zmem's `--remote` takes them.
+    /// The seeds as zmem's `--remote` takes them (`rediss://` for TLS).
     pub fn url(&self) -> String {
         let live: Vec<String> = self.nodes.iter().filter(|n| n.child.is_some()).map(|n| format!("127.0.0.1:{}", n.port)).collect();
-        format!("redis://{}", live.join(","))
+        format!("{}://{}", if self.tls.is_some() { "rediss" } else { "redis" }, live.join(","))
+    }
+
+    /// A TLS cluster's certificates.
+    pub fn certs(&self) -> Option<&Certs> {
+        self.tls.as_ref()
+    }
+
+    /// redis-cli's arguments for a TLS cluster (none for a plain one).
+    fn tls_args(&self) -> Vec<std::ffi::OsString> {
+        match &self.tls {
+            None => vec![],
+            Some(t) => vec!["--tls".into(), "--cacert".into(), t.file("ca.crt").into()],
+        }
+    }
+
+    /// Add the ACL user `user` with `password` and every right, on every
+    /// running node (ACLs are not shared across a cluster).
+    pub fn add_user(&self, user: &str, password: &str) -> Result<()> {
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            self.cli(n.port, &["ACL", "SETUSER", user, "on", &format!(">{password}"), "~*", "&*", "+@all"])?;
+        }
+        Ok(())
     }
 
     /// Every node's client port.
@@ -184,6 +277,7 @@ impl LocalCluster {
     /// `redis-cli -p PORT ARGS…`'s output.
     pub fn cli(&self, port: u16, args: &[&str]) -> Result<String> {
         let out = Command::new("redis-cli")
+            .args(self.tls_args())
             .args(["-p", &port.to_string(), "--no-auth-warning"])
             .args(args)
             .output()

@@ -72,6 +72,17 @@ pub struct PoolArgs {
     /// the election). A read that a replica can answer does not wait.
     #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = crate::util::parse_millis, requires = "remote")]
     pub remote_failover: std::time::Duration,
+    /// The CA (a PEM file) that signed a TLS cluster's certificates
+    /// (rediss://); without it, the system's roots.
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub remote_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for a TLS cluster that asks for one
+    /// (tls-auth-clients), with --remote-key.
+    #[arg(long, value_name = "FILE", requires_all = ["remote", "remote_key"])]
+    pub remote_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires_all = ["remote", "remote_cert"])]
+    pub remote_key: Option<PathBuf>,
     /// zswap's exclusive loads: on, off or auto. On: a page read from the
     /// pool is taken to be held by the kernel's swap or page cache from
     /// then on, so its compressed copy is the first written back (never
@@ -223,6 +234,16 @@ impl PoolArgs {
         rc.replicas = self.remote_replicas;
         rc.deadline = self.remote_timeout;
         rc.failover = self.remote_failover;
+        let read = |p: &PathBuf, what: &str| std::fs::read(p).with_context(|| format!("{what} {}: cannot read it", p.display()));
+        let client = match (&self.remote_cert, &self.remote_key) {
+            (Some(c), Some(k)) => Some((read(c, "--remote-cert")?, read(k, "--remote-key")?)),
+            _ => None,
+        };
+        let ca = self.remote_ca.as_ref().map(|p| read(p, "--remote-ca")).transpose()?;
+        if ca.is_some() || client.is_some() {
+            let tls = rc.tls.as_mut().ok_or(zmem_remote::RemoteError::TlsWithoutRediss)?;
+            (tls.ca, tls.client) = (ca, client);
+        }
         Ok(rc)
     }
 
@@ -330,6 +351,11 @@ impl PoolArgs {
             v.extend(["--remote-replicas".into(), self.remote_replicas.to_string()]);
             v.extend(["--remote-timeout".into(), format!("{}ms", self.remote_timeout.as_millis())]);
             v.extend(["--remote-failover".into(), format!("{}ms", self.remote_failover.as_millis())]);
+            for (flag, file) in [("--remote-ca", &self.remote_ca), ("--remote-cert", &self.remote_cert), ("--remote-key", &self.remote_key)] {
+                if let Some(f) = file {
+                    v.extend([flag.into(), f.display().to_string()]);
+                }
+            }
             if let Some(ns) = &self.remote_namespace {
                 v.extend(["--remote-namespace".into(), ns.clone()]);
             }
@@ -398,8 +424,24 @@ mod tests {
         assert_eq!((words[i + 1].as_str(), c.pool.remote_failover.as_millis()), ("3000ms", 3000));
         let rc = c.pool.remote_config(url, "zmem0").unwrap();
         assert_eq!((rc.deadline.as_millis(), rc.failover.as_millis()), (250, 3000));
+        assert!(rc.tls.is_none());
         assert!(c.pool.cold_store("zmem0").unwrap().starts_with("redis://10.0.0.5:7000 (namespace "), "no password in what stat shows");
         assert!(Cli::try_parse_from(["zmem", "--remote", url, "--backing", "/tmp/x"]).is_err());
+        // TLS files: read, named when missing, refused with a plain URL, passed on.
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, b"-----BEGIN CERTIFICATE-----").unwrap();
+        let ca_arg = ca.to_str().unwrap();
+        let c = Cli::try_parse_from(["zmem", "--remote", "rediss://h:1", "--remote-ca", ca_arg]).unwrap();
+        assert_eq!(c.pool.remote_config("rediss://h:1", "zmem0").unwrap().tls.unwrap().ca.as_deref(), Some(&b"-----BEGIN CERTIFICATE-----"[..]));
+        let words = c.pool.to_args();
+        assert!(words.windows(2).any(|w| w[0] == "--remote-ca" && w[1] == ca_arg), "{words:?}");
+        let e = format!("{:#}", c.pool.remote_config("redis://h:1", "zmem0").unwrap_err());
+        assert!(e.contains("rediss://"), "{e}");
+        let c = Cli::try_parse_from(["zmem", "--remote", "rediss://h:1", "--remote-ca", "/nonexistent/ca.pem"]).unwrap();
+        let e = format!("{:#}", c.pool.remote_config("rediss://h:1", "zmem0").unwrap_err());
+        assert!(e.contains("--remote-ca /nonexistent/ca.pem"), "{e}");
+        assert!(Cli::try_parse_from(["zmem", "--remote", "rediss://h:1", "--remote-cert", ca_arg]).is_err(), "a certificate without its key");
     }
 
     #[test]
