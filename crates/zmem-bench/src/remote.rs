@@ -27,6 +27,12 @@
 //! started for the run and stopped after it, with `--remote-replicas 1`;
 //! then the same over TLS (`cluster-tls`: a cluster that speaks TLS only,
 //! certificates made for the run, zmem trusting its CA).
+//!
+//! Last, **reads through a failover** (`--failover`, on the plain cluster,
+//! node timeout 5 s): every page written back, then single loads of
+//! random pages for [`FAILOVER_SECS`], one master SIGKILLed after the
+//! first second; each load timed (p50, p99, the longest) and any failure
+//! counted (none should be: the replicas answer until one is promoted).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -63,6 +69,8 @@ pub struct Config {
     pub scratch: PathBuf,
     /// Leave out the throttled disk.
     pub no_disk: bool,
+    /// Time single reads while a master dies.
+    pub failover: bool,
 }
 
 /// One cold store's figures.
@@ -100,6 +108,8 @@ pub struct System {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Reads through a failover (the plain cluster), if it ran.
+    pub failover: Option<FailoverReads>,
     pub pages: u64,
     pub data_bytes: u64,
     pub max_pool_bytes: u64,
@@ -108,6 +118,22 @@ pub struct Report {
     /// Why a system did not run.
     pub notes: Vec<String>,
 }
+
+/// Single loads of written-back pages while a master dies and its
+/// replica takes over.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailoverReads {
+    pub reads: u64,
+    pub failed: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    /// Of the reads, those a replica answered.
+    pub replica_reads: u64,
+}
+
+/// How long the failover step reads.
+pub const FAILOVER_SECS: u64 = 12;
 
 /// Counters of the cold store's medium, read before and after a phase.
 trait Medium {
@@ -168,6 +194,7 @@ pub fn run(cfg: &Config, mut note: impl FnMut(&str)) -> anyhow::Result<Report> {
         compressor: cfg.compressor.to_string(),
         systems: Vec::new(),
         notes: Vec::new(),
+        failover: None,
     };
     let pool_cfg = PoolConfig { compressor: cfg.compressor, max_pool: Some(max_pool), ..PoolConfig::default() };
     if cfg.no_disk {
@@ -197,11 +224,15 @@ pub fn run(cfg: &Config, mut note: impl FnMut(&str)) -> anyhow::Result<Report> {
         bail!("redis-server and redis-cli are missing (bash scripts/setup.sh installs them)");
     }
     note("the loopback cluster...");
-    let cluster = LocalCluster::start(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a Redis cluster: {e}"))?;
+    let mut cluster = LocalCluster::start(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a Redis cluster: {e}"))?;
     let open = |name: &str| -> anyhow::Result<Box<dyn ColdStore>> {
         Ok(Box::new(zmem_remote::RemoteStore::open(zmem_remote::RemoteConfig::new(&cluster.url(), &format!("bench-{name}"))?)?))
     };
     report.systems.push(measure("cluster", &pool_cfg, open, &cluster, data, cfg.samples)?);
+    if cfg.failover {
+        note("reads through a failover...");
+        report.failover = Some(failover_reads(&pool_cfg, &mut cluster, data)?);
+    }
     drop(cluster);
     // The same over TLS (rediss://, the cluster's CA), every other step alike.
     note("the loopback cluster over TLS...");
@@ -291,6 +322,48 @@ fn measure(
     })
 }
 
+/// Reads through a failover (see the module notes).
+fn failover_reads(cfg: &PoolConfig, cluster: &mut LocalCluster, data: &[u8]) -> anyhow::Result<FailoverReads> {
+    let n = data.len() / PAGE_SIZE;
+    let store = zmem_remote::RemoteStore::open(zmem_remote::RemoteConfig::new(&cluster.url(), "bench-failover")?)?;
+    let pool = Pool::with_cold_store(cfg.clone(), Box::new(store))?;
+    for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        pool.store(i as u64, page).with_context(|| format!("storing page {i}"))?;
+    }
+    pool.settle(Duration::from_secs(120));
+    pool.writeback(WritebackMode::All, None)?;
+    let victim = cluster.masters().map_err(|e| anyhow::anyhow!("{e}"))?.first().map(|m| m.0).context("the cluster has no master")?;
+    let before = pool.stats().backing_replica_reads;
+    let (mut lat, mut failed) = (Vec::new(), 0u64);
+    let mut rng = zmem_rig::XorShift::new(0xfa11);
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let start = Instant::now();
+    let mut killed = false;
+    while start.elapsed() < Duration::from_secs(FAILOVER_SECS) {
+        if !killed && start.elapsed() > Duration::from_secs(1) {
+            cluster.kill(victim).map_err(|e| anyhow::anyhow!("{e}"))?;
+            killed = true;
+        }
+        let i = rng.below(n as u64) as usize;
+        let t = Instant::now();
+        match pool.load(i as u64, &mut buf) {
+            Ok(()) if buf[..] == data[i * PAGE_SIZE..][..PAGE_SIZE] => lat.push(t.elapsed().as_secs_f64() * 1e6),
+            Ok(()) => bail!("page {i} read back wrong during a failover: this is a bug, please report it"),
+            Err(_) => failed += 1,
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| if lat.is_empty() { 0.0 } else { lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1] };
+    Ok(FailoverReads {
+        reads: lat.len() as u64,
+        failed,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        max_us: lat.last().copied().unwrap_or(0.0),
+        replica_reads: pool.stats().backing_replica_reads - before,
+    })
+}
+
 /// Step 2: every page into a pool with no cap, then all of it written
 /// back at once, timed: MB/s of original data.
 fn writeback_all(cfg: &PoolConfig, store: Box<dyn ColdStore>, data: &[u8]) -> anyhow::Result<f64> {
@@ -356,6 +429,17 @@ pub fn render(r: &Report) -> String {
     out += &row("  after discarding them all", &|s| mib(s.memory_after_frees));
     out += &row("  (+ replication, client buffers)", &|s| mib(s.replication_buffers));
     out += &row("writeback batches refused", &|s| s.failed_writebacks.to_string());
+    if let Some(f) = &r.failover {
+        out += &format!(
+            "\nreads through a failover (a master killed 1 s in, {FAILOVER_SECS} s of single loads): {} reads, {} failed, p50 {:.0} µs, p99 {:.0} µs, longest {:.1} ms; {} answered by a replica\n",
+            f.reads,
+            f.failed,
+            f.p50_us,
+            f.p99_us,
+            f.max_us / 1000.0,
+            f.replica_reads
+        );
+    }
     out += "\ndisk: a loop device (direct I/O, ext4) throttled to 3,000 IOPS and 125 MB/s each way\n";
     out += "cluster: Redis Cluster on loopback, 3 masters + 3 replicas, a batch acknowledged by a replica (WAIT 1)\n";
     for n in &r.notes {

@@ -324,6 +324,29 @@ fn a_stopped_cluster_gives_errors_within_the_deadline_and_recovers() {
     assert!(s.stats().failed_reads >= 2);
 }
 
+#[test]
+fn a_read_waits_out_a_whole_cluster_paused_for_a_moment() {
+    let Some(c) = cluster(5000) else { return };
+    // The default failover deadline (20 s) covers a 3 s pause.
+    let s = store(&c, "paused");
+    let ids = s.put_batch(&[(1, b"one".as_slice()), (2, b"two".as_slice())]).unwrap();
+    c.signal_all(true).unwrap();
+    let resume = Guard(&c);
+    let (got, took) = std::thread::scope(|sc| {
+        let reader = sc.spawn(|| {
+            let t = Instant::now();
+            (read(&s, ids[0].unwrap(), 1), t.elapsed())
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        drop(resume);
+        reader.join().unwrap()
+    });
+    eprintln!("a read through a 3 s pause of the whole cluster took {took:?}");
+    assert_eq!(got.expect("the read waited for the cluster"), b"one");
+    assert!(took >= Duration::from_millis(2500), "the read did not wait for the cluster: {took:?}");
+    assert_eq!(s.stats().failed_reads, 0);
+}
+
 /// Resumes a paused cluster when dropped (also when the test fails).
 struct Guard<'a>(&'a LocalCluster);
 

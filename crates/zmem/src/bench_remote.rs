@@ -30,6 +30,10 @@ pub struct Args {
     /// Leave out the throttled disk (the cluster alone).
     #[arg(long)]
     pub no_disk: bool,
+    /// Also time single reads while a master of the cluster is killed and
+    /// its replica takes over.
+    #[arg(long)]
+    pub failover: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -48,6 +52,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         samples: a.samples,
         scratch: a.scratch.clone(),
         no_disk: a.no_disk,
+        failover: a.failover,
     };
     let json = a.json;
     let report = remote::run(&cfg, |n| {

@@ -26,7 +26,7 @@ fn measures_both_cold_stores_and_reads_every_page_back() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json prints one JSON object");
     let systems = r["systems"].as_array().unwrap();
     let names: Vec<&str> = systems.iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert_eq!(names, if root { vec!["disk", "cluster"] } else { vec!["cluster"] }, "{r}");
+    assert_eq!(names, if root { vec!["disk", "cluster", "cluster-tls"] } else { vec!["cluster", "cluster-tls"] }, "{r}");
     let pages = r["pages"].as_u64().unwrap();
     for s in systems {
         let f = |k: &str| s[k].as_f64().unwrap_or_else(|| panic!("no {k}: {s}"));

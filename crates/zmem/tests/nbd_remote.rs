@@ -73,7 +73,7 @@ fn remote_flags_that_cannot_work_are_refused_with_the_reason() {
     let e = serve(&["--remote", "redis://127.0.0.1:1", "--remote-timeout", "300ms"]);
     assert!(e.contains("cannot reach the cluster at redis://127.0.0.1:1"), "{e}");
     let e = serve(&["--remote", "127.0.0.1:7000"]);
-    assert!(e.contains("no redis:// scheme"), "{e}");
+    assert!(e.contains("no redis:// or rediss:// scheme"), "{e}");
     let e = serve(&["--remote", "redis://h:1", "--backing", "/tmp/x"]);
     assert!(e.contains("cannot be used with"), "{e}");
     let e = serve(&["--remote", "redis://h:1", "--remote-namespace", "a{b}"]);
@@ -82,4 +82,9 @@ fn remote_flags_that_cannot_work_are_refused_with_the_reason() {
     assert!(e.contains("--remote"), "{e}");
     let e = serve(&["--remote", "redis://h:1", "--remote-timeout", "0ms"]);
     assert!(e.contains("at least 1ms"), "{e}");
+    // TLS files: for a rediss:// cluster only, and named when unreadable.
+    let e = serve(&["--remote", "redis://h:1", "--remote-ca", "/etc/hostname"]);
+    assert!(e.contains("give its URL as rediss://"), "{e}");
+    let e = serve(&["--remote", "rediss://h:1", "--remote-ca", "/nonexistent/ca.pem"]);
+    assert!(e.contains("--remote-ca /nonexistent/ca.pem"), "{e}");
 }
