@@ -11,11 +11,42 @@ use common::*;
 use zmem_testkit::redis_cluster::{available, LocalCluster};
 
 fn cluster() -> Option<LocalCluster> {
+    cluster_with(5000)
+}
+
+fn cluster_with(node_timeout_ms: u32) -> Option<LocalCluster> {
     if !available() {
         zmem_testkit::ci::skip("redis-server and redis-cli are not installed (scripts/setup.sh installs them)");
         return None;
     }
-    Some(LocalCluster::start(3, 1, 5000).expect("starting a 3+3 Redis cluster"))
+    Some(LocalCluster::start(3, 1, node_timeout_ms).expect("starting a 3+3 Redis cluster"))
+}
+
+#[test]
+fn a_device_reads_and_writes_through_a_masters_death_without_an_error() {
+    require_tools!("nbdcopy", "sha256sum");
+    // Redis's failover after 2 s: the reads and writes below run inside it.
+    let Some(mut c) = cluster_with(2000) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let url = c.url();
+    let mut s = ZmemServer::start("48M", &["--max-pool", "4M", "--remote", &url, "--remote-namespace", "failover"]);
+    let src = fill_device(&s, dir.path(), 48 << 20, 11);
+    assert!(s.stat_u64("written_back_pages") > 1000, "a 4 MiB pool must write back most of 48 MiB");
+    let victim = c.masters().unwrap()[0].0;
+    c.kill(victim).unwrap();
+    let killed = std::time::Instant::now();
+    // Every page reads back, a third of them from the dead master's replica.
+    assert_reads_back(&s, &src, dir.path());
+    let read_in = killed.elapsed();
+    // The device written over whole: its batches go to the live masters.
+    let src2 = fill_device(&s, dir.path(), 48 << 20, 12);
+    assert_reads_back(&s, &src2, dir.path());
+    eprintln!("read back in {read_in:?} after the kill, written and read again in {:?}", killed.elapsed());
+    let st = s.stats();
+    let g = |k: &str| st["stats"][k].as_u64().unwrap_or_else(|| panic!("no stats.{k}: {st}"));
+    assert_eq!((g("backing_failed_reads"), g("failed_reads"), g("failed_writes")), (0, 0, 0), "{st}");
+    assert!(g("backing_replica_reads") > 0, "no read went to the replica: {st}");
+    assert!(s.stop().is_some_and(|st| st.success()), "{}", s.log_text());
 }
 
 #[test]
