@@ -129,6 +129,8 @@ const BATCH: usize = 64;
 const ADMIT_WAIT: Duration = Duration::from_secs(10);
 /// Extents a repack reads at most, when a write failed.
 const REPACK_READS: usize = 4 * BATCH;
+/// Repacks a shrinker round tries at most before it reports the failure.
+const MAX_REPACKS: u32 = 8;
 /// Pause after a shrinker round that failed, before the next.
 const BACKOFF: Duration = Duration::from_millis(100);
 
@@ -714,7 +716,7 @@ impl Tier {
         let target = h.admission().shrink_target();
         let mut total = 0;
         let mut exhausted = false;
-        let mut repacked = false;
+        let mut repacks = 0;
         while h.held_pages() > target && !self.stopping() {
             // Write back only what compaction cannot free. Under a store
             // storm, new objects fill the holes writeback leaves, so spans
@@ -735,9 +737,11 @@ impl Tier {
             let (written, examined) = match r {
                 Ok(r) => r,
                 // The store may be full of mostly dead extents: empty
-                // some, and try once more.
-                Err(_) if !repacked && self.repack(h) > 0 => {
-                    repacked = true;
+                // some, and try again, while repacks free some (each
+                // reads at most REPACK_READS extents; a store that waits
+                // for room is refused only when they no longer help).
+                Err(_) if repacks < MAX_REPACKS && self.repack(h) > 0 => {
+                    repacks += 1;
                     continue;
                 }
                 Err(e) => return Err(e),
