@@ -13,6 +13,9 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --release -q -p zmem -p zmem-cache-ffi
 bash scripts/package.sh target/debian
 cargo test --workspace --no-fail-fast -- --test-threads=2
+# The remote tier's failover matrix: slow (each test waits out a
+# failover), so a plain `cargo test` leaves it out (#[ignore]); CI runs it.
+cargo test -p zmem-remote --test cluster --no-fail-fast -- --ignored --test-threads=2
 
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
 # sanitizers here; memcheck needs neither): the allocator's module (mmap,
