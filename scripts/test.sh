@@ -15,7 +15,8 @@ bash scripts/package.sh target/debian
 cargo test --workspace --no-fail-fast -- --test-threads=2
 # The remote tier's failover matrix: slow (each test waits out a
 # failover), so a plain `cargo test` leaves it out (#[ignore]); CI runs it.
-cargo test -p zmem-remote --test cluster --no-fail-fast -- --ignored --test-threads=2
+# (--workspace: the same feature set as the run above, so nothing rebuilds.)
+cargo test --workspace --test cluster --no-fail-fast -- --ignored --test-threads=2
 
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
 # sanitizers here; memcheck needs neither): the allocator's module (mmap,
