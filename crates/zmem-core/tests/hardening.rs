@@ -478,8 +478,15 @@ fn space_freed_on_a_full_backing_file_is_usable_at_once() {
             p.invalidate(j);
         }
     }
+    // A log-structured store is not filled to the last byte again: it
+    // compacts segments under half full and repacks extents at most half
+    // named, so half of what the discard freed is what it promises at once
+    // (the last pages it could take varied from 590 to 690 of 700 freed
+    // from run to run: where the new extents land depends on the shrinker's timing).
+    let discarded = k - k.div_ceil(10);
+    let new = k..k + discarded / 2;
     let start = std::time::Instant::now();
-    for j in k..k + 600 {
+    for j in new.clone() {
         // Writeback runs beside the stores: on a loaded machine a store can
         // find the pool full before the shrinker has caught up (a round
         // repacks a bounded number of extents). Once it has settled, a
@@ -492,7 +499,7 @@ fn space_freed_on_a_full_backing_file_is_usable_at_once() {
                     tries += 1;
                     assert!(p.settle(Duration::from_secs(30)), "writeback did not settle");
                 }
-                Err(e) => panic!("store {j} after the discard ({tries} settles): {e}"),
+                Err(e) => panic!("store {j} of {new:?} after the discard ({tries} settles): {e}; {:?}", p.stats()),
             }
         }
     }
@@ -501,7 +508,7 @@ fn space_freed_on_a_full_backing_file_is_usable_at_once() {
     // mostly dead: their space came back through a repack.
     assert!(p.stats().extents_repacked > 0, "{:?}", p.stats());
     let mut buf = vec![0u8; PAGE];
-    for j in (0..k).step_by(10).chain(k..k + 600) {
+    for j in (0..k).step_by(10).chain(new) {
         p.load(j, &mut buf).unwrap();
         assert_eq!(buf, incompressible(j), "key {j}");
     }
