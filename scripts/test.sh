@@ -13,10 +13,11 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --release -q -p zmem -p zmem-cache-ffi
 bash scripts/package.sh target/debian
 cargo test --workspace --no-fail-fast -- --test-threads=2
-# The remote tier's failover matrix: slow (each test waits out a
-# failover), so a plain `cargo test` leaves it out (#[ignore]); CI runs it.
-# (--workspace: the same feature set as the run above, so nothing rebuilds.)
-cargo test --workspace --test cluster --no-fail-fast -- --ignored --test-threads=2
+# The slow tests a plain `cargo test` leaves out (#[ignore]): the remote
+# tier's failover matrix (each test waits out a failover) and the remote
+# bench end to end; CI runs them. (--workspace: the same feature set as the
+# run above, so nothing rebuilds.)
+cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=2
 
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
 # sanitizers here; memcheck needs neither): the allocator's module (mmap,

@@ -9,6 +9,7 @@ fn zmem() -> Command {
 }
 
 #[test]
+#[ignore = "slow: a whole benchmark against two clusters it starts; scripts/test.sh runs it (cargo test -- --ignored)"]
 fn measures_both_cold_stores_and_reads_every_page_back() {
     if !zmem_testkit::redis_cluster::available() {
         zmem_testkit::ci::skip("redis-server and redis-cli are not installed (scripts/setup.sh installs them)");
