@@ -734,6 +734,7 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
                     .args(cold_tier(sys, &backing, &mut s)?)
                     .arg("--run-dir")
                     .arg(&run_dir)
+                    .args(zmem_workload_cgroup(&args))
                     .args(&args),
             )
             .context("zmem swap on")?;
@@ -775,6 +776,16 @@ fn with_b_args(common: &[String], b: &[String]) -> Vec<String> {
     }
     out.extend(b.iter().cloned());
     out
+}
+
+/// `--workload-cgroup` for `zmem swap on`: the workload's cgroup (made
+/// just after the device), whose CPU time `--pool-size auto` counts as
+/// its work, unless the zmem arguments name another.
+fn zmem_workload_cgroup(zmem_args: &[String]) -> Vec<std::ffi::OsString> {
+    if zmem_args.iter().any(|a| a == "--workload-cgroup" || a.starts_with("--workload-cgroup=")) {
+        return Vec::new();
+    }
+    vec!["--workload-cgroup".into(), Path::new(host::MEMCG_ROOT).join(CGROUP).into()]
 }
 
 /// `--max-pool` for `zmem swap on`: the pool cap, unless the zmem

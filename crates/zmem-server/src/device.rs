@@ -127,7 +127,7 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         server.export().origin_description().map(|d| format!(", caching {d}")).unwrap_or_default(),
         cfg.control.as_ref().map(|p| format!(", control {}", p.display())).unwrap_or_default()
     );
-    let side = SideThreads { control, metrics, policies: cfg.policies, jobs: Vec::new() };
+    let side = SideThreads { control, metrics, policies: cfg.policies.clone(), jobs: Vec::new() };
     side.run(
         &info,
         || {

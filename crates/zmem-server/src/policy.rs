@@ -20,15 +20,23 @@ use zmem_core::Pool;
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
 /// Which policy threads a server runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Policies {
     /// Switch the pool's exclusive loads to whether the system's swap is
     /// more than half full ([`swap_over_half_full`]).
     pub follow_swap_fullness: bool,
     /// Recompress pages idle this long in the background.
     pub recompress_idle: Option<IdleRecompress>,
-    /// Size the pool's cap up to this many bytes ([`crate::sizing`]).
-    pub size_pool: Option<u64>,
+    /// Size the pool's cap ([`crate::sizing`]).
+    pub size_pool: Option<SizePool>,
+}
+
+/// `--pool-size auto`: the cap's bound and whose work it follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SizePool {
+    /// `--max-pool`: the cap moves up to it.
+    pub max: u64,
+    pub work: crate::sizing::Work,
 }
 
 /// `--recompress-idle` and `--recompress-cpu`.
@@ -48,8 +56,8 @@ impl Policies {
         if let Some(r) = self.recompress_idle {
             scope.spawn(move || recompress_idle(pool, r, stop));
         }
-        if let Some(max) = self.size_pool {
-            scope.spawn(move || crate::sizing::size_pool(pool, max, stop));
+        if let Some(s) = self.size_pool.clone() {
+            scope.spawn(move || crate::sizing::size_pool(pool, s.max, &s.work, stop));
         }
     }
 }

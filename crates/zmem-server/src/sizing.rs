@@ -19,30 +19,49 @@
 //!
 //! # How
 //! So this policy asks the machine instead. It measures the work done (the
-//! user CPU time of every process but the server: a process stalled on a
-//! fault or on reclaim does none) with the cap at its current size (A) and
+//! user CPU time of the workload's processes, [`Work`]: a process stalled
+//! on a fault or on reclaim does none) with the cap at its current size (A) and
 //! one step away (B), and moves the cap to whichever did more: perturb
 //! and observe, the way a solar charger finds its panel's best point. A
 //! trial is four epochs of [`EPOCH`] in the order A B B A, so a workload
 //! whose pace drifts steadily across the trial favours neither side. B
-//! wins if it did more work (a larger B by more than [`MARGIN`]; a smaller
-//! B if it did at most that much less: memory and CPU the pool does not
-//! need go back to the machine). A B that wins becomes the cap and the
-//! next trial steps the same way; a B that loses turns the direction. The
-//! cap moves by a factor of 3/2 between an eighth of `--max-pool` and
-//! `--max-pool`, starting halfway (geometrically). A trial with an epoch in
-//! which the pool served no page is dropped: without swap-ins the machine
-//! is not short of memory, and the work done says nothing about the pool.
+//! wins only if it did more work by more than chance would: by [`MARGIN`],
+//! and by [`Z`] times the noise of the measurement itself. That noise is
+//! the kernel's: it counts a process's user and system time by sampling,
+//! at each tick, which mode the running process is in, so a workload that
+//! spends half its CPU in the kernel (one bound by its swap-ins) gets a
+//! user time whose error is a few percent of a trial's, as large as what a
+//! step of the cap changes (measured: docs/MEASUREMENTS.md, "Pool size").
+//! A B that wins becomes the cap and the next trial steps the same way; a
+//! B that loses turns the direction, and the cap rests at A before the
+//! next trial: a trial's length after the first loss in a row, doubling to
+//! eight ([`MAX_REST_SHIFT`]). Every trial runs half its time at B and
+//! makes the shrinker write back (or the pool refill) the difference, so a
+//! workload whose cap is already right pays for each probe (kv lost 10 %
+//! probing 2/3 of its cap without rests). The cap starts at `--max-pool`, the
+//! fixed cap's size, and moves by a factor of 3/2 down to an eighth of it
+//! only as the evidence says: a workload that gains from a large pool but
+//! whose signal is weak keeps it, and one that clearly works faster with
+//! less memory for the pool (a build of short processes) gets it. A trial
+//! with an epoch in which the pool served no page is dropped: without
+//! swap-ins the machine is not short of memory, and the work done says
+//! nothing about the pool.
 //!
 //! # Costs and limits
-//! Reading `/proc/stat` and `/proc/self/stat` once an epoch, and the pool's
-//! counters. Work is the whole machine's user time, so another job's pace
-//! moves it too: that is noise a trial must outweigh, and it only ever
-//! moves the cap within its bounds. A shrink takes effect at once (the
+//! Reading `/proc/stat` and `/proc/self/stat` (or, for a cgroup, each of
+//! its processes' `stat`) once an epoch, and the pool's counters. Without a
+//! cgroup, work is the whole machine's user time, so another job's pace
+//! moves it too: that is noise a trial must outweigh (on a workload bound
+//! by its swap-ins, whose CPU is a few percent of the machine's, it did
+//! not: docs/MEASUREMENTS.md), and it only ever moves the cap within its
+//! bounds. A cgroup counts only its processes: each one's user time and
+//! that of its children it has waited for (`utime` and `cutime`), so the
+//! short processes of a build count once they exit. A shrink takes effect at once (the
 //! shrinker writes back the coldest pages); a growth as the pool fills.
 //! [`Sizer`] is the decision alone, a state machine fed epochs, so it is
 //! tested without a machine.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -50,19 +69,43 @@ use zmem_core::Pool;
 
 /// One epoch of a trial.
 pub const EPOCH: Duration = Duration::from_secs(5);
-/// How much more work a larger cap must do to win a trial, and how much
-/// less a smaller one may do and still win.
+/// How much more work, as a share, B must do to win a trial.
 pub const MARGIN: f64 = 0.01;
+/// And by how many standard deviations of the tick sampling's error.
+pub const Z: f64 = 2.0;
+/// The tick rate the sampling error is reckoned at: `USER_HZ`, the unit of
+/// `/proc`'s times. The kernel's own tick (`CONFIG_HZ`, 250 here) is at
+/// least as fast, so the true error is no larger.
+const TICK_HZ: f64 = 100.0;
+/// The rest after a lost trial is 4 epochs << the losses in a row less
+/// one, up to this shift (32 epochs, 160 s).
+pub const MAX_REST_SHIFT: u32 = 3;
 /// The cap's lower bound, as a share of `--max-pool`: 1/`MIN_SHARE`.
 const MIN_SHARE: u64 = 8;
 
 /// One epoch, as measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Epoch {
-    /// User CPU seconds of every process but the server.
+    /// User CPU seconds of the workload ([`Work`]).
     pub work: f64,
+    /// Its user and system CPU seconds: the ticks its user time was
+    /// sampled from.
+    pub cpu: f64,
     /// Pages the pool served (from RAM or its cold store).
     pub loads: u64,
+}
+
+impl Epoch {
+    /// The variance, in seconds², of the user time as the kernel samples
+    /// it: `cpu · TICK_HZ` ticks, each user with the share `work / cpu`
+    /// (a binomial count).
+    fn sampling_variance(&self) -> f64 {
+        if self.cpu <= 0.0 {
+            return 0.0;
+        }
+        let p = (self.work / self.cpu).clamp(0.0, 1.0);
+        self.cpu * p * (1.0 - p) / TICK_HZ
+    }
 }
 
 /// Which way the next trial's B lies from A.
@@ -83,6 +126,10 @@ pub struct Sizer {
     way: Way,
     /// The epochs of the trial under way, at most four.
     epochs: Vec<Epoch>,
+    /// Epochs to sit at A before the next trial, and the trials lost in
+    /// a row.
+    rest: u32,
+    losses: u32,
     /// Trials decided, and of them those that moved the cap.
     pub trials: u64,
     pub moves: u64,
@@ -93,9 +140,7 @@ impl Sizer {
     pub fn new(max: u64) -> Sizer {
         let max = max.max(1);
         let min = (max / MIN_SHARE).clamp(1, max);
-        // Halfway between min and max, geometrically.
-        let cap = ((min as f64 * max as f64).sqrt() as u64).clamp(min, max);
-        Sizer { min, max, cap, way: Way::Down, epochs: Vec::with_capacity(4), trials: 0, moves: 0 }
+        Sizer { min, max, cap: max, way: Way::Down, epochs: Vec::with_capacity(4), rest: 0, losses: 0, trials: 0, moves: 0 }
     }
 
     /// The cap the trial's A runs at.
@@ -133,6 +178,10 @@ impl Sizer {
 
     /// An epoch has ended; returns the cap the next one runs at.
     pub fn epoch(&mut self, e: Epoch) -> u64 {
+        if self.rest > 0 {
+            self.rest -= 1;
+            return self.cap;
+        }
         if e.loads == 0 {
             // Not short of memory: this trial says nothing.
             self.epochs.clear();
@@ -142,50 +191,115 @@ impl Sizer {
         if self.epochs.len() == 4 {
             let a = self.epochs[0].work + self.epochs[3].work;
             let b_work = self.epochs[1].work + self.epochs[2].work;
+            let noise = Z * self.epochs.iter().map(Epoch::sampling_variance).sum::<f64>().sqrt();
             let b = self.probe();
             self.epochs.clear();
             if b == self.cap {
                 return self.cap; // min == max: nothing to try
             }
-            let wins = if b > self.cap { b_work > a * (1.0 + MARGIN) } else { b_work >= a * (1.0 - MARGIN) };
+            let wins = b_work - a > (a * MARGIN).max(noise);
             self.trials += 1;
             if wins {
                 self.cap = b;
                 self.moves += 1;
+                self.losses = 0;
             } else {
                 self.way = if b > self.cap { Way::Down } else { Way::Up };
+                self.rest = 4 << self.losses.min(MAX_REST_SHIFT);
+                self.losses += 1;
             }
         }
         self.next_cap()
     }
 }
 
-/// User CPU seconds of the whole machine (`/proc/stat`: user and nice)
-/// less this process's own (`/proc/self/stat`: utime).
-fn others_user_secs() -> Option<f64> {
+/// Whose CPU time counts as the work done.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Every process but the server.
+    Machine,
+    /// The processes in this cgroup (a directory with `cgroup.procs`, v1
+    /// or v2), but the server if it is one of them.
+    Cgroup(PathBuf),
+}
+
+/// CPU seconds so far, as `/proc` counts them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Times {
+    pub user: f64,
+    /// User and system.
+    pub cpu: f64,
+}
+
+impl Work {
+    /// Its CPU times so far; `None` if they cannot be read (a cgroup not
+    /// created yet, or removed).
+    pub fn times(&self) -> Option<Times> {
+        match self {
+            Work::Machine => others_times(),
+            Work::Cgroup(cg) => cgroup_times(cg),
+        }
+    }
+}
+
+/// The CPU times of the processes in cgroup `cg` but this one, with those
+/// of the children each has waited for.
+fn cgroup_times(cg: &Path) -> Option<Times> {
+    let procs = std::fs::read_to_string(cg.join("cgroup.procs")).ok()?;
+    let me = std::process::id();
+    let (user, cpu) = procs
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        // (A process that exited since the list was read counts nothing
+        // here; its parent's cutime counts it once it is waited for.)
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            let f = stat_fields(&stat)?;
+            let t = |i: usize| f.get(i)?.parse::<u64>().ok();
+            let (utime, stime, cutime, cstime) = (t(11)?, t(12)?, t(13)?, t(14)?);
+            Some((utime + cutime, utime + stime + cutime + cstime))
+        })
+        .fold((0, 0), |(u, c), (du, dc)| (u + du, c + dc));
+    Some(ticks_to_times(user, cpu))
+}
+
+fn ticks_to_times(user: u64, cpu: u64) -> Times {
+    let hz = rustix::param::clock_ticks_per_second() as f64;
+    Times { user: user as f64 / hz, cpu: cpu as f64 / hz }
+}
+
+/// The fields of a `/proc/PID/stat` line after the name (the 3rd on: the
+/// name may hold spaces and ends at the last ')'), so utime, the 14th, is
+/// at 11, stime at 12, cutime at 13 and cstime at 14.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
+}
+
+/// The whole machine's CPU times (`/proc/stat`: user and nice, and
+/// system) less this process's own (`/proc/self/stat`: utime, stime).
+fn others_times() -> Option<Times> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let mut cpu = stat.lines().next()?.split_whitespace();
     (cpu.next()? == "cpu").then_some(())?;
-    let user: u64 = cpu.next()?.parse().ok()?;
-    let nice: u64 = cpu.next()?.parse().ok()?;
+    let mut next = || cpu.next()?.parse::<u64>().ok();
+    let (user, nice, system) = (next()?, next()?, next()?);
     let me = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // utime is the 14th field; the 2nd (the name) may hold spaces and ends at the last ')'.
-    let utime: u64 = me.rsplit_once(')')?.1.split_whitespace().nth(11)?.parse().ok()?;
-    let hz = rustix::param::clock_ticks_per_second() as f64;
-    Some((user + nice).saturating_sub(utime) as f64 / hz)
+    let f = stat_fields(&me)?;
+    let (utime, stime): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    let others_user = (user + nice).saturating_sub(utime);
+    Some(ticks_to_times(others_user, others_user + system.saturating_sub(stime)))
 }
 
-/// Size `pool`'s cap by [`Sizer`] until `stop`: `max` is `--max-pool`.
-pub fn size_pool(pool: &Pool, max: u64, stop: &AtomicBool) {
+/// Size `pool`'s cap by [`Sizer`] until `stop`: `max` is `--max-pool`,
+/// `work` whose CPU time counts. While the work cannot be read (a
+/// workload's cgroup not made yet), no epoch counts.
+pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
     let mut sizer = Sizer::new(max);
     pool.set_max_pool(Some(sizer.cap()));
-    let (Some(mut work), mut loads) = (others_user_secs(), pool.stats().loads) else {
-        tracing::warn!("pool sizing: /proc/stat unreadable; the cap stays at --max-pool");
-        pool.set_max_pool(Some(max));
-        return;
-    };
-    tracing::info!("pool sizing: cap {} (between {} and {})", sizer.cap(), max / MIN_SHARE, max);
+    tracing::info!("pool sizing: cap {} (between {} and {}), work counted for {work:?}", sizer.cap(), max / MIN_SHARE, max);
     let mut cap = sizer.cap();
+    let mut last = (work.times(), pool.stats().loads);
     let mut start = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
@@ -193,9 +307,17 @@ pub fn size_pool(pool: &Pool, max: u64, stop: &AtomicBool) {
             continue;
         }
         start = Instant::now();
-        let (Some(w), l) = (others_user_secs(), pool.stats().loads) else { continue };
-        let next = sizer.epoch(Epoch { work: w - work, loads: l - loads });
-        (work, loads) = (w, l);
+        let now = (work.times(), pool.stats().loads);
+        let (Some(w0), Some(w)) = (last.0, now.0) else {
+            last = now;
+            continue;
+        };
+        // (A cgroup's sum falls when a process leaves it with its time:
+        // that epoch says nothing either.)
+        let shrank = w.user < w0.user || w.cpu < w0.cpu;
+        let e = Epoch { work: (w.user - w0.user).max(0.0), cpu: (w.cpu - w0.cpu).max(0.0), loads: if shrank { 0 } else { now.1 - last.1 } };
+        last = now;
+        let next = sizer.epoch(e);
         if next != cap {
             tracing::info!("pool sizing: cap {cap} -> {next} (trial {}, {} moves)", sizer.trials, sizer.moves);
             pool.set_max_pool(Some(next));
@@ -211,55 +333,116 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// Run `n` trials against a machine whose work in an epoch is `work(cap)`.
+    /// Run `n` trials against a machine whose work in an epoch is
+    /// `work(cap)`, all of its CPU user time (so no sampling noise).
     fn run(s: &mut Sizer, n: usize, work: impl Fn(u64) -> f64) {
         let mut cap = s.cap();
         for _ in 0..4 * n {
-            cap = s.epoch(Epoch { work: work(cap), loads: 1 });
+            let w = work(cap);
+            cap = s.epoch(Epoch { work: w, cpu: w, loads: 1 });
         }
     }
 
     #[test]
-    fn it_starts_halfway_and_stays_within_its_bounds() {
+    fn it_starts_at_max_pool_and_stays_within_its_bounds() {
         let s = Sizer::new(128 * MIB);
-        assert_eq!(s.cap(), ((16.0 * 128.0f64).sqrt() * MIB as f64) as u64, "sqrt(16 MiB * 128 MiB)");
+        assert_eq!(s.cap(), 128 * MIB, "the fixed cap's size until the evidence says otherwise");
         let mut s = Sizer::new(128 * MIB);
         run(&mut s, 30, |cap| cap as f64);
-        assert_eq!(s.cap(), 128 * MIB, "more is better: it climbs to --max-pool and stays");
+        assert_eq!(s.cap(), 128 * MIB, "more is better: it stays at --max-pool");
         let mut s = Sizer::new(128 * MIB);
-        run(&mut s, 30, |cap| 1e9 - cap as f64);
+        run(&mut s, 30, |cap| 1e12 / cap as f64);
         assert_eq!(s.cap(), 16 * MIB, "less is better: it falls to an eighth and stays");
+        run(&mut s, 30, |cap| cap as f64);
+        assert_eq!(s.cap(), 128 * MIB, "and climbs back when more is better again");
     }
 
     #[test]
     fn a_trial_runs_a_b_b_a() {
         let mut s = Sizer::new(128 * MIB);
         let a = s.cap();
-        let mut caps = vec![];
-        for _ in 0..4 {
-            caps.push(s.epoch(Epoch { work: 10.0, loads: 1 }));
-        }
-        // Equal work: the smaller B wins (its first trial steps down).
         let b = a * 2 / 3;
+        let mut caps = vec![];
+        for w in [10.0, 12.0, 12.0, 10.0] {
+            caps.push(s.epoch(Epoch { work: w, cpu: w, loads: 1 }));
+        }
         assert_eq!(caps, vec![b, b, a, b], "A B B A, then the next trial's first epoch at the new A");
-        assert_eq!((s.cap(), s.trials, s.moves), (b, 1, 1));
+        assert_eq!((s.cap(), s.trials, s.moves), (b, 1, 1), "B did more work: it is the new A");
+        // Equal work: A stays (the pool never moves on a tie), rests a
+        // trial's length, and the next trial tries the other way (up).
+        let mut caps = vec![];
+        for _ in 0..9 {
+            caps.push(s.epoch(Epoch { work: 10.0, cpu: 10.0, loads: 1 }));
+        }
+        assert_eq!((s.cap(), s.trials, s.moves), (b, 2, 1));
+        // (Each is the cap of the epoch after: B B A of this trial, four of
+        // rest, the next trial's A, then its B, up.)
+        let down = b * 2 / 3;
+        assert!(caps[..2] == [down, down] && caps[2..8].iter().all(|&c| c == b) && caps[8] > b, "{caps:?}");
     }
 
     #[test]
     fn it_finds_a_peak_between_the_bounds() {
         let mut s = Sizer::new(128 * MIB);
-        let best = 70 * MIB;
+        let best = 30 * MIB;
         run(&mut s, 40, |cap| 100.0 - (cap as f64 - best as f64).abs() / MIB as f64);
         let cap = s.cap();
         assert!(cap > best * 2 / 3 && cap < best * 3 / 2, "settles within a step of the peak: {cap}");
     }
 
     #[test]
-    fn a_larger_cap_must_win_by_the_margin() {
+    fn a_smaller_cap_must_win_by_the_margin() {
         let mut s = Sizer::new(128 * MIB);
-        // A larger cap does 0.5 % more work: not worth its memory.
-        run(&mut s, 30, |cap| 100.0 + 0.5 * (cap as f64 / (128 * MIB) as f64));
-        assert_eq!(s.cap(), 16 * MIB);
+        // A smaller cap does 0.5 % more work: within the margin.
+        run(&mut s, 30, |cap| 100.0 + 0.5 * (1.0 - cap as f64 / (128 * MIB) as f64));
+        assert_eq!((s.cap(), s.moves), (128 * MIB, 0));
+    }
+
+    /// A workload bound by its swap-ins, half its CPU in the kernel: its
+    /// user time is sampled from few ticks, and a difference within the
+    /// sampling's error moves nothing.
+    #[test]
+    fn a_difference_within_the_tick_samplings_error_moves_nothing() {
+        // 0.6 s of CPU an epoch, half of it user: a trial's error (2 σ)
+        // is sqrt(4 · 0.6 · 0.25 / 100) · 2 ≈ 0.155 s of about 0.6 s a side.
+        let epoch = |user: f64| Epoch { work: user, cpu: 0.6, loads: 1 };
+        let mut s = Sizer::new(128 * MIB);
+        for w in [0.30, 0.35, 0.35, 0.30] {
+            s.epoch(epoch(w));
+        }
+        assert_eq!((s.cap(), s.trials, s.moves), (128 * MIB, 1, 0), "0.1 s more in 0.6: noise");
+        for _ in 0..4 {
+            s.epoch(epoch(0.3)); // the rest after a lost trial
+        }
+        for w in [0.28, 0.40, 0.40, 0.28] {
+            s.epoch(epoch(w));
+        }
+        assert_eq!((s.cap(), s.trials, s.moves), (128 * MIB * 2 / 3, 2, 1), "0.24 s more: beyond it");
+        let e = epoch(0.3);
+        assert!((e.sampling_variance() - 0.6 * 0.25 / 100.0).abs() < 1e-12);
+        assert_eq!(Epoch { work: 0.0, cpu: 0.0, loads: 1 }.sampling_variance(), 0.0);
+    }
+
+    /// A cap that is right is probed less and less often: each lost
+    /// trial in a row doubles the rest after it, up to eight trials' length.
+    #[test]
+    fn lost_trials_rest_longer_each_time() {
+        let mut s = Sizer::new(128 * MIB);
+        let mut starts = vec![];
+        let mut cap = s.cap();
+        for i in 0..400 {
+            let next = s.epoch(Epoch { work: cap as f64, cpu: cap as f64, loads: 1 });
+            if next != s.cap() && cap == s.cap() && (i == 0 || starts.last() != Some(&(i - 1))) {
+                starts.push(i); // an epoch at B follows one at A: a trial's second epoch
+            }
+            cap = next;
+        }
+        assert_eq!(s.cap(), 128 * MIB, "more is better: it stays");
+        let gaps: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+        // A trial is four epochs; the rests are 4, 8, 16, then 32 epochs.
+        assert_eq!(&gaps[..4], &[8, 12, 20, 36], "{starts:?}");
+        assert!(gaps[4..].iter().all(|&g| g == 36), "{gaps:?}");
+        assert!(s.trials <= 400 / 36 + 4, "{} trials in 400 epochs", s.trials);
     }
 
     #[test]
@@ -267,9 +450,9 @@ mod tests {
         let mut s = Sizer::new(128 * MIB);
         let a = s.cap();
         for _ in 0..3 {
-            s.epoch(Epoch { work: 10.0, loads: 1 });
+            s.epoch(Epoch { work: 10.0, cpu: 10.0, loads: 1 });
         }
-        assert_eq!(s.epoch(Epoch { work: 0.0, loads: 0 }), a, "back to A");
+        assert_eq!(s.epoch(Epoch { work: 0.0, cpu: 0.0, loads: 0 }), a, "back to A");
         assert_eq!((s.cap(), s.trials), (a, 0), "nothing decided");
         // A whole trial after it decides again.
         run(&mut s, 1, |_| 10.0);
@@ -287,8 +470,30 @@ mod tests {
 
     #[test]
     fn the_machine_reports_user_time() {
-        let a = others_user_secs().expect("/proc/stat and /proc/self/stat parse");
-        let b = others_user_secs().unwrap();
-        assert!(a >= 0.0 && b >= a - 0.5, "{a} then {b}");
+        let a = Work::Machine.times().expect("/proc/stat and /proc/self/stat parse");
+        let b = Work::Machine.times().unwrap();
+        assert!(a.user >= 0.0 && a.cpu >= a.user && b.user >= a.user - 0.5, "{a:?} then {b:?}");
+    }
+
+    /// A cgroup's work is its processes' user time, with their waited-for
+    /// children's, and not the server's own: faked here by a directory
+    /// whose `cgroup.procs` names this process and a child that spins.
+    #[test]
+    fn a_cgroup_counts_its_processes_and_their_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let cg = Work::Cgroup(dir.path().to_path_buf());
+        assert_eq!(cg.times(), None, "no cgroup.procs: unreadable, not zero");
+        std::fs::write(dir.path().join("cgroup.procs"), format!("{}\n", std::process::id())).unwrap();
+        assert_eq!(cg.times(), Some(Times { user: 0.0, cpu: 0.0 }), "the server itself does not count");
+        // A shell that runs a spinning child for 0.3 s and waits for it.
+        let mut sh = std::process::Command::new("sh").args(["-c", "timeout 0.3 sh -c 'while :; do :; done'; sleep 5"]).spawn().unwrap();
+        std::fs::write(dir.path().join("cgroup.procs"), format!("{}\n{}\n", std::process::id(), sh.id())).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let t = cg.times();
+        sh.kill().unwrap();
+        sh.wait().unwrap();
+        // (Its CPU time is the child's, reaped: in the shell's cutime.)
+        let t = t.unwrap();
+        assert!((0.05..=1.0).contains(&t.user) && t.cpu >= t.user, "the spinning child's 0.3 s counted once it was waited for: {t:?}");
     }
 }

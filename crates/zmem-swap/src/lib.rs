@@ -737,7 +737,7 @@ pub fn serve(
     // signal: a stray SIGTERM to an active device's server is refused
     // there, and the control socket, the metrics and the policies must go
     // on answering.
-    let side = SideThreads { control: Some(control), metrics, policies: a.policies, jobs };
+    let side = SideThreads { control: Some(control), metrics, policies: a.policies.clone(), jobs };
     let ready_line = format!("serving {} bytes as {}", a.size, info.endpoint);
     side.run(
         &info,

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use zmem_compress::Compressor;
 use zmem_core::{DictConfig, DictSource, Pool, PoolConfig};
-use zmem_server::policy::{IdleRecompress, Policies};
+use zmem_server::policy::{IdleRecompress, Policies, SizePool};
+use zmem_server::sizing::Work;
 
 use crate::util::{parse_on_off, parse_pool_limit, parse_size};
 
@@ -122,11 +123,20 @@ pub struct PoolArgs {
     /// from the file reads the whole extent.
     #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub extents: bool,
-    /// fixed: the pool's cap is --max-pool. auto: the cap moves between an
-    /// eighth of --max-pool and --max-pool, to wherever the machine gets
-    /// the most work done (measured in trials of 20 s while it swaps).
+    /// fixed: the pool's cap is --max-pool. auto: the cap starts at
+    /// --max-pool and moves down to an eighth of it and back, to wherever
+    /// the workload gets the most work done (its user CPU time, compared in
+    /// trials of 20 s while it swaps; only a difference beyond the
+    /// measurement's noise moves it). Default: auto for `zmem swap on`,
+    /// fixed for `zmem serve`.
     #[arg(long, value_enum)]
     pub pool_size: Option<PoolSize>,
+    /// The cgroup of the workload whose CPU time --pool-size auto counts
+    /// as its work (a directory with cgroup.procs, v1 or v2; it may be made
+    /// after the server starts). Default for a swap device: its --charge-to
+    /// or --cgroup; otherwise every process but the server.
+    #[arg(long, value_name = "CGROUP")]
+    pub workload_cgroup: Option<PathBuf>,
 }
 
 /// `--pool-size`.
@@ -205,6 +215,11 @@ impl PoolArgs {
     /// auto, the caller runs [`PoolArgs::policies`].
     /// `device` names the device in the remote tier's default namespace.
     pub fn build(&self, default: ExclusiveLoads, device: &str) -> anyhow::Result<(Pool, Compressor)> {
+        if self.pool_size == Some(PoolSize::Auto) && !self.has_cold_store() {
+            anyhow::bail!(
+                "--pool-size auto needs --backing or --remote: without a place to write pages back, a smaller cap would refuse stores instead of making room"
+            );
+        }
         let (cfg, comp) = self.config(default)?;
         if let Some(url) = &self.remote {
             let store = zmem_remote::RemoteStore::open(self.remote_config(url, device)?)?;
@@ -252,6 +267,11 @@ impl PoolArgs {
         self.remote_namespace.clone().unwrap_or_else(|| default_namespace(device))
     }
 
+    /// Whether pages past the cap are written back (--backing, --remote).
+    fn has_cold_store(&self) -> bool {
+        self.backing.is_some() || self.remote.is_some()
+    }
+
     /// Where cold pages go, as `zmem stat` shows it (no password).
     pub fn cold_store(&self, device: &str) -> Option<String> {
         if let Some(url) = &self.remote {
@@ -296,11 +316,14 @@ impl PoolArgs {
 
     /// The policy threads these options ask of a server's pool, with
     /// `default` as the command's default for --exclusive-loads.
-    pub fn policies(&self, default: ExclusiveLoads) -> Policies {
+    pub fn policies(&self, default: ExclusiveLoads, default_size: PoolSize) -> Policies {
         Policies {
             follow_swap_fullness: self.exclusive_mode(default) == ExclusiveLoads::Auto,
             recompress_idle: self.recompress_idle.map(|idle_secs| IdleRecompress { idle_secs, cpu_percent: self.recompress_cpu }),
-            size_pool: (self.pool_size == Some(PoolSize::Auto)).then_some(self.max_pool),
+            // (A command's default of auto needs a cold store, as the
+            // option given does: [`PoolArgs::build`].)
+            size_pool: (self.pool_size == Some(PoolSize::Auto) || (default_size == PoolSize::Auto && self.pool_size.is_none() && self.has_cold_store()))
+                .then(|| SizePool { max: self.max_pool, work: self.workload_cgroup.clone().map_or(Work::Machine, Work::Cgroup) }),
         }
     }
 
@@ -337,6 +360,9 @@ impl PoolArgs {
         }
         if let Some(x) = self.pool_size {
             v.extend(["--pool-size".into(), x.name().into()]);
+        }
+        if let Some(cg) = &self.workload_cgroup {
+            v.extend(["--workload-cgroup".into(), cg.display().to_string()]);
         }
         for a in &self.recomp_algo {
             v.extend(["--recomp-algo".into(), a.clone()]);
@@ -395,13 +421,29 @@ mod tests {
         assert!(err.contains("on") && err.contains("auto"), "names the choices: {err}");
         let c = Cli::try_parse_from(["zmem"]).unwrap();
         assert_eq!(c.pool.exclusive_mode(ExclusiveLoads::Auto), ExclusiveLoads::Auto);
-        assert_eq!(c.pool.policies(ExclusiveLoads::Off).size_pool, None, "the cap is fixed unless asked");
+        assert_eq!(c.pool.policies(ExclusiveLoads::Off, PoolSize::Fixed).size_pool, None, "the cap is fixed unless asked");
+        assert_eq!(c.pool.policies(ExclusiveLoads::Off, PoolSize::Auto).size_pool, None, "no cold store: nowhere to shrink to");
+        let c = Cli::try_parse_from(["zmem", "--backing", "/var/tmp/x"]).unwrap();
+        let auto = c.pool.policies(ExclusiveLoads::Off, PoolSize::Auto).size_pool;
+        assert_eq!(auto, Some(SizePool { max: c.pool.max_pool, work: Work::Machine }), "or unless the command's default is auto");
+        let fixed = Cli::try_parse_from(["zmem", "--pool-size", "fixed", "--backing", "/var/tmp/x"]).unwrap();
+        assert_eq!(fixed.pool.policies(ExclusiveLoads::Off, PoolSize::Auto).size_pool, None, "--pool-size fixed overrides it");
         // --pool-size auto sizes up to --max-pool, and reaches the server.
         let c = Cli::try_parse_from(["zmem", "--pool-size", "auto", "--max-pool", "64M"]).unwrap();
-        assert_eq!(c.pool.policies(ExclusiveLoads::Off).size_pool, Some(64 << 20));
+        assert_eq!(c.pool.policies(ExclusiveLoads::Off, PoolSize::Fixed).size_pool, Some(SizePool { max: 64 << 20, work: Work::Machine }));
         let words = c.pool.to_args();
         let i = words.iter().position(|w| w == "--pool-size").expect("passed on to the server");
         assert_eq!(words[i + 1], "auto");
+        // --workload-cgroup names whose work counts, and reaches the server.
+        let c = Cli::try_parse_from(["zmem", "--pool-size", "auto", "--max-pool", "64M", "--workload-cgroup", "/cg/build"]).unwrap();
+        let work = Work::Cgroup("/cg/build".into());
+        assert_eq!(c.pool.policies(ExclusiveLoads::Off, PoolSize::Fixed).size_pool, Some(SizePool { max: 64 << 20, work }));
+        let words = c.pool.to_args();
+        let i = words.iter().position(|w| w == "--workload-cgroup").expect("passed on to the server");
+        assert_eq!(words[i + 1], "/cg/build");
+        // Asked for without a cold store: refused, with the reason.
+        let err = c.pool.build(ExclusiveLoads::Off, "t").err().expect("refused").to_string();
+        assert!(err.contains("needs --backing or --remote"), "{err}");
         assert!(Cli::try_parse_from(["zmem", "--pool-size", "big"]).is_err());
     }
 

@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use zmem_nbd::{Export, ServerConfig};
 use zmem_server::device::{DeviceConfig, Endpoint};
 
-use crate::pool_args::{ExclusiveLoads, PoolArgs};
+use crate::pool_args::{ExclusiveLoads, PoolArgs, PoolSize};
 use crate::util::parse_size;
 
 #[derive(clap::Args, Debug)]
@@ -218,7 +218,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&serve_device(&a.export_name)),
-        policies: a.pool.policies(ExclusiveLoads::Off),
+        policies: a.pool.policies(ExclusiveLoads::Off, PoolSize::Fixed),
         metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;

@@ -7,13 +7,17 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use zmem_swap::{Device, Discard, ServerConfig};
 
-use crate::pool_args::{ExclusiveLoads, PoolArgs};
+use crate::pool_args::{ExclusiveLoads, PoolArgs, PoolSize};
 use crate::util::parse_size;
 
 /// `--exclusive-loads` for a swap device unless given. Auto: the kernel's
 /// own rule, on while the system's swap is more than half full
 /// (docs/MEASUREMENTS.md, "Exclusive loads", gives the measurements behind it).
 const EXCLUSIVE_LOADS: ExclusiveLoads = ExclusiveLoads::Auto;
+/// `--pool-size` unless given: the pool's cap follows the workload's
+/// work (measured on both built-in workloads: docs/MEASUREMENTS.md, "Pool
+/// size").
+const POOL_SIZE: PoolSize = PoolSize::Auto;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SwapCmd {
@@ -263,12 +267,25 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         max_pool: a.pool.max_pool,
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&device_name(&a.dir)),
-        policies: a.pool.policies(EXCLUSIVE_LOADS),
+        policies: swap_policies(&a),
         unmapped_first: a.unmapped_first,
         metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
     Ok(zmem_swap::serve(&cfg, || a.pool.build(EXCLUSIVE_LOADS, &device_name(&a.dir)).map_err(Into::into), stop)?)
+}
+
+/// The server's policy threads: `--pool-size auto` counts the work of
+/// the device's cgroup (`--charge-to`, else `--cgroup`) unless
+/// `--workload-cgroup` names another.
+fn swap_policies(a: &ServeArgs) -> zmem_server::policy::Policies {
+    let mut p = a.pool.policies(EXCLUSIVE_LOADS, POOL_SIZE);
+    if let (Some(s), None) = (p.size_pool.as_mut(), &a.pool.workload_cgroup) {
+        if let Some(cg) = a.charge_to.as_ref().or(a.cgroup.as_ref()) {
+            s.work = zmem_server::sizing::Work::Cgroup(cg.clone());
+        }
+    }
+    p
 }
 
 /// A swap server's device name: its directory's (zmem0, …).
