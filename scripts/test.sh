@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export RUST_BACKTRACE=1
+# Every test in full: the long fuzz loops too (a plain `cargo test` runs a
+# sample of them).
+export ZMEM_THOROUGH=1
 # The tree keeps itself tidy: formatting and lints fail the run, as tests do.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -q -- -D warnings

@@ -12,6 +12,13 @@ pub fn under_ci_as_root() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty()) && effective_uid() == Some(0)
 }
 
+/// Whether the tests run in full: `scripts/test.sh` (and so CI) sets
+/// `ZMEM_THOROUGH`; a plain `cargo test` runs the long fuzz loops on a
+/// sample, to stay quick.
+pub fn thorough() -> bool {
+    std::env::var_os("ZMEM_THOROUGH").is_some_and(|v| !v.is_empty()) || std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
 /// Report that a test skips, and why. Under CI as root this panics instead:
 /// CI has every feature, so a skip there is a failure.
 ///
