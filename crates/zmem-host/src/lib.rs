@@ -176,17 +176,44 @@ fn proc_stat_fields(pid: &str) -> Option<Vec<u64>> {
     Some(rest.split_whitespace().skip(1).map(|t| t.parse().unwrap_or(0)).collect())
 }
 
+/// A process's CPU seconds (`/proc/PID/stat`): its own, and those of the
+/// children it has waited for, with their own waited-for descendants
+/// (getrusage's RUSAGE_CHILDREN, read from /proc without unsafe code).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuTimes {
+    pub user: f64,
+    pub system: f64,
+    pub children_user: f64,
+    pub children_system: f64,
+}
+
+/// The CPU times of process `pid` (a number, or "self").
+pub fn cpu_times(pid: &str) -> Option<CpuTimes> {
+    let f = proc_stat_fields(pid)?;
+    let secs = |i: usize| Some(*f.get(i)? as f64 / USER_HZ);
+    Some(CpuTimes { user: secs(10)?, system: secs(11)?, children_user: secs(12)?, children_system: secs(13)? })
+}
+
 /// CPU seconds (user + system) a process has used itself.
 pub fn cpu_secs(pid: u32) -> Option<f64> {
-    let f = proc_stat_fields(&pid.to_string())?;
-    Some((f.get(10)? + f.get(11)?) as f64 / USER_HZ)
+    cpu_times(&pid.to_string()).map(|t| t.user + t.system)
 }
 
 /// CPU seconds (user + system) of this process's children that it has
-/// waited for, with their own waited-for descendants (getrusage's
-/// RUSAGE_CHILDREN, read from /proc without unsafe code).
+/// waited for ([`CpuTimes`]).
 pub fn children_cpu_secs() -> f64 {
-    proc_stat_fields("self").map_or(0.0, |f| (f.get(12).unwrap_or(&0) + f.get(13).unwrap_or(&0)) as f64 / USER_HZ)
+    cpu_times("self").map_or(0.0, |t| t.children_user + t.children_system)
+}
+
+/// The whole machine's CPU seconds since boot (`/proc/stat`'s first line):
+/// user (with nice), and system.
+pub fn machine_cpu_secs() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let mut cpu = stat.lines().next()?.split_whitespace();
+    (cpu.next()? == "cpu").then_some(())?;
+    let mut next = || cpu.next()?.parse::<u64>().ok();
+    let (user, nice, system) = (next()?, next()?, next()?);
+    Some(((user + nice) as f64 / USER_HZ, system as f64 / USER_HZ))
 }
 
 /// CPU seconds of all kswapd threads (reclaim done in the background).

@@ -246,49 +246,27 @@ impl Work {
 /// of the children each has waited for.
 fn cgroup_times(cg: &Path) -> Option<Times> {
     let procs = std::fs::read_to_string(cg.join("cgroup.procs")).ok()?;
-    let me = std::process::id();
-    let (user, cpu) = procs
+    let me = std::process::id().to_string();
+    let sum = procs
         .lines()
-        .filter_map(|l| l.trim().parse::<u32>().ok())
-        .filter(|&pid| pid != me)
+        .map(str::trim)
+        .filter(|&pid| !pid.is_empty() && pid != me)
         // (A process that exited since the list was read counts nothing
         // here; its parent's cutime counts it once it is waited for.)
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            let f = stat_fields(&stat)?;
-            let t = |i: usize| f.get(i)?.parse::<u64>().ok();
-            let (utime, stime, cutime, cstime) = (t(11)?, t(12)?, t(13)?, t(14)?);
-            Some((utime + cutime, utime + stime + cutime + cstime))
-        })
-        .fold((0, 0), |(u, c), (du, dc)| (u + du, c + dc));
-    Some(ticks_to_times(user, cpu))
+        .filter_map(zmem_host::cpu_times)
+        .fold(Times { user: 0.0, cpu: 0.0 }, |acc, t| {
+            let user = t.user + t.children_user;
+            Times { user: acc.user + user, cpu: acc.cpu + user + t.system + t.children_system }
+        });
+    Some(sum)
 }
 
-fn ticks_to_times(user: u64, cpu: u64) -> Times {
-    let hz = rustix::param::clock_ticks_per_second() as f64;
-    Times { user: user as f64 / hz, cpu: cpu as f64 / hz }
-}
-
-/// The fields of a `/proc/PID/stat` line after the name (the 3rd on: the
-/// name may hold spaces and ends at the last ')'), so utime, the 14th, is
-/// at 11, stime at 12, cutime at 13 and cstime at 14.
-fn stat_fields(stat: &str) -> Option<Vec<&str>> {
-    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
-}
-
-/// The whole machine's CPU times (`/proc/stat`: user and nice, and
-/// system) less this process's own (`/proc/self/stat`: utime, stime).
+/// The whole machine's CPU times (`/proc/stat`) less this process's own.
 fn others_times() -> Option<Times> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let mut cpu = stat.lines().next()?.split_whitespace();
-    (cpu.next()? == "cpu").then_some(())?;
-    let mut next = || cpu.next()?.parse::<u64>().ok();
-    let (user, nice, system) = (next()?, next()?, next()?);
-    let me = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let f = stat_fields(&me)?;
-    let (utime, stime): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
-    let others_user = (user + nice).saturating_sub(utime);
-    Some(ticks_to_times(others_user, others_user + system.saturating_sub(stime)))
+    let (user, system) = zmem_host::machine_cpu_secs()?;
+    let me = zmem_host::cpu_times("self")?;
+    let others_user = (user - me.user).max(0.0);
+    Some(Times { user: others_user, cpu: others_user + (system - me.system).max(0.0) })
 }
 
 /// Size `pool`'s cap by [`Sizer`] until `stop`: `max` is `--max-pool`,

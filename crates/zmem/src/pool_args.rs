@@ -267,6 +267,16 @@ impl PoolArgs {
         self.remote_namespace.clone().unwrap_or_else(|| default_namespace(device))
     }
 
+    /// Whether the cap sizes itself: --pool-size as given, else the
+    /// command's default, which needs a cold store as the option given
+    /// does ([`PoolArgs::build`]).
+    fn sizes_pool(&self, default: PoolSize) -> bool {
+        match self.pool_size {
+            Some(given) => given == PoolSize::Auto,
+            None => default == PoolSize::Auto && self.has_cold_store(),
+        }
+    }
+
     /// Whether pages past the cap are written back (--backing, --remote).
     fn has_cold_store(&self) -> bool {
         self.backing.is_some() || self.remote.is_some()
@@ -320,9 +330,8 @@ impl PoolArgs {
         Policies {
             follow_swap_fullness: self.exclusive_mode(default) == ExclusiveLoads::Auto,
             recompress_idle: self.recompress_idle.map(|idle_secs| IdleRecompress { idle_secs, cpu_percent: self.recompress_cpu }),
-            // (A command's default of auto needs a cold store, as the
-            // option given does: [`PoolArgs::build`].)
-            size_pool: (self.pool_size == Some(PoolSize::Auto) || (default_size == PoolSize::Auto && self.pool_size.is_none() && self.has_cold_store()))
+            size_pool: self
+                .sizes_pool(default_size)
                 .then(|| SizePool { max: self.max_pool, work: self.workload_cgroup.clone().map_or(Work::Machine, Work::Cgroup) }),
         }
     }
