@@ -121,7 +121,7 @@ mod store;
 pub use error::BackingError;
 pub use file::{BlockFile, Existing, FaultyFile, MemFile, OsFile};
 pub use record::{MAX_PAYLOAD, RECORD_HEADER_SIZE};
-pub use store::{BackingStore, BUFFER_BYTES, SEGMENT_SIZE};
+pub use store::{BackingStore, BUFFER_BYTES, MIN_READAHEAD, SEGMENT_SIZE};
 
 /// The engine's name for a cold object, which this store issues (see the
 /// [`ColdStore`] implementation for what its bits mean here).

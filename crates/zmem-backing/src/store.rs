@@ -332,8 +332,15 @@ struct Appender {
 /// The pages of one request are read together by
 /// [`BackingStore::prefetch`], whatever the read-ahead.
 const READAHEAD: usize = 64 << 10;
-/// The smallest read-ahead.
-const MIN_READAHEAD: usize = 8 << 10;
+/// The smallest read-ahead, unless the store is told otherwise
+/// ([`BackingStore::set_min_read_ahead`]).
+pub const MIN_READAHEAD: usize = 8 << 10;
+/// What a read-ahead at 0 grows to first when reads come in runs.
+const FIRST_GROWTH: usize = PAGE_SIZE;
+/// Read-ahead hits are counted by how far past the bytes their read
+/// wanted the record ends: within 1 KiB (the next record or so), 4 KiB,
+/// 8 KiB, and beyond.
+const HIT_DISTANCES: [u64; 3] = [1 << 10, 4 << 10, 8 << 10];
 /// How far past a window's end a miss still continues its run (a record
 /// or two skipped: freed, or read from RAM).
 const RUN_GAP: u64 = 2 * PAGE_SIZE as u64;
@@ -359,6 +366,9 @@ struct Window {
     seg: u64,
     lo: u64,
     len: usize,
+    /// Where the bytes the read wanted end (the records asked for); what
+    /// lies past it is read-ahead.
+    need: u64,
     buf: Option<AlignedBuf>,
     /// Record bytes served from this window, the first record's included.
     used: usize,
@@ -368,7 +378,7 @@ struct Window {
 }
 
 impl Window {
-    const EMPTY: Window = Window { epoch: 0, seg: 0, lo: 0, len: 0, buf: None, used: 0, last: 0 };
+    const EMPTY: Window = Window { epoch: 0, seg: 0, lo: 0, len: 0, need: 0, buf: None, used: 0, last: 0 };
 
     fn covers(&self, epoch: u64, abs: u64, n: usize) -> bool {
         self.len > 0 && self.epoch == epoch && abs >= self.lo && abs + n as u64 <= self.lo + self.len as u64
@@ -381,11 +391,19 @@ struct Windows {
     clock: u64,
     /// Bytes to read past the record on the next miss.
     ahead: usize,
+    /// The least of it ([`MIN_READAHEAD`] unless set).
+    min: usize,
 }
 
 impl Windows {
     fn new() -> Windows {
-        Windows { slots: [const { Window::EMPTY }; WINDOWS], clock: 0, ahead: READAHEAD }
+        Windows { slots: [const { Window::EMPTY }; WINDOWS], clock: 0, ahead: READAHEAD, min: MIN_READAHEAD }
+    }
+
+    /// A run of reads outgrew its window: twice the read-ahead (at least
+    /// a page), up to [`READAHEAD`].
+    fn grow(&mut self) {
+        self.ahead = (self.ahead * 2).max(FIRST_GROWTH).clamp(self.min, READAHEAD);
     }
 
     /// The window that holds `n` bytes at `abs`, at `epoch`.
@@ -425,7 +443,7 @@ impl Windows {
             .unwrap_or(0);
         let w = &self.slots[i];
         if w.len > 0 && w.used * 4 < w.len {
-            self.ahead = (self.ahead / 4).max(MIN_READAHEAD);
+            self.ahead = (self.ahead / 4).max(self.min);
         }
         &mut self.slots[i]
     }
@@ -451,6 +469,19 @@ struct Counters {
     records_read: AtomicU64,
     segments_compacted: AtomicU64,
     read_retries: AtomicU64,
+    readahead_bytes: AtomicU64,
+    readahead_used_bytes: AtomicU64,
+    readahead_hits: [AtomicU64; HIT_DISTANCES.len() + 1],
+}
+
+impl Counters {
+    /// A record of `n` bytes served from read-ahead, ending `past` bytes
+    /// beyond what its window's read wanted.
+    fn count_readahead_hit(&self, past: u64, n: usize) {
+        self.readahead_used_bytes.fetch_add(n as u64, Relaxed);
+        let bucket = HIT_DISTANCES.iter().position(|&d| past <= d).unwrap_or(HIT_DISTANCES.len());
+        self.readahead_hits[bucket].fetch_add(1, Relaxed);
+    }
 }
 
 /// How far a compaction goes.
@@ -565,6 +596,19 @@ impl BackingStore {
     }
 
     /// Whether the file does `O_DIRECT` I/O.
+    /// The least a read of a record reads past it (`0`: the record's own
+    /// blocks alone; at most [`READAHEAD`], which a run of reads grows it
+    /// to). [`MIN_READAHEAD`] unless set.
+    pub fn set_min_read_ahead(&self, bytes: usize) -> Result<()> {
+        if bytes > READAHEAD {
+            return Err(BackingError::ReadAhead { asked: bytes, most: READAHEAD });
+        }
+        let mut ws = self.windows.lock();
+        ws.min = bytes;
+        ws.ahead = ws.ahead.max(bytes);
+        Ok(())
+    }
+
     pub fn direct(&self) -> bool {
         self.direct
     }
@@ -680,18 +724,24 @@ impl BackingStore {
                 let rec = &w.buf.as_ref().map_or(&[][..], |b| b.get(w.len))[(abs - w.lo) as usize..][..n];
                 let r = self.serve(rec, id, key, e.len, out);
                 match r {
-                    Ok(()) => w.used += n,
+                    Ok(()) => {
+                        w.used += n;
+                        if abs >= w.need {
+                            self.c.count_readahead_hit(abs + n as u64 - w.need, n);
+                        }
+                    }
                     // Never trust this window again: a retry reads the disk.
                     Err(_) => w.len = 0,
                 }
                 return r;
             }
             if ws.continues(e.seg as u64, abs) {
-                ws.ahead = (ws.ahead * 2).clamp(MIN_READAHEAD, READAHEAD);
+                ws.grow();
             }
             let ahead = ws.ahead;
+            let scattered = ahead == ws.min;
             drop(ws);
-            if ahead == MIN_READAHEAD {
+            if scattered {
                 self.c.scattered_reads.fetch_add(1, Relaxed);
             }
             ahead
@@ -703,15 +753,26 @@ impl BackingStore {
         let seg_end = (e.seg as u64 + 1) * SEG;
         let need = (abs + n as u64).div_ceil(a) * a;
         let hi = (need + ahead as u64).min(lo + READAHEAD as u64).min(seg_end).max(need);
-        self.read_window(e.seg as u64, epoch, lo, hi, abs + n as u64, n, |buf| self.serve(&buf[(abs - lo) as usize..][..n], id, key, e.len, out))
+        self.read_window(e.seg as u64, epoch, (lo, hi), abs + n as u64, n, n, |buf| self.serve(&buf[(abs - lo) as usize..][..n], id, key, e.len, out))
     }
 
     /// Read `lo..hi` of segment `seg` (at window epoch `epoch`) in one
     /// operation, hand the bytes to `use_it` (which serves `used` bytes of
     /// records from them), and keep them as a window for the records next
-    /// to those. A read that ends before `need` is [`BackingError::ShortRead`].
+    /// to those. The read is for `wanted` bytes of records ending at
+    /// `need`; the rest is read-ahead (and alignment). A read that ends
+    /// before `need` is [`BackingError::ShortRead`].
     #[allow(clippy::too_many_arguments)]
-    fn read_window(&self, seg: u64, epoch: u64, lo: u64, hi: u64, need: u64, used: usize, use_it: impl FnOnce(&[u8]) -> Result<()>) -> Result<()> {
+    fn read_window(
+        &self,
+        seg: u64,
+        epoch: u64,
+        (lo, hi): (u64, u64),
+        need: u64,
+        wanted: usize,
+        used: usize,
+        use_it: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<()> {
         READ_BUF.with_borrow_mut(|tb| {
             let buf = tb.get_or_insert_with(|| AlignedBuf::new(WINDOW_BUF));
             let got = self.read_some(buf.get_mut((hi - lo) as usize), lo)?;
@@ -719,6 +780,7 @@ impl BackingStore {
                 return Err(BackingError::ShortRead { expected: (need - lo) as usize, got });
             }
             use_it(buf.get(got))?;
+            self.c.readahead_bytes.fetch_add((got as u64).saturating_sub(wanted as u64), Relaxed);
             let mut ws = self.windows.lock();
             let clock = ws.clock;
             let w = ws.victim(|seg, epoch| self.window_epoch(seg) != epoch);
@@ -726,7 +788,7 @@ impl BackingStore {
             // which finds no record, could see none.)
             let mut spare = w.buf.take().unwrap_or_else(|| AlignedBuf::new(WINDOW_BUF));
             std::mem::swap(buf, &mut spare);
-            *w = Window { epoch, seg, lo, len: got, buf: Some(spare), used, last: clock };
+            *w = Window { epoch, seg, lo, len: got, need, buf: Some(spare), used, last: clock };
             Ok(())
         })
     }
@@ -766,15 +828,17 @@ impl BackingStore {
             let lo = abs & !(a - 1);
             let limit = (lo + WINDOW_BUF as u64).min((seg + 1) * SEG);
             let mut need = abs + n;
+            let mut wanted = n;
             let mut j = i + 1;
             while j < places.len() && places[j].0 + places[j].1 <= limit {
                 need = need.max(places[j].0 + places[j].1);
+                wanted += places[j].1;
                 j += 1;
             }
             if j > i + 1 {
                 let hi = (need.div_ceil(a) * a).min(limit);
                 // Nothing served from it yet: the loads that follow are.
-                if self.read_window(seg, epoch, lo, hi, need, 0, |_| Ok(())).is_ok() {
+                if self.read_window(seg, epoch, (lo, hi), need, wanted as usize, 0, |_| Ok(())).is_ok() {
                     ops += 1;
                     self.c.prefetch_ops.fetch_add(1, Relaxed);
                 }
@@ -895,6 +959,9 @@ impl BackingStore {
             records_read: self.c.records_read.load(Relaxed),
             segments_compacted: self.c.segments_compacted.load(Relaxed),
             read_retries: self.c.read_retries.load(Relaxed),
+            readahead_bytes: self.c.readahead_bytes.load(Relaxed),
+            readahead_used_bytes: self.c.readahead_used_bytes.load(Relaxed),
+            readahead_hits: self.c.readahead_hits.each_ref().map(|h| h.load(Relaxed)),
             metadata_bytes,
             ..ColdStats::default()
         }
@@ -1291,7 +1358,7 @@ mod window_tests {
 
     #[test]
     fn a_window_is_trusted_only_for_its_epoch_and_range() {
-        let w = Window { epoch: 3, seg: 0, lo: 8192, len: 65536, buf: None, used: 0, last: 0 };
+        let w = Window { epoch: 3, seg: 0, lo: 8192, len: 65536, need: 9000, buf: None, used: 0, last: 0 };
         assert!(w.covers(3, 8192, 100));
         assert!(w.covers(3, 8192 + 65536 - 100, 100));
         assert!(!w.covers(4, 8192, 100), "a write happened since: stale");
@@ -1304,7 +1371,7 @@ mod window_tests {
     fn the_victim_is_empty_or_stale_before_it_is_old() {
         let mut ws = Windows::new();
         for (i, w) in ws.slots.iter_mut().enumerate() {
-            *w = Window { epoch: 1, seg: i as u64, lo: 0, len: 4096, buf: None, used: 4096, last: 10 + i as u64 };
+            *w = Window { epoch: 1, seg: i as u64, lo: 0, len: 4096, need: 4096, buf: None, used: 4096, last: 10 + i as u64 };
         }
         ws.slots[5].last = 1;
         assert_eq!(ws.victim(|_, _| false).seg, 5, "the least recently used");
@@ -1421,6 +1488,47 @@ mod window_tests {
         let scattered: Vec<usize> = (0..n as usize).map(|i| (i * 997) % n as usize).collect();
         let b = bytes_read_by(&s, &ids, &scattered);
         assert!(b <= (n * 14) << 10, "scattered reads read {b} bytes for {n} records (at 64 KiB each: {})", n * (64 << 10));
+    }
+
+    #[test]
+    fn readahead_is_counted_read_and_used_and_its_floor_is_a_setting() {
+        let n = 2048;
+        let (s, ids) = filled(n);
+        let rec = (1000 + RECORD_HEADER_SIZE) as u64;
+        // Scattered reads: the default floor reads 8 KiB past each record,
+        // a floor of 0 its own blocks (a 4 KiB-aligned file here).
+        let scattered: Vec<usize> = (0..n as usize).map(|i| (i * 997) % n as usize).take(256).collect();
+        s.windows.lock().ahead = MIN_READAHEAD;
+        let b8 = bytes_read_by(&s, &ids, &scattered);
+        s.set_min_read_ahead(0).unwrap();
+        s.windows.lock().ahead = 0;
+        let before = s.stats();
+        let b = bytes_read_by(&s, &ids, &scattered);
+        let st = s.stats();
+        assert!(b * 2 <= b8, "256 scattered reads read {b} bytes with no read-ahead, {b8} with 8 KiB");
+        let misses = st.read_ops - before.read_ops;
+        assert!(misses >= 250, "{misses} of 256 scattered reads missed");
+        let ahead = st.readahead_bytes - before.readahead_bytes;
+        assert_eq!(ahead, b - misses * rec, "what was read past the records: {st:?}");
+        // In order: the run grows the read-ahead from 0, and the records
+        // the windows serve are counted as used, each by its distance.
+        let before = s.stats();
+        let seq: Vec<usize> = (0..n as usize).collect();
+        bytes_read_by(&s, &ids, &seq);
+        let st = s.stats();
+        let hits: u64 = st.readahead_hits.iter().sum();
+        let served = (st.records_read - before.records_read) - (st.read_ops - before.read_ops);
+        let used = st.readahead_used_bytes - before.readahead_used_bytes;
+        let before_hits: u64 = before.readahead_hits.iter().sum();
+        assert_eq!(hits - before_hits, served, "every record a window served is a read-ahead hit: {st:?}");
+        assert!(served > n / 2, "a run is served by read-ahead: {st:?}");
+        assert_eq!(used, served * rec);
+        assert!(used <= st.readahead_bytes - before.readahead_bytes, "{st:?}");
+        assert!(st.readahead_hits[3] > 0 && st.readahead_hits[0] > 0, "near and far hits: {st:?}");
+        // The floor is at most the most a read reads ahead.
+        assert!(matches!(s.set_min_read_ahead(READAHEAD + 1), Err(BackingError::ReadAhead { .. })));
+        s.set_min_read_ahead(READAHEAD).unwrap();
+        assert_eq!(s.windows.lock().ahead, READAHEAD);
     }
 
     #[test]

@@ -461,7 +461,17 @@ impl RunResult {
     /// zmem: bytes its backing file's reads cost per byte of the records
     /// they served (read-ahead that a later load used counts as wanted).
     pub fn file_read_amplification(&self) -> Option<f64> {
-        serde_json::from_value::<zmem_core::Stats>(self.server_stats.clone()?).ok()?.backing_read_amplification()
+        self.server()?.backing_read_amplification()
+    }
+
+    /// zmem: the share of what its backing file's reads read ahead (past
+    /// the records they wanted) that later loads used.
+    pub fn readahead_used_share(&self) -> Option<f64> {
+        self.server()?.readahead_used_share()
+    }
+
+    fn server(&self) -> Option<zmem_core::Stats> {
+        serde_json::from_value(self.server_stats.clone()?).ok()
     }
 
     /// zmem: the server's CPU per page swapped in or out, in microseconds.
@@ -1175,7 +1185,8 @@ pub fn render(report: &Report) -> String {
     }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
-        "mem MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap", "io/disk", "io/zswap",
+        "mem MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap", "io/disk",
+        "io/zswap",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -1201,6 +1212,7 @@ pub fn render(report: &Report) -> String {
             f2(r.read_ops_per_swapin()),
             f2(r.read_ops_per_file_page()),
             f2(r.file_read_amplification()),
+            r.readahead_used_share().map_or("-".to_string(), |u| format!("{:.0}", u * 100.0)),
             r.dead.map_or("-".to_string(), |d| format!("{:.0}", d.mean_share * 100.0)),
             r.dead.filter(|d| d.ram_unmapped_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.ram_unmapped_share_mean * 100.0)),
             r.dead.filter(|d| d.pool_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.data_share_at_peak * 100.0)),
@@ -1413,15 +1425,18 @@ mod tests {
             backing_bytes_read: 9000,
             backing_compaction_bytes_read: 1000,
             backing_record_bytes_read: 3200,
+            backing_readahead_bytes: 4000,
+            backing_readahead_used_bytes: 1480,
             ..zmem_core::Stats::default()
         };
         z.server_stats = Some(serde_json::to_value(st).unwrap());
         assert_eq!(z.read_ops_per_swapin(), Some(0.001));
         assert_eq!(z.read_ops_per_file_page(), Some(0.25));
         assert_eq!(z.file_read_amplification(), Some(2.5));
+        assert_eq!(z.readahead_used_share(), Some(0.37));
         assert_eq!(z.server_us_per_page(), Some(5.0));
         let table = render(&report(vec![z]));
-        assert!(table.contains(" 6 ") && table.contains(" 5.0 ") && table.contains(" 2.50 "), "{table}");
+        assert!(table.contains(" 6 ") && table.contains(" 5.0 ") && table.contains(" 2.50 ") && table.contains(" 37 "), "{table}");
     }
 
     #[test]

@@ -94,6 +94,14 @@ pub struct ColdStats {
     /// Of those, misses read with the smallest read-ahead (reads looked
     /// scattered).
     pub scattered_reads: u64,
+    /// Bytes the reads read past what they wanted (the records asked
+    /// for): read-ahead and alignment; and of those, the bytes of records
+    /// that later reads found there (read-ahead used).
+    pub readahead_bytes: u64,
+    pub readahead_used_bytes: u64,
+    /// Records served from read-ahead, by how far past what their read
+    /// wanted they end: within 1 KiB, 4 KiB, 8 KiB, beyond.
+    pub readahead_hits: [u64; 4],
     /// Records written (zram `bd_writes`).
     pub records_written: u64,
     /// Records read successfully (zram `bd_reads`).

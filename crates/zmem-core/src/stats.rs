@@ -205,6 +205,17 @@ pub struct Stats {
     pub backing_prefetch_ops: u64,
     /// Of those, reads with the smallest read-ahead (scattered loads).
     pub backing_scattered_reads: u64,
+    /// Bytes those reads read past the records they wanted (read-ahead
+    /// and alignment), and the bytes of records later loads found there:
+    /// read-ahead read against read-ahead used.
+    pub backing_readahead_bytes: u64,
+    pub backing_readahead_used_bytes: u64,
+    /// Records served from read-ahead, by how far past the bytes their
+    /// read wanted they end: within 1 KiB, 4 KiB, 8 KiB, and beyond.
+    pub backing_readahead_hits_1k: u64,
+    pub backing_readahead_hits_4k: u64,
+    pub backing_readahead_hits_8k: u64,
+    pub backing_readahead_hits_far: u64,
     /// Length of the backing file, and bytes of live records in it.
     pub backing_file_bytes: u64,
     pub backing_live_bytes: u64,
@@ -346,6 +357,12 @@ impl Stats {
     pub fn backing_read_amplification(&self) -> Option<f64> {
         let read = self.backing_bytes_read.saturating_sub(self.backing_compaction_bytes_read);
         (self.backing_record_bytes_read > 0).then(|| read as f64 / self.backing_record_bytes_read as f64)
+    }
+
+    /// The share of the bytes read past what reads wanted that later
+    /// loads used. `None` before any read-ahead.
+    pub fn readahead_used_share(&self) -> Option<f64> {
+        (self.backing_readahead_bytes > 0).then(|| self.backing_readahead_used_bytes as f64 / self.backing_readahead_bytes as f64)
     }
 
     /// Bytes of RAM per written-back page, every table included

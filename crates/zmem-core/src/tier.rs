@@ -597,6 +597,9 @@ impl Tier {
         st.backing_read_ops = b.read_ops;
         st.backing_prefetch_ops = b.prefetch_ops;
         st.backing_scattered_reads = b.scattered_reads;
+        st.backing_readahead_bytes = b.readahead_bytes;
+        st.backing_readahead_used_bytes = b.readahead_used_bytes;
+        [st.backing_readahead_hits_1k, st.backing_readahead_hits_4k, st.backing_readahead_hits_8k, st.backing_readahead_hits_far] = b.readahead_hits;
         st.backing_file_bytes = b.file_bytes;
         st.backing_live_bytes = b.live_bytes;
         st.backing_metadata_bytes = b.metadata_bytes;

@@ -45,6 +45,11 @@ pub struct PoolArgs {
     /// Cap on the backing file's size (e.g. 4G).
     #[arg(long, value_parser = parse_size, requires = "backing")]
     pub backing_limit: Option<u64>,
+    /// The least a read of the --backing file reads past the page it
+    /// wants, for the pages written back next to it (0: the page's own
+    /// sectors alone); reads that come in runs grow it, up to 64K.
+    #[arg(long, value_name = "SIZE", default_value = "8K", value_parser = parse_size)]
+    pub read_ahead: u64,
     /// Write cold pages back to a Redis Cluster (or Valkey) instead of a
     /// file: redis://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…], the cluster's
     /// seed nodes. A page leaves RAM once --remote-replicas replicas have
@@ -233,6 +238,7 @@ impl PoolArgs {
                 let existing = if self.force { zmem_backing::Existing::Overwrite } else { zmem_backing::Existing::Refuse };
                 let (store, why) =
                     zmem_backing::BackingStore::open(path, self.backing_limit, existing).with_context(|| format!("opening backing file {}", path.display()))?;
+                store.set_min_read_ahead(usize::try_from(self.read_ahead).unwrap_or(usize::MAX)).context("--read-ahead")?;
                 if let Some(why) = why {
                     eprintln!("zmem: {why}");
                 }
@@ -403,6 +409,7 @@ impl PoolArgs {
             if let Some(l) = self.backing_limit {
                 v.extend(["--backing-limit".into(), l.to_string()]);
             }
+            v.extend(["--read-ahead".into(), self.read_ahead.to_string()]);
         }
         v
     }
@@ -454,6 +461,27 @@ mod tests {
         let err = c.pool.build(ExclusiveLoads::Off, "t").err().expect("refused").to_string();
         assert!(err.contains("needs --backing or --remote"), "{err}");
         assert!(Cli::try_parse_from(["zmem", "--pool-size", "big"]).is_err());
+    }
+
+    #[test]
+    fn read_ahead_reaches_the_server_and_a_floor_past_the_most_is_refused() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            pool: PoolArgs,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("b.img");
+        let c = Cli::try_parse_from(["zmem", "--backing", file.to_str().unwrap(), "--read-ahead", "0"]).unwrap();
+        let words = c.pool.to_args();
+        let i = words.iter().position(|w| w == "--read-ahead").expect("passed on to the server");
+        assert_eq!(words[i + 1], "0");
+        c.pool.build(ExclusiveLoads::Off, "t").expect("a floor of 0 is taken");
+        let c = Cli::try_parse_from(["zmem", "--backing", file.to_str().unwrap(), "--force", "--read-ahead", "1M"]).unwrap();
+        let err = format!("{:#}", c.pool.build(ExclusiveLoads::Off, "t").err().expect("refused"));
+        assert!(err.contains("--read-ahead") && err.contains("at most"), "{err}");
+        assert_eq!(Cli::try_parse_from(["zmem"]).unwrap().pool.read_ahead, zmem_backing::MIN_READAHEAD as u64, "the store's own default");
     }
 
     #[test]
