@@ -443,7 +443,9 @@ impl Windows {
             .unwrap_or(0);
         let w = &self.slots[i];
         if w.len > 0 && w.used * 4 < w.len {
-            self.ahead = (self.ahead / 4).max(self.min);
+            // Below a page, straight to the floor.
+            let quarter = self.ahead / 4;
+            self.ahead = if quarter < PAGE_SIZE { self.min } else { quarter.max(self.min) };
         }
         &mut self.slots[i]
     }
@@ -752,7 +754,9 @@ impl BackingStore {
         let lo = abs & !(a - 1);
         let seg_end = (e.seg as u64 + 1) * SEG;
         let need = (abs + n as u64).div_ceil(a) * a;
-        let hi = (need + ahead as u64).min(lo + READAHEAD as u64).min(seg_end).max(need);
+        // (Every bound aligned: an O_DIRECT read of a length the file does
+        // not take is EINVAL.)
+        let hi = ((need + ahead as u64).div_ceil(a) * a).min(lo + READAHEAD as u64).min(seg_end).max(need);
         self.read_window(e.seg as u64, epoch, (lo, hi), abs + n as u64, n, n, |buf| self.serve(&buf[(abs - lo) as usize..][..n], id, key, e.len, out))
     }
 

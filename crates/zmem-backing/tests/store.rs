@@ -371,6 +371,41 @@ fn real_file_in_tmp() {
     }
 }
 
+/// Reads of a real file (`O_DIRECT` where its filesystem takes it, on
+/// 512-byte sectors on ext4) at every read-ahead floor, through scattered
+/// reads that shrink the read-ahead from its 64 KiB start by quarters and
+/// runs that grow it: every bound of every read is one the file takes (a
+/// read-ahead quartered to 1 KiB or 256 bytes made an `O_DIRECT` read of
+/// a length that is no multiple of a sector: EINVAL, a page lost), and
+/// every record reads back as written.
+#[test]
+fn real_file_reads_at_every_read_ahead() {
+    for dir in ["/var/tmp", "/tmp"] {
+        let Ok(td) = tempfile::tempdir_in(dir) else {
+            continue;
+        };
+        for floor in [0usize, 1000, 8 << 10] {
+            let path = td.path().join(format!("backing-{floor}"));
+            let (s, _) = BackingStore::open(&path, None, Existing::Refuse).unwrap();
+            s.set_min_read_ahead(floor).unwrap();
+            let mut model = Vec::new();
+            for b in 0..40u64 {
+                let pages: Vec<(u64, Vec<u8>)> = (0..64).map(|i| b * 64 + i).map(|k| (k, common::payload(300 + (k as usize * 37) % 3000, k, 0))).collect();
+                let batch: Vec<(u64, &[u8])> = pages.iter().map(|(k, p)| (*k, p.as_slice())).collect();
+                let ids = s.write_batch(&batch).unwrap();
+                model.extend(ids.into_iter().zip(pages));
+            }
+            let n = model.len();
+            let scattered = (0..n).map(|j| (j * 997) % n);
+            for i in scattered.chain(0..n) {
+                let (id, (key, p)) = &model[i];
+                let got = read(&s, *id, *key).unwrap_or_else(|e| panic!("{dir}, floor {floor}: record {i}: {e}"));
+                assert_eq!(&got, p, "{dir}, floor {floor}: record {i}");
+            }
+        }
+    }
+}
+
 #[test]
 fn io_errors_name_the_file() {
     let r = BackingStore::open(std::path::Path::new("/nonexistent-zmem-dir/backing"), None, Existing::Refuse);
