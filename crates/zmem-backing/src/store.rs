@@ -597,7 +597,6 @@ impl BackingStore {
         Ok((BackingStore::new(Box::new(f), limit), why))
     }
 
-    /// Whether the file does `O_DIRECT` I/O.
     /// The least a read of a record reads past it (`0`: the record's own
     /// blocks alone; at most [`READAHEAD`], which a run of reads grows it
     /// to). [`MIN_READAHEAD`] unless set.
@@ -611,6 +610,7 @@ impl BackingStore {
         Ok(())
     }
 
+    /// Whether the file does `O_DIRECT` I/O.
     pub fn direct(&self) -> bool {
         self.direct
     }
