@@ -3,14 +3,32 @@
 # binary, libzmemcache.so and its header, the systemd units, the example
 # configurations, the manual pages and the shell completions (both written
 # by the binary itself from its clap definitions).
-#   bash scripts/package.sh [OUTDIR]      (default target/debian)
+#   bash scripts/package.sh [OUTDIR]             (default target/debian)
+#   bash scripts/package.sh OUTDIR --from DIR    package what is built in DIR
+# --from takes the binary and the library already built (scripts/test.sh
+# packages its test build, so as not to compile everything a third time);
+# without it the release build is made and packaged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/debian}
+from=""
+if (($# > 1)); then
+    [ "$2" = --from ] && (($# == 3)) || { echo "usage: bash scripts/package.sh [OUTDIR [--from DIR]]" >&2; exit 2; }
+    from=$3
+fi
 for t in dpkg-deb gzip strip; do
     command -v "$t" >/dev/null || { echo "package: $t is missing (bash scripts/setup.sh installs it)" >&2; exit 1; }
 done
-cargo build --release -q -p zmem -p zmem-cache-ffi
+if [ -z "$from" ]; then
+    cargo build --release -q -p zmem -p zmem-cache-ffi
+    from=target/release
+fi
+bin=$from/zmem
+# The library as cargo left it in deps/ (a test build copies it no higher).
+lib=$from/deps/libzmemcache.so
+for f in "$bin" "$lib"; do
+    [ -f "$f" ] || { echo "package: $f is missing: build it first (cargo build --release -p zmem -p zmem-cache-ffi)" >&2; exit 1; }
+done
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 arch=$(dpkg --print-architecture)
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
@@ -18,9 +36,9 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 d() { install -d -m755 "$stage/$1"; }
 
-d usr/bin; install -m755 target/release/zmem "$stage/usr/bin/zmem"
+d usr/bin; install -m755 "$bin" "$stage/usr/bin/zmem"
 strip --strip-debug "$stage/usr/bin/zmem"
-d "usr/lib/$multiarch"; install -m644 target/release/libzmemcache.so "$stage/usr/lib/$multiarch/libzmemcache.so"
+d "usr/lib/$multiarch"; install -m644 "$lib" "$stage/usr/lib/$multiarch/libzmemcache.so"
 strip --strip-debug "$stage/usr/lib/$multiarch/libzmemcache.so"
 d usr/include; install -m644 crates/zmem-cache-ffi/include/zmem_cache.h "$stage/usr/include/zmem_cache.h"
 d lib/systemd/system
@@ -37,11 +55,11 @@ License: MIT or Apache-2.0
  /usr/share/common-licenses/Apache-2.0.
 COPYRIGHT
 d usr/share/man/man1
-target/release/zmem man "$stage/usr/share/man/man1" >/dev/null
+"$bin" man "$stage/usr/share/man/man1" >/dev/null
 gzip -9n "$stage"/usr/share/man/man1/*.1
-d usr/share/bash-completion/completions; target/release/zmem completions bash > "$stage/usr/share/bash-completion/completions/zmem"
-d usr/share/zsh/vendor-completions; target/release/zmem completions zsh > "$stage/usr/share/zsh/vendor-completions/_zmem"
-d usr/share/fish/vendor_completions.d; target/release/zmem completions fish > "$stage/usr/share/fish/vendor_completions.d/zmem.fish"
+d usr/share/bash-completion/completions; "$bin" completions bash > "$stage/usr/share/bash-completion/completions/zmem"
+d usr/share/zsh/vendor-completions; "$bin" completions zsh > "$stage/usr/share/zsh/vendor-completions/_zmem"
+d usr/share/fish/vendor_completions.d; "$bin" completions fish > "$stage/usr/share/fish/vendor_completions.d/zmem.fish"
 find "$stage" -type f -exec chmod go-w {} +
 
 d DEBIAN

@@ -3,44 +3,71 @@
 # features) the tests that use real kernel devices. Installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# Each step says how long it took, so a slow suite shows where its time goes.
+t0=$SECONDS
+step() { # step NAME COMMAND...
+    local t=$SECONDS
+    "${@:2}"
+    echo "test.sh: $1: $((SECONDS - t)) s (total $((SECONDS - t0)) s)" >&2
+}
+step setup bash scripts/setup.sh
 export RUST_BACKTRACE=1
 # Every test in full: the long fuzz loops too (a plain `cargo test` runs a
 # sample of them).
 export ZMEM_THOROUGH=1
 # The tree keeps itself tidy: formatting and lints fail the run, as tests do.
-cargo fmt --all --check
-cargo clippy --workspace --all-targets -q -- -D warnings
-# Release build of the binary for the end-to-end tests that run it, and
-# the Debian package the install test puts on the machine.
-cargo build --release -q -p zmem -p zmem-cache-ffi
-bash scripts/package.sh target/debian
-cargo test --workspace --no-fail-fast -- --test-threads=2
+step fmt cargo fmt --all --check
+# The lints run inside the tests' build: clippy-driver compiles the
+# workspace's crates (what `cargo clippy` sets up, but building instead of
+# checking), so the dependencies are compiled once, not checked once more
+# besides. Every cargo command below keeps these two variables, or cargo
+# would rebuild the workspace without them. What it lints is what `cargo
+# clippy --workspace --all-targets -- -D warnings` lints (--all-targets:
+# the benches too).
+export RUSTC_WORKSPACE_WRAPPER
+RUSTC_WORKSPACE_WRAPPER=$(command -v clippy-driver)
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+# The tests' build, then the Debian package the install test puts on the
+# machine, made from that build's binary and library (a release build
+# would compile everything a third time, for a package whose files are the
+# same but for the code's optimisation).
+step test-build+clippy cargo test --workspace --all-targets -q --no-run
+step package bash scripts/package.sh target/debian --from target/debug
+step tests cargo test --workspace --no-fail-fast -- --test-threads=2
 # The slow tests a plain `cargo test` leaves out (#[ignore]): the remote
 # tier's failover matrix (each test waits out a failover) and the remote
 # bench end to end; CI runs them. (--workspace: the same feature set as the
 # run above, so nothing rebuilds.)
-cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=2
+step ignored-tests cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=2
 
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
 # sanitizers here; memcheck needs neither): the allocator's module (mmap,
 # madvise, raw slices), and liblz4 fed corrupt streams by zmem-compress's
 # property tests.
-test_binary() {
-    cargo test -q -p "$1" "${@:2}" --no-run --message-format=json 2>/dev/null \
+# A test binary of the workspace's build (nothing is rebuilt): the
+# executable of target NAME (KIND lib or test) of package PKG.
+test_binary() { # test_binary PKG KIND NAME
+    cargo test --workspace -q --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import sys, json
+pkg, kind, name = sys.argv[1:]
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])' | tail -1
+    t = m.get("target", {})
+    if (m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]
+            and t.get("name") == name and kind in t.get("kind", []) and ("/" + pkg + "#") in m["package_id"]):
+        print(m["executable"])' "$@"
 }
-if command -v valgrind >/dev/null 2>&1; then
-    bin=$(test_binary zmem-alloc --test pool)
+memcheck() {
+    local bin
+    bin=$(test_binary zmem-alloc test pool)
     echo "memcheck: $bin"
     PROPTEST_CASES=4 valgrind --error-exitcode=99 -q "$bin" --test-threads=1
-    bin=$(test_binary zmem-compress --lib)
+    bin=$(test_binary zmem-compress lib zmem_compress)
     echo "memcheck: $bin"
     PROPTEST_CASES=64 valgrind --error-exitcode=99 -q "$bin" --test-threads=1
+}
+if command -v valgrind >/dev/null 2>&1; then
+    step memcheck memcheck
 else
     echo "memcheck: skipped, valgrind is not installed"
 fi
