@@ -1,7 +1,8 @@
 //! The swap bench as a picture: runtime and disk I/O against the memory
 //! budget, one line per system, one row of two charts per (disk, jobs).
 //!
-//! plotters draws into a PNG with its pure-Rust backend; text needs a
+//! plotters draws into an RGB buffer with its pure-Rust backend, which the
+//! png crate writes out as a PNG; text needs a
 //! TrueType font, taken from the system (Debian's fonts-dejavu-core, which
 //! `scripts/setup.sh` installs), so nothing is linked but Rust crates.
 
@@ -106,16 +107,32 @@ pub fn swap_png(report: &Report, path: &Path) -> anyhow::Result<()> {
     if sets.is_empty() {
         bail!("no limited runs to plot");
     }
-    let root = BitMapBackend::new(path, (1200, 420 * sets.len() as u32)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let rows = root.split_evenly((sets.len(), 2));
-    for (i, &(disk, jobs)) in sets.iter().enumerate() {
-        let t = series(report, disk, jobs, |r| r.wall_secs);
-        let io = series(report, disk, jobs, |r| r.disk_bytes() as f64 / 1e6);
-        chart(&rows[2 * i], &format!("runtime, {} disk, -j{jobs}", disk.name()), "wall time, s", &t)?;
-        chart(&rows[2 * i + 1], &format!("swap disk I/O, {} disk, -j{jobs}", disk.name()), "read + written, MB", &io)?;
+    let (w, h) = (1200u32, 420 * sets.len() as u32);
+    let mut rgb = vec![0u8; w as usize * h as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let rows = root.split_evenly((sets.len(), 2));
+        for (i, &(disk, jobs)) in sets.iter().enumerate() {
+            let t = series(report, disk, jobs, |r| r.wall_secs);
+            let io = series(report, disk, jobs, |r| r.disk_bytes() as f64 / 1e6);
+            chart(&rows[2 * i], &format!("runtime, {} disk, -j{jobs}", disk.name()), "wall time, s", &t)?;
+            chart(&rows[2 * i + 1], &format!("swap disk I/O, {} disk, -j{jobs}", disk.name()), "read + written, MB", &io)?;
+        }
+        root.present()?;
     }
-    root.present().with_context(|| format!("cannot write {}", path.display()))?;
+    write_png(path, w, h, &rgb).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// An 8-bit RGB image as a PNG file.
+fn write_png(path: &Path, w: u32, h: u32, rgb: &[u8]) -> anyhow::Result<()> {
+    let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut enc = png::Encoder::new(file, w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut out = enc.write_header()?;
+    out.write_image_data(rgb)?;
+    out.finish()?;
     Ok(())
 }
 
@@ -141,7 +158,15 @@ mod tests {
     fn a_plot_of_runs() {
         let d = Some(DiskKind::Real);
         let runs = vec![test_run(System::Disk, d, 400 << 20, 100.0, 1 << 30), test_run(System::Zmem, d, 400 << 20, 60.0, 1 << 28)];
-        assert_eq!(&plot(report(runs))[1..4], b"PNG");
+        let file = plot(report(runs));
+        assert_eq!(&file[1..4], b"PNG");
+        // A whole picture, of one row of two charts, with something drawn on white.
+        let mut reader = png::Decoder::new(std::io::Cursor::new(file)).read_info().unwrap();
+        let mut rgb = vec![0; reader.output_buffer_size()];
+        let frame = reader.next_frame(&mut rgb).unwrap();
+        assert_eq!((frame.width, frame.height, frame.color_type), (1200, 420, png::ColorType::Rgb));
+        let dark = rgb[..frame.buffer_size()].chunks(3).filter(|p| p.iter().all(|&c| c < 128)).count();
+        assert!(dark > 1000 && dark < 1200 * 420 / 2, "{dark} dark pixels");
     }
 
     #[test]
