@@ -34,20 +34,16 @@ export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 step test-build+clippy cargo test --workspace --all-targets -q --no-run
 step package bash scripts/package.sh target/debian --from target/debug
 step tests cargo test --workspace --no-fail-fast -- --test-threads=2
-# The slow tests a plain `cargo test` leaves out (#[ignore]): the remote
-# tier's failover matrix (each test waits out a failover) and the remote
-# bench end to end; CI runs them. (--workspace: the same feature set as the
-# run above, so nothing rebuilds.)
-step ignored-tests cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=2
-
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
 # sanitizers here; memcheck needs neither): the allocator's module (mmap,
 # madvise, raw slices), and liblz4 fed corrupt streams by zmem-compress's
-# property tests.
+# property tests. It runs at the lowest priority beside the failover
+# matrix below, which mostly waits out failovers.
 # A test binary of the workspace's build (nothing is rebuilt): the
 # executable of target NAME (KIND lib or test) of package PKG.
 test_binary() { # test_binary PKG KIND NAME
-    cargo test --workspace -q --no-run --message-format=json 2>/dev/null \
+    local bin
+    bin=$(cargo test --workspace -q --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import sys, json
 pkg, kind, name = sys.argv[1:]
 for l in sys.stdin:
@@ -55,19 +51,42 @@ for l in sys.stdin:
     t = m.get("target", {})
     if (m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]
             and t.get("name") == name and kind in t.get("kind", []) and ("/" + pkg + "#") in m["package_id"]):
-        print(m["executable"])' "$@"
+        print(m["executable"])' "$@")
+    [ -n "$bin" ] || { echo "memcheck: no test binary $3 ($2) of $1 in the build" >&2; return 1; }
+    echo "$bin"
 }
-memcheck() {
-    local bin
-    bin=$(test_binary zmem-alloc test pool)
-    echo "memcheck: $bin"
-    PROPTEST_CASES=4 valgrind --error-exitcode=99 -q "$bin" --test-threads=1
-    bin=$(test_binary zmem-compress lib zmem_compress)
-    echo "memcheck: $bin"
-    PROPTEST_CASES=64 valgrind --error-exitcode=99 -q "$bin" --test-threads=1
+memcheck() { # memcheck POOL_TESTS COMPRESS_TESTS
+    echo "memcheck: $1"
+    PROPTEST_CASES=4 nice -n 19 valgrind --error-exitcode=99 -q "$1" --test-threads=1
+    echo "memcheck: $2"
+    PROPTEST_CASES=64 nice -n 19 valgrind --error-exitcode=99 -q "$2" --test-threads=1
 }
+mc_pid=""
+mc_log=target/memcheck.log
 if command -v valgrind >/dev/null 2>&1; then
-    step memcheck memcheck
+    pool_tests=$(test_binary zmem-alloc test pool)
+    compress_tests=$(test_binary zmem-compress lib zmem_compress)
+    step memcheck memcheck "$pool_tests" "$compress_tests" >"$mc_log" 2>&1 &
+    mc_pid=$!
+    trap '[ -z "$mc_pid" ] || kill "$mc_pid" 2>/dev/null' EXIT
 else
     echo "memcheck: skipped, valgrind is not installed"
 fi
+
+# The slow tests a plain `cargo test` leaves out (#[ignore]): the remote
+# tier's failover matrix (each test waits out a failover) and the remote
+# bench end to end; CI runs them. (--workspace: the same feature set as the
+# run above, so nothing rebuilds.)
+step ignored-tests cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=2
+
+if [ -n "$mc_pid" ]; then
+    mc_status=0
+    wait "$mc_pid" || mc_status=$?
+    mc_pid=""
+    cat "$mc_log"
+    if ((mc_status != 0)); then
+        echo "memcheck failed (exit $mc_status)" >&2
+        exit "$mc_status"
+    fi
+fi
+echo "test.sh: all passed in $((SECONDS - t0)) s" >&2
