@@ -76,8 +76,9 @@ fi
 # The slow tests a plain `cargo test` leaves out (#[ignore]): the remote
 # tier's failover matrix (each test waits out a failover) and the remote
 # bench end to end; CI runs them. (--workspace: the same feature set as the
-# run above, so nothing rebuilds.)
-step ignored-tests cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=2
+# run above, so nothing rebuilds.) Three at a time: each has a cluster of
+# its own and mostly waits for it.
+step ignored-tests cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=3
 
 if [ -n "$mc_pid" ]; then
     mc_status=0

@@ -641,7 +641,7 @@ fn threads_in_d(pid: u32) -> usize {
 }
 
 /// The reclaim-safety run: a process fills 512 MiB, rewrites and checks
-/// pages of it at random for 30 s (ZMEM_RECLAIM_SECS: longer soaks), and
+/// pages of it at random for 15 s (ZMEM_RECLAIM_SECS: longer soaks), and
 /// checks all of it again, in a budget of 192 MiB for itself and the
 /// swap server together, swapping to zmem all along. The server's memory
 /// counts against the budget (`--charge-to`: the cgroup's limit follows
@@ -659,7 +659,7 @@ fn reclaim_under_pressure() {
         return;
     }
     let _turn = exclusive();
-    let secs: u64 = std::env::var("ZMEM_RECLAIM_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let secs: u64 = std::env::var("ZMEM_RECLAIM_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
     let run = RunDir::new();
     const BUDGET: u64 = 192 << 20;
     let cg = Cgroup::create(&format!("zmem-reclaim-test-{}", std::process::id()), BUDGET);
