@@ -2,9 +2,10 @@
 //!
 //! # Why
 //! A page written back alone costs a record in the cold store (its place:
-//! 12 bytes in the backing file's table) and an entry in the index (12
-//! bytes, and its block's share), whoever reads it: about 32 bytes of RAM
-//! for a page that is not in RAM, a fifth of a 2:1 compressed page. Under
+//! 12 bytes in the backing file's table) and its record id in the index
+//! (8 bytes in a cold block, and the block's slot), whoever reads it:
+//! about 25 bytes of RAM for a page that is not in RAM, an eighth of a 2:1
+//! compressed page. Under
 //! a build's swap storm the pool's cap then holds tables, not pages.
 //! zram's flat table costs it 16 bytes a slot it does not count; zswap's
 //! overflow is the kernel's swap map, a byte or two a slot.
@@ -17,7 +18,7 @@
 //! this header, then the objects as they were in RAM, back to back (no
 //! recompression: no CPU spent). Every member's entry names the extent's
 //! record; when the block holds nothing else (same-filled zero pages
-//! aside), the index keeps it as a cold block of 24 bytes (`index.rs`)
+//! aside), the index keeps it as a cold block of 32 bytes (`index.rs`)
 //! instead of 16 entries and their access times, so a full block costs
 //! about three bytes a page with the record's place. A member's entry goes when its key is overwritten,
 //! freed or brought back; the record is freed with the last of them, which

@@ -10,13 +10,17 @@
 //! Entry>`; a key with no neighbours costs a whole block (~230 bytes), the
 //! price of that density. Empty blocks are freed at once.
 //!
-//! A block whose keys are all written back in one extent (`extent.rs`),
-//! same-filled zero pages aside, is kept as a [`ColdBlock`] in a second
-//! map instead: the extent's record and two masks, 16 bytes against the
-//! block's 288, so a written-back page costs the index about two bytes.
-//! Its entries are made up when asked for (written back, naming the
-//! record; or zero-filled); a store to one of its keys turns it back into
-//! a block first. A block id is in at most one of the two maps.
+//! A block whose keys are all written back (records written without a
+//! dictionary), same-filled zero pages aside, is kept as a [`ColdBlock`]
+//! in a second map instead: each key's record id and three masks, about
+//! 11 bytes a key for a full block against the block's 18 (its 288 bytes
+//! with access times); a block whose keys all went in one extent
+//! (`extent.rs`) keeps that one record, 32 bytes in all, about two bytes a
+//! page. A written-back page needs nothing else of its entry: its
+//! encoding is in its record, and its flags and access time only matter
+//! in RAM. The entries are made up when asked for (written back, naming
+//! the record; or zero-filled); a store to one of its keys turns it back
+//! into a block first. A block id is in at most one of the two maps.
 //!
 //! Every entry naming a record that leaves the index is marked
 //! ([`Entry::with_last`]) when no other entry of its block names that
@@ -65,40 +69,63 @@ impl Block {
     fn names(&self, rec: u64) -> bool {
         self.e.iter().any(|e| e.record() == Some(rec))
     }
-    /// The same keys as a cold block, if every entry is a member of one
-    /// extent written without a dictionary, or a zero-filled page.
+    /// The same keys as a cold block, if every entry is written back
+    /// without a dictionary, or a zero-filled page, and one is written back.
     fn as_cold(&self) -> Option<ColdBlock> {
-        let mut c = ColdBlock { rec: 0, members: 0, zeros: 0 };
+        let (mut named, mut zeros) = (0u16, 0u16);
+        let mut recs: Vec<u64> = Vec::new();
         for (i, e) in self.e.iter().enumerate() {
             match e.slot() {
                 _ if e.is_empty() => {}
-                Slot::Same(0) => c.zeros |= 1 << i,
-                Slot::Backed(rec, info) if info.dict().is_none() && (c.members == 0 || rec == c.rec) => {
-                    c.rec = rec;
-                    c.members |= 1 << i;
+                Slot::Same(0) => zeros |= 1 << i,
+                Slot::Backed(rec, info) if info.dict().is_none() => {
+                    named |= 1 << i;
+                    recs.push(rec);
                 }
                 _ => return None,
             }
         }
-        (c.members != 0).then_some(c)
+        let recs = match recs[..] {
+            [] => return None,
+            [first, ..] if recs.iter().all(|&r| r == first) => Recs::One(first),
+            _ => Recs::Each(recs.into_boxed_slice()),
+        };
+        Some(ColdBlock { recs, named, members: named, zeros })
     }
 }
 
-/// A block whose keys are all members of one extent or zero-filled pages
-/// (see the module notes): what its entries would be, in 16 bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The records a cold block's keys name: one extent's, or each key's own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Recs {
+    One(u64),
+    /// The record of each key of [`ColdBlock::named`], in key order.
+    Each(Box<[u64]>),
+}
+
+/// A block whose keys are all written back or zero-filled pages (see the
+/// module notes): what its entries would be.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct ColdBlock {
-    rec: u64,
-    /// Keys written back in the extent `rec`.
+    recs: Recs,
+    /// Keys written back when the block went cold: key `i`'s record is
+    /// `recs`'s entry at the count of keys named before it.
+    named: u16,
+    /// Of those, the keys still written back.
     members: u16,
     /// Keys holding a zero-filled page.
     zeros: u16,
 }
 
 impl ColdBlock {
+    fn rec(&self, i: usize) -> u64 {
+        match &self.recs {
+            Recs::One(r) => *r,
+            Recs::Each(v) => v[(self.named & ((1u16 << i) - 1)).count_ones() as usize],
+        }
+    }
     fn entry(&self, i: usize) -> Entry {
         if self.members >> i & 1 == 1 {
-            Entry::backed(self.rec, ObjInfo::in_extent())
+            Entry::backed(self.rec(i), ObjInfo::in_extent())
         } else if self.zeros >> i & 1 == 1 {
             Entry::same(0)
         } else {
@@ -108,20 +135,26 @@ impl ColdBlock {
     fn is_empty(&self) -> bool {
         self.members == 0 && self.zeros == 0
     }
-    /// Take key `i` out; returns its entry (marked if it was the extent's
-    /// last member).
+    /// Heap bytes beyond its slot in the map (with malloc's header).
+    fn heap_bytes(&self) -> u64 {
+        match &self.recs {
+            Recs::One(_) => 0,
+            Recs::Each(v) => (v.len() * 8 + 16) as u64,
+        }
+    }
+    /// Take key `i` out; returns its entry (marked if no key left in the
+    /// block names its record).
     fn take(&mut self, i: usize) -> Entry {
         let e = self.entry(i);
         let bit = !(1u16 << i);
         self.members &= bit;
         self.zeros &= bit;
-        if e.record().is_some() && self.members == 0 {
-            e.with_last()
-        } else {
-            e
+        match e.record() {
+            Some(rec) if !(0..BLOCK).any(|j| self.members >> j & 1 == 1 && self.rec(j) == rec) => e.with_last(),
+            _ => e,
         }
     }
-    fn to_block(self, with_ac: bool) -> Box<Block> {
+    fn to_block(&self, with_ac: bool) -> Box<Block> {
         let mut b = Block::new(with_ac);
         for (i, e) in b.e.iter_mut().enumerate() {
             *e = self.entry(i);
@@ -147,8 +180,13 @@ pub(crate) struct BlockIndex {
     /// Blocks keep access times (a writeback tier asks for them): each
     /// block gets its array when it is created, so a load never allocates.
     with_ac: bool,
-    /// Heap bytes of the blocks (the map's table is read from the map).
+    /// Heap bytes of the blocks (the map's table is read from the map),
+    /// and of the cold blocks' record lists.
     block_bytes: u64,
+    cold_bytes: u64,
+    /// Keys of the cold blocks: written back, and zero-filled.
+    cold_members: u64,
+    cold_zeros: u64,
 }
 
 impl BlockIndex {
@@ -242,14 +280,33 @@ impl BlockIndex {
     pub fn make_cold(&mut self, key: u64, budget: &Budget) -> bool {
         let id = key >> BLOCK_SHIFT;
         let Some(c) = self.blocks.get(&id).and_then(|b| b.as_cold()) else { return false };
+        let extra = c.heap_bytes();
+        if budget.try_charge(extra).is_err() {
+            return false;
+        }
+        let (members, zeros) = (u64::from(c.members.count_ones()), u64::from(c.zeros.count_ones()));
         if map_insert_new(&mut self.cold, id, c, budget).is_err() {
+            budget.uncharge(extra);
             return false;
         }
         self.blocks.remove(&id);
         let bytes = self.one_block_bytes();
         self.block_bytes -= bytes;
         budget.uncharge(bytes);
+        self.cold_bytes += extra;
+        self.cold_members += members;
+        self.cold_zeros += zeros;
         true
+    }
+
+    /// Forget cold block `c`'s keys and heap bytes (it left the cold map);
+    /// returns its heap bytes, for the caller to uncharge.
+    fn drop_cold(&mut self, c: &ColdBlock) -> u64 {
+        self.cold_members -= u64::from(c.members.count_ones());
+        self.cold_zeros -= u64::from(c.zeros.count_ones());
+        let bytes = c.heap_bytes();
+        self.cold_bytes -= bytes;
+        bytes
     }
 
     /// Every extent the index names, with the first key of its block and
@@ -265,21 +322,33 @@ impl BlockIndex {
                 }
             }
         }
-        out.extend(self.cold.iter().map(|(&id, c)| (c.rec, id << BLOCK_SHIFT, c.members)));
+        for (&id, c) in &self.cold {
+            let first = out.len();
+            for i in (0..BLOCK).filter(|&i| c.members >> i & 1 == 1) {
+                let rec = c.rec(i);
+                match out[first..].iter_mut().find(|x| x.0 == rec) {
+                    Some(x) => x.2 |= 1 << i,
+                    None => out.push((rec, id << BLOCK_SHIFT, 1 << i)),
+                }
+            }
+        }
     }
 
     /// Turn `id`'s cold block, if it has one, back into a block (a store
     /// to one of its keys), charging the block first; a refusal changes
     /// nothing.
     fn thaw(&mut self, id: u64, budget: &Budget) -> Result<(), AllocError> {
-        let Some(&c) = self.cold.get(&id) else { return Ok(()) };
+        let Some(block) = self.cold.get(&id).map(|c| c.to_block(self.with_ac)) else { return Ok(()) };
         let bytes = self.one_block_bytes();
         budget.try_charge(bytes)?;
-        if let Err(err) = map_insert_new(&mut self.blocks, id, c.to_block(self.with_ac), budget) {
+        if let Err(err) = map_insert_new(&mut self.blocks, id, block, budget) {
             budget.uncharge(bytes);
             return Err(err);
         }
-        self.cold.remove(&id);
+        if let Some(c) = self.cold.remove(&id) {
+            let freed = self.drop_cold(&c);
+            budget.uncharge(freed);
+        }
         self.block_bytes += bytes;
         Ok(())
     }
@@ -321,12 +390,21 @@ impl BlockIndex {
         let i = (key & MASK) as usize;
         let Some(b) = self.blocks.get_mut(&id) else {
             let c = self.cold.get_mut(&id)?;
-            if c.entry(i).is_empty() {
+            let old = c.entry(i);
+            if old.is_empty() {
                 return None;
             }
             let old = c.take(i);
+            if old.record().is_some() {
+                self.cold_members -= 1;
+            } else {
+                self.cold_zeros -= 1;
+            }
             if c.is_empty() {
-                self.cold.remove(&id);
+                if let Some(c) = self.cold.remove(&id) {
+                    let freed = self.drop_cold(&c);
+                    budget.uncharge(freed);
+                }
             }
             self.len -= 1;
             return Some(old);
@@ -374,26 +452,51 @@ impl BlockIndex {
             }
             !b.is_empty()
         });
+        let (mut members, mut zeros, mut cold_freed) = (0, 0, 0);
         self.cold.retain(|&id, c| {
             if outside(id) {
                 return true;
             }
             for i in keys(id) {
                 if !c.entry(i).is_empty() {
-                    out.push(c.take(i));
+                    let e = c.take(i);
+                    if e.record().is_some() {
+                        members += 1;
+                    } else {
+                        zeros += 1;
+                    }
+                    out.push(e);
                 }
+            }
+            if c.is_empty() {
+                cold_freed += c.heap_bytes();
             }
             !c.is_empty()
         });
+        self.cold_members -= members;
+        self.cold_zeros -= zeros;
+        self.cold_bytes -= cold_freed;
         self.len -= out.len() - before;
         let bytes = (blocks_before - self.blocks.len()) as u64 * self.one_block_bytes();
         self.block_bytes -= bytes;
-        budget.uncharge(bytes);
+        budget.uncharge(bytes + cold_freed);
     }
 
     /// Heap bytes held: the maps' tables and every block (with malloc's header).
     pub fn heap_bytes(&self) -> u64 {
-        map_bytes(&self.blocks) + map_bytes(&self.cold) + self.block_bytes
+        map_bytes(&self.blocks) + map_bytes(&self.cold) + self.block_bytes + self.cold_bytes
+    }
+
+    /// The heap bytes held for the `backed` written-back keys (of
+    /// [`len`](Self::len)): the cold blocks whole, and the blocks' share
+    /// for the written-back keys they hold (every key of a block costs it
+    /// alike).
+    pub fn backed_bytes(&self, backed: u64) -> u64 {
+        let cold = map_bytes(&self.cold) + self.cold_bytes;
+        let hot_keys = self.len as u64 - self.cold_members - self.cold_zeros;
+        let hot_backed = backed.saturating_sub(self.cold_members).min(hot_keys);
+        let hot = map_bytes(&self.blocks) + self.block_bytes;
+        cold + if hot_keys == 0 { 0 } else { (u128::from(hot) * u128::from(hot_backed) / u128::from(hot_keys)) as u64 }
     }
 }
 
@@ -456,7 +559,7 @@ mod tests {
         let hot = ix.heap_bytes();
         assert!(ix.make_cold(20, &b), "one extent and zero pages");
         assert!(ix.heap_bytes() < hot && ix.block_bytes == 0, "{} of {hot}", ix.heap_bytes());
-        assert_eq!(std::mem::size_of::<(u64, ColdBlock)>(), 24, "a cold block's slot in its map");
+        assert_eq!(std::mem::size_of::<(u64, ColdBlock)>(), 32, "a cold block's slot in its map");
         assert_eq!(b.used(), ix.heap_bytes());
         assert_eq!((ix.len(), ix.blocks.len(), ix.cold.len()), (16, 0, 1));
         assert_eq!(ix.get(16), Some(Entry::same(0)));
@@ -501,13 +604,63 @@ mod tests {
         ix.remove_range(&(58..100), &mut out, &b);
         assert_eq!(out.iter().filter(|e| e.last()).count(), 2, "and extent 2, from its cold block");
         assert_eq!(b.used(), ix.heap_bytes());
-        // Two extents, or one with a dictionary, stay a block.
+        // A page in RAM, or one written with a dictionary, keeps a block.
         ix.insert(64, backed(3), &b).unwrap();
-        ix.insert(65, backed(4), &b).unwrap();
+        ix.insert(65, Entry::obj(zmem_alloc::Handle::from_raw(1), ObjInfo::raw()), &b).unwrap();
         assert!(!ix.make_cold(64, &b));
         let dict = Entry::backed(5, ObjInfo::with_dict(0, zmem_compress::Algorithm::Zstd, 100));
         ix.insert(80, dict, &b).unwrap();
         assert!(!ix.make_cold(80, &b));
+    }
+
+    /// A block of pages written back each in its own record (extents off,
+    /// the default) goes cold too: each key's record kept in 8 bytes, a
+    /// full block in under 12 bytes a key with its slot in the map, where
+    /// a block in RAM takes 18. It reads back the same, comes back to a
+    /// block when a key is stored, reports each record as an extent of one,
+    /// and every key leaving it is the last to name its record.
+    #[test]
+    fn blocks_of_single_page_records_go_cold_too() {
+        let b = Budget::new(None);
+        let mut ix = BlockIndex::new(true);
+        for k in 0..16 * 512u64 {
+            ix.insert(k, if k % 16 == 5 { Entry::same(0) } else { backed(1000 + k) }, &b).unwrap();
+        }
+        let hot = ix.heap_bytes();
+        for id in 0..512u64 {
+            assert!(ix.make_cold(id << BLOCK_SHIFT, &b));
+        }
+        assert_eq!(b.used(), ix.heap_bytes());
+        // (The map of blocks in RAM keeps its buckets, as a map does.)
+        let per_key = (map_bytes(&ix.cold) + ix.cold_bytes) as f64 / ix.len() as f64;
+        // (8.5 bytes a key of records, the rest the map's slots, at most
+        // half its buckets empty.)
+        assert!(per_key < 13.5 && per_key < hot as f64 / ix.len() as f64 * 0.7, "{per_key:.1} bytes a key, {hot} in RAM");
+        assert_eq!(ix.backed_bytes(15 * 512), ix.heap_bytes() - map_bytes(&ix.blocks), "a cold block is all the written-back pages'");
+        for k in 0..16 * 512u64 {
+            let want = if k % 16 == 5 { Entry::same(0) } else { Entry::backed(1000 + k, ObjInfo::in_extent()) };
+            assert_eq!(ix.get(k), Some(want), "key {k}");
+        }
+        let mut ext = Vec::new();
+        ix.extents(&mut ext);
+        assert_eq!(ext.len(), 15 * 512);
+        assert!(ext.iter().all(|&(rec, base, live)| live.count_ones() == 1 && base + u64::from(live.trailing_zeros()) + 1000 == rec));
+        // Every key that leaves is the last to name its record, however it leaves.
+        assert!(ix.remove(3, &b).unwrap().last());
+        assert!(!ix.remove(5, &b).unwrap().last(), "a zero page names no record");
+        let old = ix.insert(4, Entry::same(9), &b).unwrap().unwrap();
+        assert!(old.last() && old.record() == Some(1004));
+        assert_eq!(ix.get(6).and_then(Entry::record), Some(1006), "the thawed block keeps its records");
+        let mut out = Vec::new();
+        ix.remove_range(&(16..40), &mut out, &b);
+        assert_eq!(out.len(), 24);
+        assert_eq!(out.iter().filter(|e| e.last()).count(), 22, "one mark a record, none for the zero pages");
+        assert_eq!(ix.get(40).and_then(Entry::record), Some(1040));
+        assert_eq!(b.used(), ix.heap_bytes());
+        ix.remove_range(&(0..u64::MAX), &mut out, &b);
+        assert_eq!((ix.len(), ix.heap_bytes() - map_bytes(&ix.blocks) - map_bytes(&ix.cold)), (0, 0));
+        assert_eq!((ix.cold_members, ix.cold_zeros, ix.cold_bytes), (0, 0, 0));
+        assert_eq!(b.used(), ix.heap_bytes());
     }
 
     #[test]

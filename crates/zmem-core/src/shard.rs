@@ -282,13 +282,13 @@ impl Shard {
 
     /// Add this shard's counts to `st` (entries, compressed bytes,
     /// same-filled, huge and written-back pages); returns the heap bytes of
-    /// its index.
-    pub fn add_stats(&self, st: &mut Stats) -> u64 {
+    /// its index, and of those the bytes held for its written-back pages.
+    pub fn add_stats(&self, st: &mut Stats) -> (u64, u64) {
         st.stored_pages += self.index.len() as u64;
         st.compr_data_size += self.compr_bytes;
         st.same_pages += self.same_pages;
         st.huge_pages += self.huge_pages;
         st.bd_count += self.backed_pages;
-        self.index.heap_bytes()
+        (self.index.heap_bytes(), self.index.backed_bytes(self.backed_pages))
     }
 }

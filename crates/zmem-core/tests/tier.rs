@@ -506,8 +506,8 @@ fn max_pool_bounds_pages_and_tables() {
 /// index block, and a block of them is kept in 16 bytes.
 const TABLE_BYTES_PER_BACKED_PAGE: f64 = 8.0;
 /// The same without extents (the default), where each page on the file
-/// keeps its own record and index entry.
-const TABLE_BYTES_PER_SINGLE_PAGE: f64 = 36.0;
+/// keeps its own record, and its record id in the index.
+const TABLE_BYTES_PER_SINGLE_PAGE: f64 = 28.0;
 
 /// A swap device's stream through a small pool: slots written, rewritten
 /// while still in RAM (the kernel reusing a freed slot) and written back
@@ -558,9 +558,9 @@ fn written_back_pages_cost_little_ram_and_stale_lru_items_do_not_pile_up() {
 
 /// `PoolConfig::extents` off (the default): every page its own record, as
 /// much RAM a page on the file as a record (12 bytes and the table's
-/// slack) and an index entry (12 bytes, its access time and its block's
-/// share) take, and no more; on: one record a block, a few bytes. Either
-/// reads back right.
+/// slack) and its record id in a cold index block (8 bytes and the
+/// block's slot) take, and no more; on: one record a block, a few bytes.
+/// Either reads back right.
 #[test]
 fn extents_are_a_choice_of_the_pool() {
     let mut per_page = Vec::new();

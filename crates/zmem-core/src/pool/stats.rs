@@ -22,10 +22,13 @@ impl Engine {
     pub(super) fn stats(&self) -> Stats {
         self.settle_charges();
         let mut st = Stats::default();
-        let mut index_bytes = 0;
+        let (mut index_bytes, mut backed_index_bytes) = (0, 0);
         for s in self.index.shards() {
-            index_bytes += s.lock().add_stats(&mut st);
+            let (all, backed) = s.lock().add_stats(&mut st);
+            index_bytes += all;
+            backed_index_bytes += backed;
         }
+        let own_backed_pages = st.bd_count;
         // Pages whose data is on the backing store: their own records, and
         // the pages that share a written-back object.
         let mut backed_pages = st.bd_count;
@@ -63,9 +66,12 @@ impl Engine {
         }
         let tier_bytes = st.lru_bytes + st.backing_metadata_bytes;
         if keys > 0 {
-            // Every key costs the index alike; the written-back ones also
-            // hold the cold store's records.
-            let index_share = (index_bytes as u128 * backed_pages as u128 / keys as u128) as u64;
+            // The index's bytes for the written-back pages (its cold blocks
+            // whole, and their share of the blocks in RAM); a page sharing a
+            // written-back object costs the index what an average key does.
+            // The written-back ones also hold the cold store's records.
+            let shared = backed_pages - own_backed_pages;
+            let index_share = backed_index_bytes + (index_bytes as u128 * shared as u128 / keys as u128) as u64;
             st.backed_table_bytes = index_share + st.backing_metadata_bytes.saturating_sub(st.backing_buffer_bytes);
         }
         let meta = a.metadata_bytes + index_bytes + dedup_bytes + tier_bytes + st.dict_bytes;
