@@ -8,7 +8,7 @@
 //! even when it compressed to 1 KiB. zmem writes the **compressed object**
 //! instead, packed tightly, so a written-back page costs about its
 //! compressed size. This crate is that store: an append-only, segmented
-//! file of checksummed records with stable ids.
+//! file of checksummed records, each named by its place.
 //!
 //! # Layout
 //! The file is a sequence of fixed [`SEGMENT_SIZE`] (1 MiB) segments. A
@@ -16,8 +16,8 @@
 //! magic `u16`, payload length `u16`, key `u64`, checksum `u32` (the low 32
 //! bits of xxh3-64 over the key's 8 bytes then the payload) — followed by
 //! the payload (a compressed page, or the tier's extent of an index
-//! block's pages, at most [`MAX_PAYLOAD`] bytes), with **no per-record
-//! padding**.
+//! block's pages, at most [`MAX_PAYLOAD`] bytes), each record starting on
+//! a 16-byte boundary (zeros between).
 //! [`BackingStore::write_batch`] appends a whole batch at the open
 //! segment's tail in one write, padded to 4096 only at its end, so the
 //! tail stays aligned for `O_DIRECT`. A batch that does not fit in the
@@ -27,20 +27,23 @@
 //! grows, so the file fills from the front.
 //!
 //! # Tables (RAM)
-//! A [`RecordId`] names a slot in a record table (`Vec` of 12-byte
-//! entries: segment, offset, payload length, generation, packed). Freed
-//! slots are threaded into a free list and their generation bumped, so a
-//! stale or freed id is caught ([`BackingError::InvalidRecord`]) rather
-//! than read as someone else's page. Each segment tracks its live bytes
-//! and live record count; compaction finds a segment's records by a pass
-//! over the table (a list per segment cost 4 bytes a record appended, and
-//! kept the dead ones' until the segment emptied). The key is not kept in
-//! RAM: it is in the header, and [`BackingStore::read`] checks it.
-//! [`BackingStats::metadata_bytes`] reports the tables' size from their
-//! capacities (12 bytes per record and the table's slack: it never
-//! shrinks below its peak; shared by the pages of an extent). Appends and
-//! compaction also
-//! own two 1 MiB aligned buffers; each reading thread owns a 16 KiB one.
+//! A [`RecordId`] is the record's place: its segment, its offset there
+//! (records start on 16-byte boundaries, so 16 bits) and its payload
+//! length, with the segment's generation, in 64 bits. There is no record
+//! table: each segment keeps the offsets of its live records, sorted, 2
+//! bytes a record, and a live id is one whose segment has its generation
+//! and lists its offset (with room for its length before the next record).
+//! A freed id is refused ([`BackingError::InvalidRecord`]) rather than
+//! read as someone else's page: its offset leaves the list, and a
+//! segment's generation moves each time it is freed, so an id from before
+//! is dead after (until the 8-bit generation wraps, 255 reuses of that
+//! segment later; the header's key and checksum are checked on every read
+//! too). The key is not kept in RAM: it is in the header, and
+//! [`BackingStore::read`] checks it. [`BackingStore::metadata_bytes`]
+//! reports the tables' size from their capacities (the live lists, the
+//! segment table and its free list, a byte a segment for the generations
+//! of segments truncated away). Appends and compaction also own two 1 MiB
+//! aligned buffers; each reading thread owns a 16 KiB one.
 //!
 //! # Reads
 //! A read looks the id up, reads the 4096-aligned span covering the record
@@ -51,26 +54,35 @@
 //!
 //! # Space: freeing, compaction, truncation
 //! Freeing a record only updates the tables. A closed segment with no live
-//! records goes back on the free list. [`BackingStore::compact`] re-appends
+//! records goes back on the free list. [`BackingStore::compact`] copies
 //! the live records of every closed segment that is under half live
-//! (sparsest first), updates their table entries (ids stay valid), and
-//! frees the segment; then, while the file is longer than twice the live
-//! bytes plus two segments and a free segment lies below its end, it moves
-//! the last segment's records down and truncates the file. Compaction runs
-//! automatically after a write when the occupied segments exceed twice the
-//! live bytes plus one segment, but then goes only as far as it must: sparse
-//! segments until the occupied ones are back under that target, and a
-//! dense last segment only when the file is over `4 × live + 4 segments`
-//! (records die by themselves, under a swap storm within seconds, and
-//! every record moved is read and written again). So under any churn the
-//! file stays within about `4 × live + 4 segments`, and an explicit
-//! `compact` brings it to `2 × live + 2 segments`. A record that fails verification during
-//! compaction is never copied (that could make a transient read fault
-//! permanent): its segment is left alone and logged.
+//! (sparsest first) to the open segment. A copy is at a new place, so it
+//! has a new id: the store queues a [`Moved`](zmem_core::Moved) for each
+//! (key, old id, new id) and marks the segment evacuated. Whoever keeps
+//! the old id (the engine's tier, [`BackingStore::take_moves`]) names the
+//! copy instead and frees the old record, or frees the copy if it no
+//! longer keeps the old one; until then both are live and read the same,
+//! and the evacuated segment is freed with the last of its records. Then,
+//! while the file is longer than twice the live bytes plus two segments
+//! and a free segment lies below its end (and no copies wait to be taken),
+//! it copies the last segment's records down, and truncates the file once
+//! they are freed. At most 4096 records are copied a call. Compaction runs
+//! automatically after a write when the occupied segments (evacuated ones
+//! counted as free) exceed twice the live bytes plus one segment, but then
+//! goes only as far as it must: sparse segments until the occupied ones
+//! are back under that target, and a dense last segment only when the
+//! file is over `4 × live + 4 segments` (records die by themselves, under
+//! a swap storm within seconds, and every record copied is read and
+//! written again). So under any churn, with the moves taken, the file
+//! stays within about `4 × live + 4 segments`, and an explicit `compact`
+//! (repeated while it copies) brings it to `2 × live + 2 segments`. A
+//! record that fails verification during compaction is never copied (that
+//! could make a transient read fault permanent): its segment is left alone
+//! and logged.
 //!
 //! # Failure atomicity
-//! An append reserves space, writes, and only then commits the table
-//! entries. If any write fails or is short, the reserved segments go back
+//! An append reserves space, writes, and only then makes its records
+//! live. If any write fails or is short, the reserved segments go back
 //! to the free list, the open segment's tail does not move, and the error
 //! is returned: nothing was recorded, the caller still owns its data, and
 //! the next append overwrites the garbage.
@@ -78,9 +90,9 @@
 //! # Concurrency
 //! [`BackingStore`] is `Send + Sync`. One `RwLock` guards the tables;
 //! appends and compaction are serialised by a separate mutex and do their
-//! writes **without** the table lock (they only write space no entry points
-//! to), taking it briefly to reserve and to commit. Reads take the table
-//! lock only to look a record up, and do their `pread` without it: a live
+//! writes **without** the table lock (they only write space no live id
+//! names), taking it briefly to reserve and to commit. Reads take the
+//! table lock only to look a record up, and do their `pread` without it: a live
 //! record's bytes can only be overwritten after its segment is freed, and
 //! every segment free bumps a counter, so a read that saw the counter move
 //! during its I/O reads again (after a few tries it holds the lock across
@@ -143,10 +155,12 @@ impl From<BackingError> for ColdError {
 }
 
 /// The engine's seam: the tier hands batches of cold objects to the file
-/// and reads them back by id. A [`RecordId`] of this store is its table
-/// slot + 1 in the low 32 bits and the slot's generation in the high 32
-/// bits, so an id kept after [`BackingStore::free`] is refused (until the
-/// slot's generation wraps after 2³² reuses); it is never 0.
+/// and reads them back by id. A [`RecordId`] of this store is the record's
+/// place and its segment's generation (bits 0..16 the payload length,
+/// 16..32 the offset in 16-byte units, 32..56 the segment, 56..64 the
+/// generation, never 0), so an id kept after [`BackingStore::free`] is
+/// refused; compaction gives a record a new id, which the tier takes from
+/// [`ColdStore::take_moves`].
 impl ColdStore for BackingStore {
     fn put_batch(&self, objects: &[(u64, &[u8])]) -> Result<Vec<Option<RecordId>>, ColdError> {
         Ok(self.write_batch(objects)?.into_iter().map(Some).collect())
@@ -156,6 +170,9 @@ impl ColdStore for BackingStore {
     }
     fn free(&self, id: RecordId) -> Result<(), ColdError> {
         Ok(BackingStore::free(self, id)?)
+    }
+    fn take_moves(&self) -> Vec<zmem_core::Moved> {
+        BackingStore::take_moves(self)
     }
     fn prefetch(&self, ids: &[RecordId]) -> usize {
         BackingStore::prefetch(self, ids)

@@ -1,4 +1,4 @@
-//! The store itself: the record table, the segments, and the I/O paths.
+//! The store itself: the segments, their live records, and the I/O paths.
 
 use std::cell::RefCell;
 use std::io;
@@ -10,66 +10,49 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::file::{BlockFile, Existing, OsFile};
 use crate::record::{put_record, verify, MAX_PAYLOAD, RECORD_HEADER_SIZE};
-use zmem_core::{ColdStats, RecordId};
+use zmem_core::{ColdStats, Moved, RecordId};
 
 use crate::{BackingError, PAGE_SIZE};
 
 /// Size of one segment of the backing file. A batch of 64 incompressible
 /// pages (64 × 4112 bytes) fits in a quarter of one.
 pub const SEGMENT_SIZE: usize = 1 << 20;
-const NONE: u32 = u32::MAX;
 const SEG: u64 = SEGMENT_SIZE as u64;
 const ALIGN: u64 = PAGE_SIZE as u64;
+/// Records start on multiples of this, so that a record's offset in its
+/// segment fits 16 bits (and its id 64 with its segment and length).
+const REC_ALIGN: u32 = 16;
+/// Segments an id can name: 2^24, a 16 TiB file.
+const MAX_SEGS: u64 = 1 << 24;
+/// Records compaction moves in one call at most: what its moves and the
+/// live lists it grows may take in RAM before the engine takes them
+/// ([`BackingStore::take_moves`]) is bounded by this.
+const MAX_MOVES: usize = 4096;
 
 type Result<T> = std::result::Result<T, BackingError>;
 
-/// One record-table slot, as the code sees it. `seg == NONE` marks a free
-/// slot, whose `off` is then the next free slot.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
+/// Where a live record is: its segment, its offset there (bytes) and its
+/// payload length. Its [`RecordId`] says all three, with the segment's
+/// generation: bits 0..16 the length, 16..32 the offset in
+/// [`REC_ALIGN`] units, 32..56 the segment, 56..64 the generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Place {
     seg: u32,
     off: u32,
-    gen: u32,
     len: u16,
 }
 
-/// An [`Entry`] as the table keeps it, in 12 bytes instead of the
-/// struct's 16: the segment in 28 bits, the offset in 20 (a segment is
-/// 1 MiB), the length in 16 and the generation in 32. A free slot keeps a
-/// mark in the first word and the next free slot in the second. The
-/// table holds one per record written back, for as long as the record
-/// lives, so its width is RAM the pool's cap pays per page on the file.
-#[derive(Clone, Copy, Debug)]
-struct Packed([u32; 3]);
-
-const FREE_MARK: u32 = u32::MAX;
-/// Segments an entry can name: 2^28 − 1, a 256 TiB file.
-const MAX_SEGS: u64 = (1 << 28) - 1;
-
-impl Packed {
-    fn pack(e: Entry) -> Packed {
-        if e.seg == NONE {
-            return Packed([FREE_MARK, e.off, e.gen]);
-        }
-        debug_assert!(u64::from(e.seg) < MAX_SEGS && (e.off as usize) < SEGMENT_SIZE, "{e:?}");
-        Packed([e.seg << 4 | e.off >> 16, (e.off & 0xffff) << 16 | u32::from(e.len), e.gen])
-    }
-
-    fn get(self) -> Entry {
-        let [a, b, gen] = self.0;
-        if a == FREE_MARK {
-            return Entry { seg: NONE, off: b, gen, len: 0 };
-        }
-        Entry { seg: a >> 4, off: (a & 0xf) << 16 | b >> 16, gen, len: b as u16 }
-    }
+fn record_id(p: Place, gen: u8) -> RecordId {
+    debug_assert!(u64::from(p.seg) < MAX_SEGS && p.off.is_multiple_of(REC_ALIGN) && (p.off as usize) < SEGMENT_SIZE, "{p:?}");
+    RecordId::from_raw(u64::from(gen) << 56 | u64::from(p.seg) << 32 | u64::from(p.off / REC_ALIGN) << 16 | u64::from(p.len))
 }
 
-/// A live record of a segment being evacuated: (table slot, generation,
-/// offset, length), checked again before its entry is moved.
-type Live = (u32, u32, u32, u16);
-/// Table slots scanned under one hold of the read lock when compaction
-/// looks for a segment's records.
-const SCAN_CHUNK: usize = 1 << 16;
+/// An id's place and generation (whether it is live is the segment's to say).
+fn split_id(id: RecordId) -> (Place, u8) {
+    let raw = id.to_raw();
+    let p = Place { seg: (raw >> 32) as u32 & 0xff_ffff, off: (raw >> 16 & 0xffff) as u32 * REC_ALIGN, len: raw as u16 };
+    (p, (raw >> 56) as u8)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SegState {
@@ -89,22 +72,32 @@ struct Segment {
     /// Bytes from the segment start that have been written (4096-aligned).
     used: u32,
     live_bytes: u32,
-    live_records: u32,
+    /// The offsets of its live records, in [`REC_ALIGN`] units, ascending
+    /// (appends only go past the end): 2 bytes a record, the only RAM a
+    /// record costs. Its length is in its id and in its header.
+    live: Vec<u16>,
+    /// Bumped each time the segment is freed, and part of every id naming
+    /// a record in it: an id from before a free is refused after it.
+    gen: u8,
     /// Compaction found a record here that failed verification; leave the
     /// segment alone until it empties.
     bad: bool,
+    /// Compaction copied its live records elsewhere; it is freed when the
+    /// engine has moved its entries to the copies and freed these.
+    evacuated: bool,
 }
 
 impl Segment {
     fn new(state: SegState) -> Segment {
-        Segment { state, used: 0, live_bytes: 0, live_records: 0, bad: false }
+        Segment { state, used: 0, live_bytes: 0, live: Vec::new(), gen: 1, bad: false, evacuated: false }
+    }
+    fn live_records(&self) -> usize {
+        self.live.len()
     }
 }
 
 #[derive(Debug, Default)]
 struct State {
-    table: Vec<Packed>,
-    free_slot: u32,
     segs: Vec<Segment>,
     /// Free segment indices, sorted descending: `last()` is the lowest, so
     /// the file fills from the front and its tail can be truncated.
@@ -117,54 +110,72 @@ struct State {
     /// live record's old place can hold other bytes. Lock-free readers
     /// compare it before and after their I/O.
     reuse: u64,
+    /// Bytes of the segments' live lists (their capacities).
+    live_list_bytes: u64,
+    /// Segments evacuated and not yet freed, and their live bytes: space
+    /// that comes back once the engine takes the moves.
+    evac_segs: u64,
+    evac_live: u64,
+    /// The generations of segments truncated off the file's end, by
+    /// index (as long as the segment table ever was): a segment made there
+    /// again starts past them, so that an id of a record in the old one
+    /// stays dead.
+    old_gens: Vec<u8>,
 }
 
 impl State {
-    fn lookup(&self, id: RecordId) -> Result<(usize, Entry)> {
-        let raw = id.to_raw();
-        let low = raw as u32;
-        let bad = BackingError::InvalidRecord { id: raw };
-        if low == 0 {
-            return Err(bad);
+    /// Where the live record `id` is; [`BackingError::InvalidRecord`] if
+    /// it is not live (never issued, freed, or its segment freed since).
+    fn lookup(&self, id: RecordId) -> Result<Place> {
+        let (p, gen) = split_id(id);
+        let bad = || BackingError::InvalidRecord { id: id.to_raw() };
+        let s = self.segs.get(p.seg as usize).ok_or_else(bad)?;
+        let at = s.live.binary_search(&((p.off / REC_ALIGN) as u16));
+        if s.gen != gen || !matches!(s.state, SegState::Open | SegState::Closed) || at.is_err() {
+            return Err(bad());
         }
-        let slot = (low - 1) as usize;
-        match self.table.get(slot).map(|p| p.get()) {
-            Some(e) if e.seg != NONE && e.gen == (raw >> 32) as u32 => Ok((slot, e)),
-            _ => Err(bad),
+        // The length must fit before the next record (or the segment's
+        // end): an id this store did not issue is refused, never read.
+        let next = at.ok().and_then(|i| s.live.get(i + 1)).map_or(s.used, |&o| u32::from(o) * REC_ALIGN);
+        if p.off + (RECORD_HEADER_SIZE as u32 + u32::from(p.len)) > next {
+            return Err(bad());
         }
+        Ok(p)
     }
 
-    fn alloc_slot(&mut self, e: Entry) -> RecordId {
-        let (slot, gen) = if self.free_slot != NONE {
-            let s = self.free_slot;
-            let free = self.table[s as usize].get();
-            self.free_slot = free.off;
-            self.table[s as usize] = Packed::pack(Entry { gen: free.gen, ..e });
-            (s, free.gen)
-        } else {
-            let s = u32::try_from(self.table.len()).ok().filter(|&s| s < NONE - 1).expect("more than 4 billion live backing records");
-            grow_gently(&mut self.table, 64);
-            self.table.push(Packed::pack(Entry { gen: 1, ..e }));
-            (s, 1)
-        };
-        self.add_live(e.seg, e.len);
-        RecordId::from_raw(u64::from(gen) << 32 | (u64::from(slot) + 1))
+    /// A record now live at `p` (past every live record of its segment).
+    fn add_record(&mut self, p: Place) -> RecordId {
+        let s = &mut self.segs[p.seg as usize];
+        let off16 = (p.off / REC_ALIGN) as u16;
+        debug_assert!(s.live.last().is_none_or(|&l| l < off16), "{p:?} after {:?}", s.live.last());
+        let cap = s.live.capacity();
+        s.live.push(off16);
+        s.live_bytes += (RECORD_HEADER_SIZE + p.len as usize) as u32;
+        let grown = (s.live.capacity() - cap) * size_of::<u16>();
+        let id = record_id(p, s.gen);
+        self.live_list_bytes += grown as u64;
+        self.records += 1;
+        self.live_bytes += (RECORD_HEADER_SIZE + p.len as usize) as u64;
+        id
     }
 
-    fn add_live(&mut self, seg: u32, len: u16) {
-        let s = &mut self.segs[seg as usize];
-        s.live_bytes += (RECORD_HEADER_SIZE + len as usize) as u32;
-        s.live_records += 1;
-    }
-
-    /// Drop one record's contribution to `seg`; frees the segment if it was
-    /// closed and is now empty. Returns whether it was freed.
-    fn sub_live(&mut self, seg: u32, len: u16) -> bool {
-        let s = &mut self.segs[seg as usize];
-        s.live_bytes -= (RECORD_HEADER_SIZE + len as usize) as u32;
-        s.live_records -= 1;
-        if s.live_records == 0 && s.state == SegState::Closed {
-            self.free_segment(seg);
+    /// Forget the live record at `p` (looked up); frees its segment if it
+    /// was closed and is now empty. Returns whether it was freed.
+    fn remove_record(&mut self, p: Place) -> bool {
+        let bytes = (RECORD_HEADER_SIZE + p.len as usize) as u32;
+        let s = &mut self.segs[p.seg as usize];
+        if let Ok(i) = s.live.binary_search(&((p.off / REC_ALIGN) as u16)) {
+            s.live.remove(i);
+        }
+        s.live_bytes = s.live_bytes.saturating_sub(bytes);
+        let (empty, closed, evacuated) = (s.live.is_empty(), s.state == SegState::Closed, s.evacuated);
+        self.records -= 1;
+        self.live_bytes = self.live_bytes.saturating_sub(u64::from(bytes));
+        if evacuated {
+            self.evac_live = self.evac_live.saturating_sub(u64::from(bytes));
+        }
+        if empty && closed {
+            self.free_segment(p.seg);
             return true;
         }
         false
@@ -172,22 +183,34 @@ impl State {
 
     fn free_segment(&mut self, seg: u32) {
         let s = &mut self.segs[seg as usize];
-        debug_assert_eq!(s.live_records, 0);
-        *s = Segment::new(SegState::Free);
+        debug_assert_eq!(s.live_records(), 0);
+        if s.evacuated {
+            self.evac_segs -= 1;
+        }
+        self.live_list_bytes -= (s.live.capacity() * size_of::<u16>()) as u64;
+        // (Generation 0 is never used: no id is 0.)
+        let gen = s.gen.wrapping_add(1).max(1);
+        *s = Segment { gen, ..Segment::new(SegState::Free) };
         self.reuse += 1;
         let pos = self.free_segs.partition_point(|&x| x > seg);
         self.free_segs.insert(pos, seg);
     }
 
-    /// Retire a segment from appending: closed, or free if empty.
+    /// Retire a segment from appending: closed (its live list trimmed to
+    /// its length: nothing is appended to it again), or free if empty.
     fn close(&mut self, seg: u32) {
         if self.open == Some(seg) {
             self.open = None;
         }
-        if self.segs[seg as usize].live_records == 0 {
+        if self.segs[seg as usize].live_records() == 0 {
             self.free_segment(seg);
         } else {
-            self.segs[seg as usize].state = SegState::Closed;
+            let s = &mut self.segs[seg as usize];
+            let cap = s.live.capacity();
+            s.live.shrink_to_fit();
+            s.state = SegState::Closed;
+            let shrunk = (cap - s.live.capacity()) * size_of::<u16>();
+            self.live_list_bytes -= shrunk as u64;
         }
     }
 
@@ -212,7 +235,13 @@ impl State {
             return Err(BackingError::Full { limit_bytes });
         }
         grow_gently(&mut self.segs, 8);
-        self.segs.push(Segment::new(SegState::Reserved));
+        let gen = self.old_gens.get(n as usize).copied().unwrap_or(1);
+        self.segs.push(Segment { gen, ..Segment::new(SegState::Reserved) });
+        // (Kept as long as the table ever was, so that a truncation, which
+        // a free can cause, never allocates.)
+        if self.old_gens.len() < self.segs.len() {
+            self.old_gens.push(1);
+        }
         // Every segment index fits the free list without it growing, so a
         // free (from any thread) never allocates.
         let room = self.segs.capacity() - self.free_segs.len();
@@ -220,9 +249,10 @@ impl State {
         Ok(n as u32)
     }
 
-    /// Heap bytes of the tables (record table, segments, the free list).
+    /// Heap bytes of the tables (segments, their live lists, the free
+    /// list, the truncated segments' generations).
     fn metadata_bytes(&self) -> u64 {
-        (self.table.capacity() * size_of::<Packed>() + self.segs.capacity() * size_of::<Segment>() + self.free_segs.capacity() * size_of::<u32>()) as u64
+        (self.segs.capacity() * size_of::<Segment>() + self.free_segs.capacity() * size_of::<u32>() + self.old_gens.capacity()) as u64 + self.live_list_bytes
     }
 
     /// Bytes of segments not on the free list.
@@ -238,9 +268,10 @@ impl State {
     }
 
     /// The segments in use hold more than twice the live bytes (plus one
-    /// segment of slack).
+    /// segment of slack), counting evacuated segments as the free space
+    /// they are about to be.
     fn over_target(&self) -> bool {
-        self.occupied_bytes() > 2 * self.live_bytes + SEG
+        self.occupied_bytes() - self.evac_segs * SEG > 2 * (self.live_bytes - self.evac_live) + SEG
     }
 
     fn hole_below_top(&self) -> bool {
@@ -517,6 +548,9 @@ pub struct BackingStore {
     state: RwLock<State>,
     /// Serialises appends and compaction; owns their aligned buffers.
     app: Mutex<Option<Appender>>,
+    /// Records compaction copied, for the engine to take
+    /// ([`take_moves`](Self::take_moves)).
+    moves: Mutex<Vec<Moved>>,
     /// The buffers are made (counted in `metadata_bytes`).
     app_made: std::sync::atomic::AtomicBool,
     c: Counters,
@@ -558,8 +592,9 @@ impl BackingStore {
             file,
             limit: limit_bytes,
             direct,
-            state: RwLock::new(State { free_slot: NONE, ..State::default() }),
+            state: RwLock::new(State::default()),
             app: Mutex::new(None),
+            moves: Mutex::new(Vec::new()),
             app_made: std::sync::atomic::AtomicBool::new(false),
             c: Counters::default(),
             windows: Mutex::new(Windows::new()),
@@ -665,10 +700,7 @@ impl BackingStore {
         }
         let ids = {
             let mut st = self.state.write();
-            let ids: Vec<RecordId> =
-                plan.places.iter().zip(&lens).map(|(&(seg, off), &len)| st.alloc_slot(Entry { seg, off, gen: 0, len: len as u16 })).collect();
-            st.records += ids.len() as u64;
-            st.live_bytes += lens.iter().map(|l| (RECORD_HEADER_SIZE + l) as u64).sum::<u64>();
+            let ids: Vec<RecordId> = plan.places.iter().zip(&lens).map(|(&(seg, off), &len)| st.add_record(Place { seg, off, len: len as u16 })).collect();
             self.finish_plan(&mut st, &plan);
             ids
         };
@@ -697,7 +729,7 @@ impl BackingStore {
         const LOCK_FREE_TRIES: u32 = 8;
         for _ in 0..LOCK_FREE_TRIES {
             let st = self.state.read();
-            let (_, e) = st.lookup(id)?;
+            let e = st.lookup(id)?;
             let reuse = st.reuse;
             drop(st);
             let r = self.read_at_place(id, key, e, out);
@@ -707,13 +739,13 @@ impl BackingStore {
             self.c.read_retries.fetch_add(1, Relaxed);
         }
         let st = self.state.read();
-        let (_, e) = st.lookup(id)?;
+        let e = st.lookup(id)?;
         self.read_at_place(id, key, e, out)
     }
 
     /// Read and verify the record `id` assumed to be at `e`'s place: from
     /// a window if one holds it, else from the file, reading ahead.
-    fn read_at_place(&self, id: RecordId, key: u64, e: Entry, out: &mut Vec<u8>) -> Result<()> {
+    fn read_at_place(&self, id: RecordId, key: u64, e: Place, out: &mut Vec<u8>) -> Result<()> {
         out.clear();
         let abs = e.seg as u64 * SEG + e.off as u64;
         let n = RECORD_HEADER_SIZE + e.len as usize;
@@ -809,10 +841,7 @@ impl BackingStore {
         }
         let mut places: Vec<(u64, u64)> = {
             let st = self.state.read();
-            ids.iter()
-                .filter_map(|&id| st.lookup(id).ok())
-                .map(|(_, e)| (e.seg as u64 * SEG + e.off as u64, (RECORD_HEADER_SIZE + e.len as usize) as u64))
-                .collect()
+            ids.iter().filter_map(|&id| st.lookup(id).ok()).map(|e| (e.seg as u64 * SEG + e.off as u64, (RECORD_HEADER_SIZE + e.len as usize) as u64)).collect()
         };
         places.sort_unstable();
         let a = self.read_align;
@@ -866,13 +895,8 @@ impl BackingStore {
     pub fn free(&self, id: RecordId) -> Result<()> {
         let trailing_freed = {
             let mut st = self.state.write();
-            let (slot, e) = st.lookup(id)?;
-            let free_slot = st.free_slot;
-            st.table[slot] = Packed::pack(Entry { seg: NONE, off: free_slot, gen: e.gen.wrapping_add(1), len: 0 });
-            st.free_slot = slot as u32;
-            st.records -= 1;
-            st.live_bytes -= (RECORD_HEADER_SIZE + e.len as usize) as u64;
-            st.sub_live(e.seg, e.len) && e.seg as usize + 1 == st.segs.len()
+            let e = st.lookup(id)?;
+            st.remove_record(e) && e.seg as usize + 1 == st.segs.len()
         };
         if trailing_freed {
             // Shrink the file now if no append is in flight; else the
@@ -884,23 +908,37 @@ impl BackingStore {
         Ok(())
     }
 
-    /// Move live records out of sparse segments (under half live) into the
-    /// open segment, free the emptied segments, and truncate free segments
-    /// off the end of the file (moving records down from the last segments
-    /// if that is what keeps the file short). Record ids stay valid.
-    /// Returns the number of segments freed. Runs automatically after a
-    /// write when the file exceeds twice the live bytes plus a segment, but
-    /// then only as far as it must ([`Effort::AsNeeded`]).
+    /// Copy the live records of sparse segments (under half live) into the
+    /// open segment, free emptied segments, and truncate free segments off
+    /// the end of the file (copying records down from the last segments if
+    /// that is what keeps the file short). A record's id is its place, so a
+    /// copy has a new id: each copy is a [`Moved`] for the owner of the
+    /// old id to take ([`take_moves`](Self::take_moves)); the old record
+    /// stays live, and readable, until it is freed, and a segment whose
+    /// records were all copied is freed with the last of them. At most
+    /// [`MAX_MOVES`] records are copied a call. Returns the segments freed
+    /// or evacuated. Runs automatically after a write when the file exceeds
+    /// twice the live bytes plus a segment, but then only as far as it
+    /// must ([`Effort::AsNeeded`]).
     pub fn compact(&self) -> Result<u64> {
         let mut guard = self.app.lock();
         let app = self.appender(&mut guard);
         self.compact_locked(app, Effort::Thorough)
     }
 
+    /// The records compaction copied since the last call: for each, the
+    /// key it was written under, its old id and its copy's. The owner of
+    /// the old id names the copy instead and frees the old id; if nothing
+    /// names the old id any more (it was freed meanwhile, or is being),
+    /// the copy is freed. Until then both are live.
+    pub fn take_moves(&self) -> Vec<Moved> {
+        std::mem::take(&mut *self.moves.lock())
+    }
+
     /// RAM the store holds for its tables and its append buffers (once
-    /// the first append has made them). O(1).
+    /// the first append has made them), and the moves not yet taken. O(1).
     pub fn metadata_bytes(&self) -> u64 {
-        self.state.read().metadata_bytes() + self.buffer_bytes()
+        self.state.read().metadata_bytes() + self.buffer_bytes() + (self.moves.lock().capacity() * size_of::<Moved>()) as u64
     }
 
     /// RAM of the append buffers and the read windows, once made (a
@@ -917,20 +955,24 @@ impl BackingStore {
 
     /// An upper bound on how much [`metadata_bytes`](Self::metadata_bytes)
     /// can grow during one [`write_batch`](Self::write_batch) of `records`
-    /// records holding `bytes` of payload, including the compaction it may
-    /// run: one gentle growth step of the record table per 64 records, of
-    /// the segment table and its free list for every segment the batch
-    /// (or a compaction, which moves records within the table) can take,
-    /// and the append buffers if they are not made yet. A caller with a
-    /// memory budget charges this first and settles to the real growth
-    /// afterwards.
+    /// records holding `bytes` of payload, including the compactions it
+    /// may run (two, of [`MAX_MOVES`] copies each): the live lists of the
+    /// batch's records and of the copies (each list at most doubling), the
+    /// moves themselves, the segment table, its free list and the
+    /// generations a truncation keeps for every segment they can take, and
+    /// the append buffers if they are not made yet. A caller with a memory budget charges this first and settles
+    /// to the real growth afterwards.
     pub fn growth_bound(&self, records: usize, bytes: usize) -> u64 {
         let st = self.state.read();
-        let steps = records / 64 + 1;
-        let table = steps * ((st.table.len() + records) / 8 + 64 + records) * size_of::<Packed>();
-        let new_segs = (records * RECORD_HEADER_SIZE + bytes) / SEGMENT_SIZE + 4;
+        // (A write may compact twice: to make room, and after.)
+        let copies = 2 * MAX_MOVES;
+        let lists = 2 * (records + copies) * size_of::<u16>();
+        let moves = 2 * copies * size_of::<Moved>();
+        let new_segs = (records * RECORD_HEADER_SIZE + bytes) / SEGMENT_SIZE + 4 + copies * (RECORD_HEADER_SIZE + MAX_PAYLOAD) / SEGMENT_SIZE;
         let segs = (st.segs.len() / 8 + 8 + new_segs) * (size_of::<Segment>() + size_of::<u32>());
-        (table + segs) as u64 + (BUFFER_BYTES - self.buffer_bytes())
+        // (A truncation keeps the generations of the segments it drops.)
+        let gens = 2 * (st.segs.len() + new_segs);
+        (lists + moves + segs + gens) as u64 + (BUFFER_BYTES - self.buffer_bytes())
     }
 
     /// The append buffers, made on first use, and the read windows'.
@@ -1009,6 +1051,7 @@ impl BackingStore {
         let mut first = 0;
         for (i, &len) in lens.iter().enumerate() {
             let need = (RECORD_HEADER_SIZE + len) as u32;
+            // (A segment's tail is 4096-aligned, so records start aligned.)
             if (pos + need) as usize > SEGMENT_SIZE {
                 if i > first {
                     plan.chunks.push(Chunk { seg, start, data_end: pos, end: round_up(pos.into()) as u32, recs: first..i });
@@ -1025,7 +1068,7 @@ impl BackingStore {
                 (start, pos, first) = (0, 0, i);
             }
             plan.places.push((seg, pos));
-            pos += need;
+            pos += need.next_multiple_of(REC_ALIGN);
         }
         plan.chunks.push(Chunk { seg, start, data_end: pos, end: round_up(pos.into()) as u32, recs: first..lens.len() });
         Ok(plan)
@@ -1075,6 +1118,9 @@ impl BackingStore {
                 let (key, payload) = records[i];
                 let at = (plan.places[i].1 - c.start) as usize;
                 put_record(&mut buf[at..], key, payload);
+                // (No stale bytes between records.)
+                let end = at + RECORD_HEADER_SIZE + payload.len();
+                buf[end..end.next_multiple_of(REC_ALIGN as usize)].fill(0);
             }
             buf[(c.data_end - c.start) as usize..].fill(0);
             self.write_all(buf, c.seg as u64 * SEG + c.start as u64)?;
@@ -1171,6 +1217,9 @@ impl BackingStore {
             tracing::warn!("could not truncate the backing file to {new_len} bytes: {e}");
             return;
         }
+        for i in keep..st.segs.len() {
+            st.old_gens[i] = st.segs[i].gen;
+        }
         st.segs.truncate(keep);
         // The dropped segments are the largest indices: the list's front.
         st.free_segs.drain(..drop_n);
@@ -1179,11 +1228,12 @@ impl BackingStore {
 
     fn compact_locked(&self, app: &mut Appender, effort: Effort) -> Result<u64> {
         let mut freed = 0;
+        let mut moves = 0;
         // 0. An open segment whose records were all freed is just space:
         // retire it, so the next append starts at the lowest free segment.
         {
             let mut st = self.state.write();
-            if let Some(open) = st.open.filter(|&o| st.segs[o as usize].live_records == 0) {
+            if let Some(open) = st.open.filter(|&o| st.segs[o as usize].live_records() == 0) {
                 st.close(open);
                 freed += 1;
             }
@@ -1194,30 +1244,32 @@ impl BackingStore {
             st.segs
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| s.state == SegState::Closed && !s.bad && (s.live_bytes as u64) * 2 < SEG)
+                .filter(|(_, s)| s.state == SegState::Closed && !s.bad && !s.evacuated && (s.live_bytes as u64) * 2 < SEG)
                 .map(|(i, s)| (s.live_bytes, i as u32))
                 .collect()
         };
         victims.sort_unstable();
-        // Their records, found in one pass over the table (no segment
-        // keeps a list of its own: 4 bytes a record, and more for records
-        // long dead), when the first is about to be moved.
-        let mut found: Option<Vec<Vec<Live>>> = None;
-        for (i, &(_, v)) in victims.iter().enumerate() {
+        for &(_, v) in &victims {
             if effort == Effort::AsNeeded && !self.state.read().over_target() {
                 break;
             }
-            let lists = found.get_or_insert_with(|| self.records_in(&victims.iter().map(|&(_, v)| v).collect::<Vec<_>>()));
-            freed += u64::from(self.evacuate(app, v, std::mem::take(&mut lists[i]))?);
+            match self.evacuate(app, v, &mut moves)? {
+                Evacuated::Freed | Evacuated::Copied => freed += 1,
+                Evacuated::Left => {}
+                Evacuated::NoRoom => break,
+            }
         }
-        // 2. Keep the file short: move the last segment's records down
-        // into free segments below it, and truncate.
+        // 2. Keep the file short: copy the last segment's records down
+        // into free segments below it, and truncate (once the engine has
+        // freed the old copies).
         let mut budget = self.state.read().segs.len() * 2 + 2;
         loop {
             self.trim(false);
             let mut st = self.state.write();
             let target = 2 * st.live_bytes + 2 * SEG;
-            if budget == 0 || st.file_len <= target || !st.hole_below_top() {
+            // (Not while copies wait to be taken: their old records' frees
+            // make the holes, and the top may hold the copies.)
+            if budget == 0 || st.file_len <= target || !st.hole_below_top() || st.evac_segs > 0 {
                 break;
             }
             budget -= 1;
@@ -1233,101 +1285,68 @@ impl BackingStore {
                     st.close(top);
                     freed += u64::from(st.segs[top as usize].state == SegState::Free);
                 }
-                SegState::Closed if !st.segs[top as usize].bad => {
+                SegState::Closed if !st.segs[top as usize].bad && !st.segs[top as usize].evacuated => {
                     drop(st);
-                    let live = self.records_in(&[top]).pop().unwrap_or_default();
-                    if !self.evacuate(app, top, live)? {
-                        break;
+                    match self.evacuate(app, top, &mut moves)? {
+                        Evacuated::Freed => freed += 1,
+                        Evacuated::Copied => {
+                            freed += 1;
+                            break;
+                        }
+                        Evacuated::Left | Evacuated::NoRoom => break,
                     }
-                    freed += 1;
                 }
                 _ => break,
             }
         }
         if freed > 0 {
             let st = self.state.read();
-            tracing::debug!(freed, file_bytes = st.file_len, live_bytes = st.live_bytes, "compacted backing file");
+            tracing::debug!(freed, moves, file_bytes = st.file_len, live_bytes = st.live_bytes, "compacted backing file");
         }
         Ok(freed)
     }
 
-    /// The live records of each of the closed segments `segs`, in the same
-    /// order, found by a pass over the record table that holds the read
-    /// lock for [`SCAN_CHUNK`] slots at a time. Only compaction (this
-    /// caller, under the appender lock) moves records into a closed
-    /// segment, and none does while it evacuates, so every record in one
-    /// at the end of the pass was found; one freed or moved meanwhile is
-    /// caught when its entry is checked again ([`evacuate`](Self::evacuate)).
-    fn records_in(&self, segs: &[u32]) -> Vec<Vec<Live>> {
-        let mut out: Vec<Vec<Live>> = vec![Vec::new(); segs.len()];
-        // Each segment's place in `segs`, by segment number: one look-up a
-        // slot, however many segments are asked for.
-        let mut at = vec![usize::MAX; segs.iter().max().map_or(0, |&m| m as usize + 1)];
-        for (i, &seg) in segs.iter().enumerate() {
-            at[seg as usize] = i;
-        }
-        let mut start = 0;
-        loop {
-            let st = self.state.read();
-            let end = (start + SCAN_CHUNK).min(st.table.len());
-            for (slot, p) in st.table[start.min(end)..end].iter().enumerate() {
-                let e = p.get();
-                if let Some(&i) = at.get(e.seg as usize).filter(|&&i| i != usize::MAX) {
-                    out[i].push(((start + slot) as u32, e.gen, e.off, e.len));
-                }
-            }
-            if end >= st.table.len() {
-                return out;
-            }
-            start = end;
-        }
-    }
-
-    /// Move every live record out of closed segment `v` and free it:
-    /// `live` are its records ([`records_in`](Self::records_in)). Returns
-    /// whether `v` was freed.
-    fn evacuate(&self, app: &mut Appender, v: u32, mut live: Vec<Live>) -> Result<bool> {
+    /// Copy every live record out of closed segment `v` (at most
+    /// [`MAX_MOVES`] in all, counted in `moves`), queue a [`Moved`] for
+    /// each, and mark `v` evacuated: it is freed with the last of its
+    /// records, which the engine frees as it takes the moves. A segment
+    /// left empty is freed at once.
+    fn evacuate(&self, app: &mut Appender, v: u32, moves: &mut usize) -> Result<Evacuated> {
         let Appender { wbuf, rbuf } = app;
-        let used = {
-            let st = self.state.read();
-            let s = &st.segs[v as usize];
-            if s.state != SegState::Closed {
-                return Ok(false);
-            }
-            // Freed since they were found: not moved (the check below
-            // would skip them anyway), not read.
-            live.retain(|&(slot, gen, off, _)| st.table.get(slot as usize).map(|p| p.get()).is_some_and(|e| e.seg == v && e.gen == gen && e.off == off));
-            s.used
-        };
-        live.sort_unstable_by_key(|r| (r.2, r.0));
-        if live.is_empty() {
+        let (live, used, gen) = {
             let mut st = self.state.write();
-            if st.segs[v as usize].state == SegState::Closed && st.segs[v as usize].live_records == 0 {
+            let s = &st.segs[v as usize];
+            if s.state != SegState::Closed || s.evacuated || s.bad {
+                return Ok(Evacuated::Left);
+            }
+            if s.live.is_empty() {
                 st.free_segment(v);
                 self.c.segments_compacted.fetch_add(1, Relaxed);
-                return Ok(true);
+                return Ok(Evacuated::Freed);
             }
-            return Ok(false);
-        }
+            if *moves + s.live.len() > MAX_MOVES {
+                return Ok(Evacuated::NoRoom);
+            }
+            (s.live.clone(), s.used, s.gen)
+        };
         // No lock during the read: only this (appender) thread can reuse
-        // v's space, and frees never move data.
-        // Read only the aligned span holding live records.
-        let lo = live[0].2 & !(PAGE_SIZE as u32 - 1);
-        let hi = live.iter().map(|r| round_up((r.2 as usize + RECORD_HEADER_SIZE + r.3 as usize) as u64) as u32).max().unwrap_or(used).min(used);
-        let span = (hi - lo) as usize;
+        // v's space (v is freed only once empty), and frees never move data.
+        // Read the aligned span from the first live record to the end.
+        let lo = (u32::from(live[0]) * REC_ALIGN) & !(PAGE_SIZE as u32 - 1);
+        let span = (used - lo) as usize;
         self.read_exact(rbuf.get_mut(span), v as u64 * SEG + lo as u64)?;
         let data = rbuf.get(span);
         let mut recs: Vec<(u64, &[u8])> = Vec::with_capacity(live.len());
-        for &(slot, _, off, len) in &live {
-            match data.get((off - lo) as usize..).and_then(|r| verify(r, len, None)) {
+        for &off16 in &live {
+            let off = u32::from(off16) * REC_ALIGN;
+            let rec = data.get((off - lo) as usize..).unwrap_or_default();
+            let len = rec.get(2..4).map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
+            match verify(rec, len, None) {
                 Some(kp) => recs.push(kp),
                 None => {
-                    tracing::warn!(
-                        "backing record in slot {slot} (segment {v}, offset {off}) fails verification; \
-                         segment {v} will not be compacted"
-                    );
+                    tracing::warn!("backing record at segment {v}, offset {off} fails verification; segment {v} will not be compacted");
                     self.state.write().segs[v as usize].bad = true;
-                    return Ok(false);
+                    return Ok(Evacuated::Left);
                 }
             }
         }
@@ -1338,22 +1357,44 @@ impl BackingStore {
             return Err(e);
         }
         let mut st = self.state.write();
-        for (&(slot, gen, off, len), &(seg, new_off)) in live.iter().zip(&plan.places) {
-            let e = st.table[slot as usize].get();
-            // Skip records freed while we copied them.
-            if e.seg == v && e.gen == gen && e.off == off {
-                st.table[slot as usize] = Packed::pack(Entry { seg, off: new_off, ..e });
-                st.add_live(seg, len);
-                st.sub_live(v, len);
+        let mut queued = Vec::with_capacity(live.len());
+        for ((&off16, &(key, payload)), &(seg, off)) in live.iter().zip(&recs).zip(&plan.places) {
+            let len = payload.len() as u16;
+            let from = Place { seg: v, off: u32::from(off16) * REC_ALIGN, len };
+            // A record freed while it was copied is not moved: its copy's
+            // bytes are garbage in the file.
+            if st.segs[v as usize].gen == gen && st.segs[v as usize].live.binary_search(&off16).is_ok() {
+                let to = st.add_record(Place { seg, off, len });
+                queued.push(Moved { key, from: record_id(from, gen), to });
             }
         }
         self.finish_plan(&mut st, &plan);
-        let freed = st.segs[v as usize].state == SegState::Free;
-        if freed {
-            self.c.segments_compacted.fetch_add(1, Relaxed);
+        *moves += queued.len();
+        let s = &mut st.segs[v as usize];
+        let (gone, bytes) = (s.state == SegState::Free || s.gen != gen, s.live_bytes);
+        if !gone {
+            s.evacuated = true;
+            st.evac_segs += 1;
+            st.evac_live += u64::from(bytes);
         }
-        Ok(freed)
+        drop(st);
+        self.moves.lock().extend(queued);
+        self.c.segments_compacted.fetch_add(1, Relaxed);
+        Ok(if gone { Evacuated::Freed } else { Evacuated::Copied })
     }
+}
+
+/// What [`BackingStore::evacuate`] did with a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Evacuated {
+    /// It was empty, and is free.
+    Freed,
+    /// Its records were copied; it is freed with the last old copy.
+    Copied,
+    /// Not a candidate (open, bad, evacuated already, or bad bytes found).
+    Left,
+    /// Copying it would exceed this call's [`MAX_MOVES`].
+    NoRoom,
 }
 
 #[cfg(test)]
@@ -1570,7 +1611,7 @@ mod window_tests {
         let batch: Vec<(u64, &[u8])> = keys.iter().zip(&pages).map(|(&k, p)| (k, &p[..])).collect();
         let ids = s.write_batch(&batch).unwrap();
         let place = |id: RecordId| {
-            let (_, e) = s.state.read().lookup(id).unwrap();
+            let e = s.state.read().lookup(id).unwrap();
             e.seg as u64 * SEG + e.off as u64
         };
         let mut by_key: Vec<(u64, u64)> = keys.iter().zip(&ids).map(|(&k, &id)| (k, place(id))).collect();
@@ -1636,18 +1677,17 @@ mod window_tests {
     }
 
     #[test]
-    fn table_entries_pack_into_twelve_bytes_and_back() {
-        assert_eq!(size_of::<Packed>(), 12);
+    fn an_id_is_its_place_and_its_segments_generation() {
         let last_seg = (MAX_SEGS - 1) as u32;
-        for (seg, off, len) in [(0, 0, 0), (1, 4096, 1), (last_seg, SEGMENT_SIZE as u32 - 1, u16::MAX), (12345, 0xabcde, 4112)] {
-            for gen in [0, 1, u32::MAX] {
-                let e = Packed::pack(Entry { seg, off, gen, len }).get();
-                assert_eq!((e.seg, e.off, e.gen, e.len), (seg, off, gen, len));
+        let last_off = SEGMENT_SIZE as u32 - REC_ALIGN;
+        for (seg, off, len) in [(0, 0, 0), (1, 4096, 1), (last_seg, last_off, u16::MAX), (12345, 0xabcd0, 4112)] {
+            for gen in [1, 2, u8::MAX] {
+                let p = Place { seg, off, len };
+                let id = record_id(p, gen);
+                assert_ne!(id.to_raw(), 0);
+                assert_eq!(split_id(id), (p, gen));
             }
         }
-        // A free slot keeps the next free slot whole.
-        let e = Packed::pack(Entry { seg: NONE, off: u32::MAX - 1, gen: 7, len: 0 }).get();
-        assert_eq!((e.seg, e.off, e.gen), (NONE, u32::MAX - 1, 7));
     }
 
     #[test]

@@ -82,10 +82,11 @@ fn churn_keeps_file_bounded() {
             let recs: Vec<(u64, u64, usize)> = (0..n).map(|i| (cycle * 16 + i, rng.gen(), rng.gen_range(1..=4096))).collect();
             let data: Vec<Vec<u8>> = recs.iter().map(|&(_, seed, len)| common::payload(len, seed, 0)).collect();
             let batch: Vec<(u64, &[u8])> = recs.iter().zip(&data).map(|(r, d)| (r.0, d.as_slice())).collect();
-            let ids = s.write_batch(&batch).unwrap();
+            let ids = common::write(&s, &batch, &mut live, |r| &mut r.0).unwrap();
             for (id, r) in ids.into_iter().zip(recs) {
                 live.push((id, r.0, r.1, r.2));
             }
+            common::take_moves(&s, &mut live, |r| &mut r.0);
             while live.len() > max_live || (rng.gen_bool(0.3) && !live.is_empty()) {
                 let i = rng.gen_range(0..live.len());
                 s.free(live.swap_remove(i).0).unwrap();
@@ -224,25 +225,37 @@ fn stale_and_bogus_ids_are_invalid() {
     s.free(id).unwrap();
     assert!(matches!(read(&s, id, 1), Err(BackingError::InvalidRecord { .. })));
     assert!(matches!(s.free(id), Err(BackingError::InvalidRecord { .. })));
-    // The slot is reused with a new generation; the old id stays dead.
+    // The next record has a place of its own; the old id stays dead.
     let id2 = write_one(&s, 2, &a);
     assert_ne!(id, id2);
     assert!(matches!(read(&s, id, 1), Err(BackingError::InvalidRecord { .. })));
     assert_eq!(read(&s, id2, 2).unwrap(), a);
-    for raw in [0, 12345, u64::MAX, id2.to_raw() + 1] {
+    // Bogus ids: no record there, another generation, a length past the
+    // segment's end.
+    for raw in [0, 12345, u64::MAX, id2.to_raw() + (1 << 16), id2.to_raw() ^ 1 << 56, id2.to_raw() | 0xffff] {
         let r = read(&s, RecordId::from_raw(raw), 2);
         assert!(matches!(r, Err(BackingError::InvalidRecord { .. })), "{raw:#x}: {r:?}");
+        assert!(matches!(s.free(RecordId::from_raw(raw)), Err(BackingError::InvalidRecord { .. })), "{raw:#x}");
     }
+    // A length that fits but is not the record's fails its check, never data.
+    let r = read(&s, RecordId::from_raw(id2.to_raw() + 1), 2);
+    assert!(matches!(r, Err(BackingError::Checksum { .. })), "{r:?}");
     assert_eq!(RecordId::from_raw(id2.to_raw()), id2);
 }
 
+/// Compaction copies the live records of sparse segments: each copy is a
+/// move for the owner to take, after which the old ids are dead, the
+/// copies read the same, and the file is short.
 #[test]
-fn ids_survive_compaction_and_file_shrinks() {
+fn compaction_moves_records_and_the_file_shrinks() {
     let (s, _f) = faulty(true);
     let mut recs = Vec::new();
     for i in 0..2000u64 {
         let p = common::payload(1500 + (i as usize % 700), i, (i % 3) as u8);
         recs.push((write_one(&s, i, &p), i, p));
+        // (Records written one a batch take a block each: the writes
+        // compact too.)
+        common::take_moves(&s, &mut recs, |r| &mut r.0);
     }
     let grown = s.stats().file_bytes;
     // Free 3 in 4: every segment becomes sparse.
@@ -254,14 +267,34 @@ fn ids_survive_compaction_and_file_shrinks() {
             s.free(r.0).unwrap();
         }
     }
-    let freed = s.compact().unwrap();
+    let old: Vec<RecordId> = kept.iter().map(|r| r.0).collect();
+    // Copied, not yet taken: both the old ids and the copies read.
+    assert!(s.compact().unwrap() > 0);
+    let moves = s.take_moves();
+    assert!(!moves.is_empty() && moves.len() <= kept.len());
+    for m in &moves {
+        let (_, key, p) = kept.iter().find(|r| r.0 == m.from).expect("a move names a kept record");
+        assert_eq!(m.key, *key);
+        assert_eq!(&read(&s, m.from, *key).unwrap(), p);
+        assert_eq!(&read(&s, m.to, *key).unwrap(), p);
+    }
+    for m in &moves {
+        kept.iter_mut().find(|r| r.0 == m.from).unwrap().0 = m.to;
+        s.free(m.from).unwrap();
+    }
+    let freed = common::compact_fully(&s, &mut kept, |r| &mut r.0);
     let st = s.stats();
-    println!("compacted {freed} segments: {grown} -> {st:?}");
-    assert!(freed > 0);
+    println!("compacted {freed} more segments: {grown} -> {st:?}");
     assert!(st.file_bytes < grown);
     assert!(st.file_bytes <= 2 * st.live_bytes + 2 * SEG, "{st:?}");
+    assert_eq!(st.records, kept.len() as u64);
     for (id, key, p) in &kept {
         assert_eq!(&read(&s, *id, *key).unwrap(), p);
+    }
+    let moved: Vec<&RecordId> = old.iter().filter(|id| !kept.iter().any(|r| r.0 == **id)).collect();
+    assert!(!moved.is_empty());
+    for id in moved {
+        assert!(matches!(read(&s, *id, 0), Err(BackingError::InvalidRecord { .. })), "an old id is dead once its move is taken");
     }
 }
 
@@ -279,31 +312,65 @@ fn limit_is_enforced_after_compaction() {
     assert!(matches!(err, BackingError::Full { limit_bytes } if limit_bytes == 4 * SEG), "{err:?}");
     println!("{err}");
     assert!(s.stats().file_bytes <= 4 * SEG);
-    // Freeing space makes writes succeed again (compaction reclaims it).
-    for id in ids.drain(..).step_by(2) {
-        s.free(id).unwrap();
+    // Freeing space makes writes succeed again (compaction reclaims it,
+    // once its moves are taken).
+    let mut kept = Vec::new();
+    for (i, id) in ids.drain(..).enumerate() {
+        if i % 2 == 0 {
+            s.free(id).unwrap();
+        } else {
+            kept.push(id);
+        }
     }
     for _ in 0..50 {
-        s.write_batch(&[(1, &p)]).unwrap();
+        let v = common::write(&s, &[(1, &p)], &mut kept, |r| r).unwrap();
+        kept.extend(v);
+        common::take_moves(&s, &mut kept, |r| r);
+    }
+    for id in kept {
+        assert_eq!(read(&s, id, 1).unwrap(), p);
     }
     assert!(s.stats().file_bytes <= 4 * SEG);
 }
 
+/// Readers race appends, frees, compaction and the moves it makes, as the
+/// engine's loads do: a reader looks its record's id up under a lock (the
+/// index's), reads with no lock, and looks again if the id is no longer
+/// live (the record was copied and the old one freed meanwhile); a read
+/// that succeeds always has the right bytes.
 #[test]
 fn concurrent_reads_during_writes_frees_and_compaction() {
+    type Stable = Vec<(RecordId, u64, Vec<u8>)>;
     let s = Arc::new(BackingStore::new(Box::new(MemFile::new(true)), None));
-    let stable: Vec<(RecordId, u64, Vec<u8>)> = (0..300u64)
+    let stable: Stable = (0..300u64)
         .map(|i| {
             let p = common::payload(1 + (i as usize * 37) % 4096, i, 0);
             (write_one(&s, i, &p), i, p)
         })
         .collect();
-    let stable = Arc::new(stable);
+    let stable = Arc::new(std::sync::Mutex::new(stable));
     let writer = {
-        let s = s.clone();
+        let (s, stable) = (s.clone(), stable.clone());
         std::thread::spawn(move || {
             let mut rng = StdRng::seed_from_u64(5);
             let mut mine: Vec<RecordId> = Vec::new();
+            let take = |mine: &mut Vec<RecordId>| {
+                let moves = s.take_moves();
+                for m in &moves {
+                    // The owner of the old id names the copy, then frees the old one.
+                    let named = {
+                        let mut st = stable.lock().unwrap();
+                        match st.iter_mut().map(|r| &mut r.0).chain(mine.iter_mut()).find(|i| **i == m.from) {
+                            Some(i) => {
+                                *i = m.to;
+                                true
+                            }
+                            None => false,
+                        }
+                    };
+                    s.free(if named { m.from } else { m.to }).unwrap();
+                }
+            };
             for round in 0..3000u64 {
                 let p = common::payload(rng.gen_range(1..4096), round, 0);
                 mine.extend(s.write_batch(&[(round, &p), (round, &p)]).unwrap());
@@ -314,6 +381,7 @@ fn concurrent_reads_during_writes_frees_and_compaction() {
                 if round % 500 == 0 {
                     s.compact().unwrap();
                 }
+                take(&mut mine);
             }
         })
     };
@@ -322,19 +390,34 @@ fn concurrent_reads_during_writes_frees_and_compaction() {
             let (s, stable) = (s.clone(), stable.clone());
             std::thread::spawn(move || {
                 let mut out = Vec::new();
+                let mut looked_again = 0;
                 for n in 0..20_000usize {
-                    let (id, key, p) = &stable[(n * 7 + t) % stable.len()];
-                    s.read(*id, *key, &mut out).unwrap();
-                    assert_eq!(&out, p);
+                    let i = (n * 7 + t) % 300;
+                    loop {
+                        let (id, key, p) = stable.lock().unwrap()[i].clone();
+                        match s.read(id, key, &mut out) {
+                            Ok(()) => {
+                                assert_eq!(out, p);
+                                break;
+                            }
+                            Err(BackingError::InvalidRecord { .. }) => looked_again += 1,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
                 }
+                looked_again
             })
         })
         .collect();
     writer.join().unwrap();
-    for r in readers {
-        r.join().unwrap();
+    let looked_again: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    let st = s.stats();
+    println!("{looked_again} reads looked their id up again; {st:?}");
+    assert!(st.segments_compacted > 0, "{st:?}");
+    assert_eq!(st.records, 300 + 200, "every copy taken, every old record freed: {st:?}");
+    for (id, key, p) in stable.lock().unwrap().iter() {
+        assert_eq!(&read(&s, *id, *key).unwrap(), p);
     }
-    assert!(s.stats().segments_compacted > 0, "{:?}", s.stats());
 }
 
 #[test]
@@ -578,21 +661,21 @@ fn a_full_disk_is_usable_again_once_records_are_freed() {
     assert!(matches!(err, BackingError::NoSpace { .. }), "{err}");
     assert!(err.to_string().contains("filesystem is full"), "{err}");
     assert!(ids.len() > 900, "{}", ids.len());
+    let mut kept: Vec<(RecordId, u64)> = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         if i % 10 != 0 {
             s.free(*id).unwrap();
+        } else {
+            kept.push((*id, 1));
         }
     }
-    let mut more = Vec::new();
     for _ in 0..100 {
-        let v = s.write_batch(&[(2, &page[..]); 8]).unwrap_or_else(|e| panic!("after freeing 90%: {e} {:?}", s.stats()));
-        more.extend(v);
+        let v = common::write(&s, &[(2, &page[..]); 8], &mut kept, |r| &mut r.0).unwrap_or_else(|e| panic!("after freeing 90%: {e} {:?}", s.stats()));
+        kept.extend(v.into_iter().map(|id| (id, 2)));
+        common::take_moves(&s, &mut kept, |r| &mut r.0);
     }
-    for id in ids.iter().step_by(10) {
-        assert_eq!(read(&s, *id, 1).unwrap(), page);
-    }
-    for id in &more {
-        assert_eq!(read(&s, *id, 2).unwrap(), page);
+    for &(id, key) in &kept {
+        assert_eq!(read(&s, id, key).unwrap(), page);
     }
     assert!(s.stats().file_bytes <= 4 * SEG, "{:?}", s.stats());
 }
@@ -629,13 +712,14 @@ fn compaction_after_a_write_moves_only_what_it_must() {
     let before = s.stats();
     let p = common::payload(len, 1 << 40, 0);
     kept.push((write_one(&s, 1 << 40, &p), 1 << 40));
+    common::take_moves(&s, &mut kept, |r| &mut r.0);
     let after = s.stats();
     let moved = after.segments_compacted - before.segments_compacted;
     println!("{per_seg} records per segment; before {before:?}; after {after:?}; {moved} segments compacted");
     assert!(moved > 0, "the file was over its target: {after:?}");
     assert!(moved <= 10, "compacted {moved} of ~20 sparse segments: {after:?}");
     assert!(after.file_bytes <= 4 * after.live_bytes + 4 * SEG, "{after:?}");
-    s.compact().unwrap();
+    common::compact_fully(&s, &mut kept, |r| &mut r.0);
     let done = s.stats();
     assert!(done.file_bytes <= 2 * done.live_bytes + 2 * SEG, "{done:?}");
     for (id, k) in kept {

@@ -49,6 +49,19 @@ impl RecordId {
     }
 }
 
+/// A record a cold store copied to a new place (compacting its space),
+/// and so to a new id: the engine names `to` wherever it named `from` and
+/// frees `from`; if nothing names `from` any more, it frees `to`
+/// ([`ColdStore::take_moves`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moved {
+    /// The key the record was written under (a page's block, or a shared
+    /// object's hash).
+    pub key: u64,
+    pub from: RecordId,
+    pub to: RecordId,
+}
+
 /// How a cold store fails. A failed [`ColdStore::put_batch`] keeps every
 /// object of the batch in RAM; a failed read or free changes nothing.
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +164,13 @@ pub trait ColdStore: Send + Sync {
     /// Forget the object kept as `id`.
     fn free(&self, id: RecordId) -> Result<(), ColdError> {
         Err(ColdError::NotLive { id: id.to_raw() })
+    }
+    /// The records the store copied since the last call (a store whose
+    /// ids name places, compacting). Until the engine has taken a move,
+    /// both ids are live and read the same; the engine names the new one
+    /// and frees the old, or frees the new one if nothing names the old.
+    fn take_moves(&self) -> Vec<Moved> {
+        Vec::new()
     }
     /// The objects `ids` are about to be read: read them ahead, together
     /// where they lie together. A hint; returns the reads it made.

@@ -421,6 +421,18 @@ impl DedupShard {
         ToCold::Moved { dropped: id.is_none() }
     }
 
+    /// Make the shared object of `hash` name record `to` if it named
+    /// `from` (the cold store copied it); returns whether it did.
+    pub fn rename_record(&mut self, hash: u64, from: u64, to: u64) -> bool {
+        match self.map.get_mut(&hash) {
+            Some(rec) if rec.loc == Loc::Backed(from) => {
+                rec.loc = Loc::Backed(to);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Bring the object of `hash` back to RAM from record `id`, if it is
     /// still there: `alloc` makes its object (the caller has made the room
     /// it needs elsewhere first). Returns its new generation (for the

@@ -180,6 +180,12 @@ impl Entry {
     pub fn record(self) -> Option<u64> {
         (!self.is_empty() && self.meta & KIND_MASK == KIND_BACKED).then(|| self.data())
     }
+    /// This written-back entry naming record `id` instead (its record was
+    /// copied by the cold store); flags kept.
+    pub fn with_record(self, id: u64) -> Entry {
+        debug_assert!(self.record().is_some());
+        Entry { data: split(id), ..self }
+    }
     /// This written-back entry, marked as the last to name its record.
     pub fn with_last(self) -> Entry {
         debug_assert!(self.record().is_some());

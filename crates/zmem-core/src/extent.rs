@@ -1,11 +1,11 @@
 //! Extents: the written-back objects of one index block in one record.
 //!
 //! # Why
-//! A page written back alone costs a record in the cold store (its place:
-//! 12 bytes in the backing file's table) and its record id in the index
-//! (8 bytes in a cold block, and the block's slot), whoever reads it:
-//! about 25 bytes of RAM for a page that is not in RAM, an eighth of a 2:1
-//! compressed page. Under
+//! A page written back alone costs a record in the cold store (its
+//! offset in its segment's list: 2 bytes in the backing file's tables)
+//! and its record id in the index (8 bytes in a cold block, and the
+//! block's slot), whoever reads it: about 15 bytes of RAM for a page that
+//! is not in RAM. Under
 //! a build's swap storm the pool's cap then holds tables, not pages.
 //! zram's flat table costs it 16 bytes a slot it does not count; zswap's
 //! overflow is the kernel's swap map, a byte or two a slot.

@@ -334,6 +334,40 @@ impl BlockIndex {
         }
     }
 
+    /// Make every key of `key`'s block that names record `from` name `to`
+    /// (the cold store copied the record); returns whether one did.
+    pub fn rename_record(&mut self, key: u64, from: u64, to: u64) -> bool {
+        let id = key >> BLOCK_SHIFT;
+        if let Some(b) = self.blocks.get_mut(&id) {
+            let mut any = false;
+            for e in b.e.iter_mut().filter(|e| e.record() == Some(from)) {
+                *e = e.with_record(to);
+                any = true;
+            }
+            return any;
+        }
+        let Some(c) = self.cold.get_mut(&id) else { return false };
+        let named = c.named;
+        match &mut c.recs {
+            Recs::One(r) if *r == from && c.members != 0 => {
+                *r = to;
+                true
+            }
+            Recs::One(_) => false,
+            Recs::Each(v) => {
+                let mut any = false;
+                for i in (0..BLOCK).filter(|&i| c.members >> i & 1 == 1) {
+                    let r = &mut v[(named & ((1u16 << i) - 1)).count_ones() as usize];
+                    if *r == from {
+                        *r = to;
+                        any = true;
+                    }
+                }
+                any
+            }
+        }
+    }
+
     /// Turn `id`'s cold block, if it has one, back into a block (a store
     /// to one of its keys), charging the block first; a refusal changes
     /// nothing.

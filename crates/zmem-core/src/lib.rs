@@ -68,7 +68,7 @@ mod shard;
 mod stats;
 mod tier;
 
-pub use cold::{ColdError, ColdStats, ColdStore, DropCold, RecordId, MAX_RECORD_PAYLOAD};
+pub use cold::{ColdError, ColdStats, ColdStore, DropCold, Moved, RecordId, MAX_RECORD_PAYLOAD};
 pub use dict::{DictConfig, DictSource, TrainReport};
 pub use error::{Result, ZmemError};
 pub use latency::{Latencies, LatencyHistogram, LATENCY_BOUNDS_NS};

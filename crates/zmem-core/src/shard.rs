@@ -249,6 +249,13 @@ impl Shard {
         self.index.make_cold(key, b)
     }
 
+    /// Make the keys of `key`'s block that name record `from` name `to`
+    /// (the cold store copied it); returns whether one did. The counts do
+    /// not change: the pages are written back either way.
+    pub fn rename_record(&mut self, key: u64, from: u64, to: u64) -> bool {
+        self.index.rename_record(key, from, to)
+    }
+
     /// Every extent this shard's entries name: `(record, first key of its
     /// block, keys of the block naming it)`.
     pub fn extents(&self, out: &mut Vec<(u64, u64, u16)>) {

@@ -97,6 +97,15 @@
 //! Otherwise, and always with exclusive loads, it is served from the file
 //! and stays there (zram's behaviour for pages on its backing device).
 //!
+//! # Records the cold store moves
+//! A backing file compacts by copying records, and its ids are places, so
+//! a copy has a new id ([`ColdStore::take_moves`]). After each batch the
+//! tier takes the moves ([`Tier::apply_moves`]): the keys of the block
+//! (or the shared object) that name a record's old id name the copy, and
+//! the old record is freed; if nothing names it any more, the copy is
+//! freed. A batch refused for want of room is tried once more when moves
+//! were taken (their frees are the room compaction made).
+//!
 //! Same-filled pages hold no memory and are never written back.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
@@ -1013,14 +1022,25 @@ impl Tier {
         let out = |i: usize| victims.iter().filter(|v| v.src == i && v.item.is_some()).count();
         // The store's tables grow with the records: charge a bound first.
         let reserved = self.store.growth_bound(recs.len(), recs.iter().map(|r| r.1.len()).sum());
-        let written = match self.reserve_backing(b, reserved) {
-            Ok(()) => {
-                let r = self.store.put_batch(&recs);
-                self.settle_backing(b, reserved);
-                r.map_err(ZmemError::Cold)
+        let mut written;
+        let mut tries = 0;
+        loop {
+            written = match self.reserve_backing(b, reserved) {
+                Ok(()) => {
+                    let r = self.store.put_batch(&recs);
+                    self.settle_backing(b, reserved);
+                    r.map_err(ZmemError::Cold)
+                }
+                Err(e) => Err(h.counters().alloc_failed(e)),
+            };
+            tries += 1;
+            // A full store may have copied records to make room, which
+            // comes back once the copies are named and the old records
+            // freed: then once more.
+            if written.is_ok() || tries == 2 || self.apply_moves(h) == 0 {
+                break;
             }
-            Err(e) => Err(h.counters().alloc_failed(e)),
-        };
+        }
         let ids = match written {
             Ok(ids) => {
                 self.pages_written.fetch_add(victims.len() as u64, Relaxed);
@@ -1072,10 +1092,32 @@ impl Tier {
                 h.counters().free_failed(&e.to_string());
             }
         }
+        self.apply_moves(h);
         self.settle_backing(b, 0);
         self.written_back.fetch_add(n - dropped, Relaxed);
         self.evicted.fetch_add(dropped, Relaxed);
         Ok(n)
+    }
+
+    /// Take the records the cold store copied while it compacted
+    /// ([`ColdStore::take_moves`]): the keys (or the shared object) that
+    /// name a record's old id name its copy, and the old record is freed;
+    /// a record nothing names any more (freed since) has its copy freed.
+    /// An id is named in one place at most, so exactly one of the two is
+    /// freed. A load that read the old id before its segment was freed
+    /// finds it no longer live and looks its key up again. Returns the
+    /// moves taken.
+    pub(crate) fn apply_moves(&self, h: &impl TierHost) -> usize {
+        let moves = self.store.take_moves();
+        for m in &moves {
+            let (from, to) = (m.from.to_raw(), m.to.to_raw());
+            let named =
+                h.index().shard(m.key).lock().rename_record(m.key, from, to) || h.dedup().is_some_and(|d| d.shard(m.key).lock().rename_record(m.key, from, to));
+            if let Err(e) = self.store.free(if named { m.from } else { m.to }) {
+                h.counters().free_failed(&e.to_string());
+            }
+        }
+        moves.len()
     }
 
     /// zram's `writeback`: write back the pages `mode` names, at most
