@@ -3,8 +3,8 @@
 //! # Why
 //! A page written back alone costs a record in the cold store (its
 //! offset in its segment's list: 2 bytes in the backing file's tables)
-//! and its record id in the index (8 bytes in a cold block, and the
-//! block's slot), whoever reads it: about 15 bytes of RAM for a page that
+//! and its record id in the index (4-8 bytes in a cold block, and the
+//! block's slot), whoever reads it: about 12 bytes of RAM for a page that
 //! is not in RAM. Under
 //! a build's swap storm the pool's cap then holds tables, not pages.
 //! zram's flat table costs it 16 bytes a slot it does not count; zswap's

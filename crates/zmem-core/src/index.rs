@@ -12,11 +12,13 @@
 //!
 //! A block whose keys are all written back (records written without a
 //! dictionary), same-filled zero pages aside, is kept as a [`ColdBlock`]
-//! in a second map instead: each key's record id and three masks, about
-//! 11 bytes a key for a full block against the block's 18 (its 288 bytes
-//! with access times); a block whose keys all went in one extent
-//! (`extent.rs`) keeps that one record, 32 bytes in all, about two bytes a
-//! page. A written-back page needs nothing else of its entry: its
+//! in a second map instead: three masks and each key's record id, in 4
+//! bytes where the ids share their high halves (a backing file's segment
+//! and generation: pages written back together) and 8 where they do not
+//! ([`Recs`]), about 8 bytes a key for a full block with its slot in the
+//! map against the block's 18 (its 288 bytes with access times); a block
+//! whose keys all went in one extent (`extent.rs`) keeps that one record,
+//! 32 bytes in all, about two bytes a page. A written-back page needs nothing else of its entry: its
 //! encoding is in its record, and its flags and access time only matter
 //! in RAM. The entries are made up when asked for (written back, naming
 //! the record; or zero-filled); a store to one of its keys turns it back
@@ -85,21 +87,91 @@ impl Block {
                 _ => return None,
             }
         }
-        let recs = match recs[..] {
-            [] => return None,
-            [first, ..] if recs.iter().all(|&r| r == first) => Recs::One(first),
-            _ => Recs::Each(recs.into_boxed_slice()),
-        };
-        Some(ColdBlock { recs, named, members: named, zeros })
+        if recs.is_empty() {
+            return None;
+        }
+        Some(ColdBlock { recs: Recs::build(&recs), named, members: named, zeros })
     }
 }
 
-/// The records a cold block's keys name: one extent's, or each key's own.
+/// The records a cold block's keys name (each key's of
+/// [`ColdBlock::named`], by its rank there): one extent's, or each key's
+/// own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Recs {
     One(u64),
-    /// The record of each key of [`ColdBlock::named`], in key order.
-    Each(Box<[u64]>),
+    /// `[h, ...]`. With `h` of 1 to [`SPLIT_HIGHS`], ids of that many
+    /// distinct high halves: a cold store issues ids in runs that share
+    /// them (the backing file's are a segment and its generation over an
+    /// offset and a length, and the pages of a block tend to go out
+    /// together), kept as `[h, the h high halves, a 2-bit index into them
+    /// per rank, the low half per rank]`: 4 bytes a key and a few a block.
+    /// With `h` of 0, every id whole: `[0, (low, high) per rank]`.
+    Ids(Box<[u32]>),
+}
+
+/// The most distinct high halves a split [`Recs::Ids`] keeps.
+const SPLIT_HIGHS: usize = 4;
+
+impl Recs {
+    /// The smallest form of `ids` (one per rank; not empty).
+    fn build(ids: &[u64]) -> Recs {
+        if ids.iter().all(|&r| r == ids[0]) {
+            return Recs::One(ids[0]);
+        }
+        let mut highs: Vec<u32> = Vec::with_capacity(SPLIT_HIGHS);
+        let mut index = 0u32;
+        for (rank, &id) in ids.iter().enumerate() {
+            let high = (id >> 32) as u32;
+            let k = match highs.iter().position(|&h| h == high) {
+                Some(k) => k,
+                None if highs.len() < SPLIT_HIGHS => {
+                    highs.push(high);
+                    highs.len() - 1
+                }
+                None => {
+                    let mut v = Vec::with_capacity(1 + 2 * ids.len());
+                    v.push(0);
+                    v.extend(ids.iter().flat_map(|&id| [id as u32, (id >> 32) as u32]));
+                    return Recs::Ids(v.into_boxed_slice());
+                }
+            };
+            index |= (k as u32) << (2 * rank);
+        }
+        let mut v = Vec::with_capacity(2 + highs.len() + ids.len());
+        v.push(highs.len() as u32);
+        v.extend_from_slice(&highs);
+        v.push(index);
+        v.extend(ids.iter().map(|&id| id as u32));
+        Recs::Ids(v.into_boxed_slice())
+    }
+
+    /// The id of rank `rank`.
+    fn get(&self, rank: usize) -> u64 {
+        match self {
+            Recs::One(r) => *r,
+            Recs::Ids(v) if v[0] == 0 => u64::from(v[2 + 2 * rank]) << 32 | u64::from(v[1 + 2 * rank]),
+            Recs::Ids(v) => {
+                let h = v[0] as usize;
+                let k = (v[1 + h] >> (2 * rank) & 3) as usize;
+                u64::from(v[1 + k]) << 32 | u64::from(v[2 + h + rank])
+            }
+        }
+    }
+
+    /// Whether the ids are kept split (4 bytes a key).
+    #[cfg(test)]
+    fn split(&self) -> bool {
+        matches!(self, Recs::Ids(v) if v[0] != 0)
+    }
+
+    /// Heap bytes beyond the enum (with malloc's header).
+    fn heap_bytes(&self) -> u64 {
+        match self {
+            Recs::One(_) => 0,
+            Recs::Ids(v) => (v.len() * 4 + 16) as u64,
+        }
+    }
 }
 
 /// A block whose keys are all written back or zero-filled pages (see the
@@ -118,10 +190,7 @@ struct ColdBlock {
 
 impl ColdBlock {
     fn rec(&self, i: usize) -> u64 {
-        match &self.recs {
-            Recs::One(r) => *r,
-            Recs::Each(v) => v[(self.named & ((1u16 << i) - 1)).count_ones() as usize],
-        }
+        self.recs.get((self.named & ((1u16 << i) - 1)).count_ones() as usize)
     }
     fn entry(&self, i: usize) -> Entry {
         if self.members >> i & 1 == 1 {
@@ -137,10 +206,7 @@ impl ColdBlock {
     }
     /// Heap bytes beyond its slot in the map (with malloc's header).
     fn heap_bytes(&self) -> u64 {
-        match &self.recs {
-            Recs::One(_) => 0,
-            Recs::Each(v) => (v.len() * 8 + 16) as u64,
-        }
+        self.recs.heap_bytes()
     }
     /// Take key `i` out; returns its entry (marked if no key left in the
     /// block names its record).
@@ -335,8 +401,11 @@ impl BlockIndex {
     }
 
     /// Make every key of `key`'s block that names record `from` name `to`
-    /// (the cold store copied the record); returns whether one did.
-    pub fn rename_record(&mut self, key: u64, from: u64, to: u64) -> bool {
+    /// (the cold store copied the record); returns whether one did. A cold
+    /// block whose new form is larger is charged the difference first: if
+    /// `budget` refuses it, nothing changes and this returns false (the
+    /// keys keep naming `from`).
+    pub fn rename_record(&mut self, key: u64, from: u64, to: u64, budget: &Budget) -> bool {
         let id = key >> BLOCK_SHIFT;
         if let Some(b) = self.blocks.get_mut(&id) {
             let mut any = false;
@@ -347,25 +416,28 @@ impl BlockIndex {
             return any;
         }
         let Some(c) = self.cold.get_mut(&id) else { return false };
-        let named = c.named;
-        match &mut c.recs {
-            Recs::One(r) if *r == from && c.members != 0 => {
-                *r = to;
-                true
-            }
-            Recs::One(_) => false,
-            Recs::Each(v) => {
-                let mut any = false;
-                for i in (0..BLOCK).filter(|&i| c.members >> i & 1 == 1) {
-                    let r = &mut v[(named & ((1u16 << i) - 1)).count_ones() as usize];
-                    if *r == from {
-                        *r = to;
-                        any = true;
-                    }
-                }
-                any
-            }
+        // Every rank's id as it will be: a key no longer a member takes
+        // `to` too (its rank is never read), so the form stays small.
+        let mut any = false;
+        let mut ids = Vec::with_capacity(BLOCK);
+        for i in (0..BLOCK).filter(|&i| c.named >> i & 1 == 1) {
+            let member = c.members >> i & 1 == 1;
+            let r = c.rec(i);
+            any |= member && r == from;
+            ids.push(if !member || r == from { to } else { r });
         }
+        if !any {
+            return false;
+        }
+        let recs = Recs::build(&ids);
+        let (old, new) = (c.recs.heap_bytes(), recs.heap_bytes());
+        if new > old && budget.try_charge(new - old).is_err() {
+            return false;
+        }
+        budget.uncharge(old.saturating_sub(new));
+        c.recs = recs;
+        self.cold_bytes = self.cold_bytes + new - old;
+        true
     }
 
     /// Turn `id`'s cold block, if it has one, back into a block (a store
@@ -648,9 +720,10 @@ mod tests {
     }
 
     /// A block of pages written back each in its own record (extents off,
-    /// the default) goes cold too: each key's record kept in 8 bytes, a
-    /// full block in under 12 bytes a key with its slot in the map, where
-    /// a block in RAM takes 18. It reads back the same, comes back to a
+    /// the default) goes cold too: each key's record id kept in 4 bytes
+    /// where their high halves are few (the backing file's segment and
+    /// generation), a full block in under 10.5 bytes a key with its slot in
+    /// the map, where a block in RAM takes 18–20. It reads back the same, comes back to a
     /// block when a key is stored, reports each record as an extent of one,
     /// and every key leaving it is the last to name its record.
     #[test]
@@ -667,9 +740,10 @@ mod tests {
         assert_eq!(b.used(), ix.heap_bytes());
         // (The map of blocks in RAM keeps its buckets, as a map does.)
         let per_key = (map_bytes(&ix.cold) + ix.cold_bytes) as f64 / ix.len() as f64;
-        // (8.5 bytes a key of records, the rest the map's slots, at most
+        // (5.75 bytes a key of records, the rest the map's slots, at most
         // half its buckets empty.)
-        assert!(per_key < 13.5 && per_key < hot as f64 / ix.len() as f64 * 0.7, "{per_key:.1} bytes a key, {hot} in RAM");
+        assert!(per_key < 10.5 && per_key < hot as f64 / ix.len() as f64 * 0.55, "{per_key:.1} bytes a key, {hot} in RAM");
+        assert!(ix.cold.values().all(|c| c.recs.split()));
         assert_eq!(ix.backed_bytes(15 * 512), ix.heap_bytes() - map_bytes(&ix.blocks), "a cold block is all the written-back pages'");
         for k in 0..16 * 512u64 {
             let want = if k % 16 == 5 { Entry::same(0) } else { Entry::backed(1000 + k, ObjInfo::in_extent()) };
@@ -695,6 +769,73 @@ mod tests {
         assert_eq!((ix.len(), ix.heap_bytes() - map_bytes(&ix.blocks) - map_bytes(&ix.cold)), (0, 0));
         assert_eq!((ix.cold_members, ix.cold_zeros, ix.cold_bytes), (0, 0, 0));
         assert_eq!(b.used(), ix.heap_bytes());
+    }
+
+    /// Record ids in a cold block take their smallest form: one id for an
+    /// extent, 4 bytes a key while at most four high halves are shared,
+    /// else 8; each reads back as it went in, and a renamed record (the
+    /// cold store copied it) changes the form as needed, charged first:
+    /// a budget that refuses the growth leaves the block as it was.
+    #[test]
+    fn cold_record_ids_take_their_smallest_form_and_renames_keep_it_right() {
+        let id = |seg: u64, off: u64| 1 << 56 | seg << 32 | off << 16 | 100;
+        let form = |r: &Recs| match r {
+            Recs::One(_) => "one",
+            r if r.split() => "split",
+            _ => "whole",
+        };
+        let cases: [(Vec<u64>, &str); 4] = [
+            (vec![id(3, 0); 16], "one"),
+            ((0..16).map(|k| id(3, k)).collect(), "split"),
+            ((0..16).map(|k| id(k % 4, k)).collect(), "split"),
+            ((0..16).map(|k| id(k % 5, k)).collect(), "whole"),
+        ];
+        for (ids, want) in &cases {
+            let b = Budget::new(None);
+            let mut ix = BlockIndex::new(true);
+            for (k, &r) in ids.iter().enumerate() {
+                ix.insert(k as u64, backed(r), &b).unwrap();
+            }
+            assert!(ix.make_cold(0, &b));
+            assert_eq!(form(&ix.cold[&0].recs), *want, "{ids:x?}");
+            for (k, &r) in ids.iter().enumerate() {
+                assert_eq!(ix.get(k as u64).and_then(Entry::record), Some(r), "{want} key {k}");
+            }
+            assert_eq!(b.used(), ix.heap_bytes());
+        }
+        // Renames: within the high halves there are, to a fifth, and refused.
+        let b = Budget::new(None);
+        let mut ix = BlockIndex::new(true);
+        for k in 0..16u64 {
+            ix.insert(k, backed(id(k % 4, k)), &b).unwrap();
+        }
+        assert!(ix.make_cold(0, &b));
+        assert!(ix.rename_record(0, id(1, 5), id(2, 99), &b), "a known high half");
+        assert_eq!(form(&ix.cold[&0].recs), "split");
+        assert_eq!(ix.get(5).and_then(Entry::record), Some(id(2, 99)));
+        assert!(!ix.rename_record(0, id(1, 5), id(2, 100), &b), "no key names it now");
+        let tight = Budget::new(Some(b.used()));
+        tight.force_charge(b.used());
+        assert!(!ix.rename_record(0, id(2, 6), id(9, 6), &tight), "a fifth high half needs 8 bytes a key");
+        assert_eq!(ix.get(6).and_then(Entry::record), Some(id(2, 6)));
+        assert_eq!(form(&ix.cold[&0].recs), "split");
+        assert!(ix.rename_record(0, id(2, 6), id(9, 6), &b));
+        assert_eq!(form(&ix.cold[&0].recs), "whole");
+        assert_eq!(ix.get(6).and_then(Entry::record), Some(id(9, 6)));
+        assert_eq!(b.used(), ix.heap_bytes());
+        for k in (0..16u64).filter(|&k| k != 5 && k != 6) {
+            assert_eq!(ix.get(k).and_then(Entry::record), Some(id(k % 4, k)), "key {k}");
+        }
+        // Every key of an extent renamed at once keeps it one id.
+        let mut ix = BlockIndex::new(true);
+        for k in 16..32u64 {
+            ix.insert(k, backed(id(7, 0)), &b).unwrap();
+        }
+        assert!(ix.make_cold(16, &b));
+        ix.remove(17, &b);
+        assert!(ix.rename_record(16, id(7, 0), id(8, 0), &b));
+        assert_eq!(ix.cold[&1].recs, Recs::One(id(8, 0)));
+        assert_eq!(ix.get(31).and_then(Entry::record), Some(id(8, 0)));
     }
 
     #[test]

@@ -252,8 +252,8 @@ impl Shard {
     /// Make the keys of `key`'s block that name record `from` name `to`
     /// (the cold store copied it); returns whether one did. The counts do
     /// not change: the pages are written back either way.
-    pub fn rename_record(&mut self, key: u64, from: u64, to: u64) -> bool {
-        self.index.rename_record(key, from, to)
+    pub fn rename_record(&mut self, key: u64, from: u64, to: u64, b: &Budget) -> bool {
+        self.index.rename_record(key, from, to, b)
     }
 
     /// Every extent this shard's entries name: `(record, first key of its

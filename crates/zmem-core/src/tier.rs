@@ -1111,8 +1111,8 @@ impl Tier {
         let moves = self.store.take_moves();
         for m in &moves {
             let (from, to) = (m.from.to_raw(), m.to.to_raw());
-            let named =
-                h.index().shard(m.key).lock().rename_record(m.key, from, to) || h.dedup().is_some_and(|d| d.shard(m.key).lock().rename_record(m.key, from, to));
+            let named = h.index().shard(m.key).lock().rename_record(m.key, from, to, h.objects().budget())
+                || h.dedup().is_some_and(|d| d.shard(m.key).lock().rename_record(m.key, from, to));
             if let Err(e) = self.store.free(if named { m.from } else { m.to }) {
                 h.counters().free_failed(&e.to_string());
             }

@@ -562,7 +562,7 @@ fn max_pool_bounds_pages_and_tables() {
 const TABLE_BYTES_PER_BACKED_PAGE: f64 = 8.0;
 /// The same without extents (the default), where each page on the file
 /// keeps its own record, and its record id in the index.
-const TABLE_BYTES_PER_SINGLE_PAGE: f64 = 18.0;
+const TABLE_BYTES_PER_SINGLE_PAGE: f64 = 14.0;
 
 /// A swap device's stream through a small pool: slots written, rewritten
 /// while still in RAM (the kernel reusing a freed slot) and written back
@@ -613,8 +613,8 @@ fn written_back_pages_cost_little_ram_and_stale_lru_items_do_not_pile_up() {
 
 /// `PoolConfig::extents` off (the default): every page its own record, as
 /// much RAM a page on the file as its record (2 bytes in its segment's
-/// list) and its record id in a cold index block (8 bytes and the block's
-/// slot) take, and no more; on: one record a block, a few bytes.
+/// list) and its record id in a cold index block (4 bytes, its block's
+/// header and its slot in the map) take, and no more; on: one record a block, a few bytes.
 /// Either reads back right.
 #[test]
 fn extents_are_a_choice_of_the_pool() {
