@@ -43,15 +43,24 @@ pub(crate) fn put_record(dst: &mut [u8], key: u64, payload: &[u8]) {
     dst[16..16 + payload.len()].copy_from_slice(payload);
 }
 
-/// Whether `buf` starts with a well-formed record (magic, length and
-/// checksum agree): the start of a zmem backing store.
-pub(crate) fn is_record_start(buf: &[u8]) -> bool {
-    let Some(len) = buf.get(2..4).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes) else { return false };
-    len as usize <= MAX_PAYLOAD && verify(buf, len, None).is_some()
+/// The well-formed record `buf` starts with, of the length its header
+/// gives (magic and checksum agree): `(key, payload)`.
+pub(crate) fn parse(buf: &[u8]) -> Option<(u64, &[u8])> {
+    let len = buf.get(2..4).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes)?;
+    if len as usize > MAX_PAYLOAD {
+        return None;
+    }
+    verify(buf, len, None)
 }
 
-/// Check a record's header against what the table says; returns
-/// `(key, payload)`.
+/// Whether `buf` starts with a well-formed record: the start of a zmem
+/// backing store.
+pub(crate) fn is_record_start(buf: &[u8]) -> bool {
+    parse(buf).is_some()
+}
+
+/// Check a record's header against the length (and key) its id says;
+/// returns `(key, payload)`.
 pub(crate) fn verify(rec: &[u8], len: u16, key: Option<u64>) -> Option<(u64, &[u8])> {
     // Any of it may be missing (a short file): a field that is not there
     // is no record, never an out-of-range slice.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::{Mutex, RwLock};
 
 use crate::file::{BlockFile, Existing, OsFile};
-use crate::record::{put_record, verify, MAX_PAYLOAD, RECORD_HEADER_SIZE};
+use crate::record::{parse, put_record, verify, MAX_PAYLOAD, RECORD_HEADER_SIZE};
 use zmem_core::{ColdStats, Moved, RecordId};
 
 use crate::{BackingError, PAGE_SIZE};
@@ -1339,9 +1339,7 @@ impl BackingStore {
         let mut recs: Vec<(u64, &[u8])> = Vec::with_capacity(live.len());
         for &off16 in &live {
             let off = u32::from(off16) * REC_ALIGN;
-            let rec = data.get((off - lo) as usize..).unwrap_or_default();
-            let len = rec.get(2..4).map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
-            match verify(rec, len, None) {
+            match data.get((off - lo) as usize..).and_then(parse) {
                 Some(kp) => recs.push(kp),
                 None => {
                     tracing::warn!("backing record at segment {v}, offset {off} fails verification; segment {v} will not be compacted");

@@ -208,8 +208,8 @@ impl ColdBlock {
     fn heap_bytes(&self) -> u64 {
         self.recs.heap_bytes()
     }
-    /// Take key `i` out; returns its entry (marked if no key left in the
-    /// block names its record).
+    /// Take key `i` out; returns its entry (empty if it held none; marked
+    /// if no key left in the block names its record).
     fn take(&mut self, i: usize) -> Entry {
         let e = self.entry(i);
         let bit = !(1u16 << i);
@@ -496,11 +496,10 @@ impl BlockIndex {
         let i = (key & MASK) as usize;
         let Some(b) = self.blocks.get_mut(&id) else {
             let c = self.cold.get_mut(&id)?;
-            let old = c.entry(i);
+            let old = c.take(i);
             if old.is_empty() {
                 return None;
             }
-            let old = c.take(i);
             if old.record().is_some() {
                 self.cold_members -= 1;
             } else {
@@ -563,16 +562,13 @@ impl BlockIndex {
             if outside(id) {
                 return true;
             }
-            for i in keys(id) {
-                if !c.entry(i).is_empty() {
-                    let e = c.take(i);
-                    if e.record().is_some() {
-                        members += 1;
-                    } else {
-                        zeros += 1;
-                    }
-                    out.push(e);
+            for e in keys(id).map(|i| c.take(i)).filter(|e| !e.is_empty()) {
+                if e.record().is_some() {
+                    members += 1;
+                } else {
+                    zeros += 1;
                 }
+                out.push(e);
             }
             if c.is_empty() {
                 cold_freed += c.heap_bytes();

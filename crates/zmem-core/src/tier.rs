@@ -1022,24 +1022,20 @@ impl Tier {
         let out = |i: usize| victims.iter().filter(|v| v.src == i && v.item.is_some()).count();
         // The store's tables grow with the records: charge a bound first.
         let reserved = self.store.growth_bound(recs.len(), recs.iter().map(|r| r.1.len()).sum());
-        let mut written;
-        let mut tries = 0;
-        loop {
-            written = match self.reserve_backing(b, reserved) {
-                Ok(()) => {
-                    let r = self.store.put_batch(&recs);
-                    self.settle_backing(b, reserved);
-                    r.map_err(ZmemError::Cold)
-                }
-                Err(e) => Err(h.counters().alloc_failed(e)),
-            };
-            tries += 1;
-            // A full store may have copied records to make room, which
-            // comes back once the copies are named and the old records
-            // freed: then once more.
-            if written.is_ok() || tries == 2 || self.apply_moves(h) == 0 {
-                break;
+        let put = || match self.reserve_backing(b, reserved) {
+            Ok(()) => {
+                let r = self.store.put_batch(&recs);
+                self.settle_backing(b, reserved);
+                r.map_err(ZmemError::Cold)
             }
+            Err(e) => Err(h.counters().alloc_failed(e)),
+        };
+        let mut written = put();
+        // A full store may have copied records to make room, which comes
+        // back once the copies are named and the old records freed: then
+        // once more.
+        if written.is_err() && self.apply_moves(h) > 0 {
+            written = put();
         }
         let ids = match written {
             Ok(ids) => {
