@@ -5,10 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each step says how long it took, so a slow suite shows where its time goes.
 t0=$SECONDS
-step() { # step NAME COMMAND...
-    local t=$SECONDS
-    "${@:2}"
-    echo "test.sh: $1: $((SECONDS - t)) s (total $((SECONDS - t0)) s)" >&2
+step() { # step NAME COMMAND...: the command's status
+    local t=$SECONDS rc=0
+    "${@:2}" || rc=$?
+    echo "test.sh: $1: $((SECONDS - t)) s (total $((SECONDS - t0)) s)$( ((rc == 0)) || echo ", failed: exit $rc")" >&2
+    return "$rc"
 }
 step setup bash scripts/setup.sh
 export RUST_BACKTRACE=1
@@ -33,7 +34,29 @@ export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 # same but for the code's optimisation).
 step test-build+clippy cargo test --workspace --all-targets -q --no-run
 step package bash scripts/package.sh target/debian --from target/debug
-step tests cargo test --workspace --no-fail-fast -- --test-threads=2
+# The tests run in two lines side by side. The tests that take turns at
+# what the machine has one of (zmem_testkit::machine: swap areas, zram,
+# zswap, FUSE's io_uring switch, blkio throttles) are minutes of real
+# workloads that mostly wait on the kernel, one at a time; every other test
+# runs beside them. A test left out of this list still takes its turn; it
+# only waits for it in the other line.
+machine_tests=(swap bench_swap bench_cache bench_blockdev nbd_swap bench_store kernel_zram mount)
+machine_args=()
+for t in "${machine_tests[@]}"; do machine_args+=(--test "$t"); done
+# Every other test target of the workspace, by name (--workspace with
+# targets named: the same feature set as the build, so nothing rebuilds).
+other_args=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import sys, json
+skip = set(sys.argv[1:])
+names = sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"]} - skip)
+print(" ".join("--test " + n for n in names))' "${machine_tests[@]}")
+machine_log=target/machine-tests.log
+step machine-tests cargo test --workspace "${machine_args[@]}" --no-fail-fast -- --test-threads=2 >"$machine_log" 2>&1 &
+machine_pid=$!
+trap '[ -z "$machine_pid" ] || kill "$machine_pid" 2>/dev/null' EXIT
+status=0
+# shellcheck disable=SC2086 # one word per argument
+step tests cargo test --workspace --lib --bins $other_args --no-fail-fast -- --test-threads=2 || status=$?
+step doc-tests cargo test --workspace --doc --no-fail-fast || status=$?
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
 # sanitizers here; memcheck needs neither): the allocator's module (mmap,
 # madvise, raw slices), and liblz4 fed corrupt streams by zmem-compress's
@@ -68,7 +91,7 @@ if command -v valgrind >/dev/null 2>&1; then
     compress_tests=$(test_binary zmem-compress lib zmem_compress)
     step memcheck memcheck "$pool_tests" "$compress_tests" >"$mc_log" 2>&1 &
     mc_pid=$!
-    trap '[ -z "$mc_pid" ] || kill "$mc_pid" 2>/dev/null' EXIT
+    trap '[ -z "$mc_pid" ] || kill "$mc_pid" 2>/dev/null; [ -z "$machine_pid" ] || kill "$machine_pid" 2>/dev/null' EXIT
 else
     echo "memcheck: skipped, valgrind is not installed"
 fi
@@ -78,16 +101,27 @@ fi
 # bench end to end; CI runs them. (--workspace: the same feature set as the
 # run above, so nothing rebuilds.) Three at a time: each has a cluster of
 # its own and mostly waits for it.
-step ignored-tests cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=3
+step ignored-tests cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=3 || status=$?
 
-if [ -n "$mc_pid" ]; then
-    mc_status=0
-    wait "$mc_pid" || mc_status=$?
-    mc_pid=""
-    cat "$mc_log"
-    if ((mc_status != 0)); then
-        echo "memcheck failed (exit $mc_status)" >&2
-        exit "$mc_status"
+# A job started in the background above: wait for it, print its log, and
+# fold a failure into the run's status.
+collect() { # collect NAME PID LOG
+    local rc=0
+    wait "$2" || rc=$?
+    cat "$3"
+    if ((rc != 0)); then
+        echo "$1 failed (exit $rc): $3 above" >&2
+        status=$rc
     fi
+}
+collect "the machine's tests" "$machine_pid" "$machine_log"
+machine_pid=""
+if [ -n "$mc_pid" ]; then
+    collect memcheck "$mc_pid" "$mc_log"
+    mc_pid=""
+fi
+if ((status != 0)); then
+    echo "tests failed (exit $status)" >&2
+    exit "$status"
 fi
 echo "test.sh: all passed in $((SECONDS - t0)) s" >&2

@@ -426,7 +426,6 @@ fn io_pass(node: &Path, pages: &[u8]) -> Result<(Duration, Duration, String), Un
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zmem_testkit::XorShift;
 
     #[test]
     fn mm_stat_nine_fields() {
@@ -484,80 +483,5 @@ mod tests {
     fn rejects_bad_lengths() {
         assert!(run(&[], "lz4").is_err());
         assert!(run(&[0u8; 100], "lz4").is_err());
-    }
-
-    fn skip_reason() -> Option<String> {
-        if effective_uid() != Some(0) {
-            return Some("not root".into());
-        }
-        if !Path::new("/sys/block/zram0").exists() {
-            return Some("/sys/block/zram0 absent".into());
-        }
-        None
-    }
-
-    /// ~16 MiB: 4 MiB zeros, 4 MiB text, 4 MiB pseudo-random, 4 MiB mixed pages.
-    fn mixed_data() -> Vec<u8> {
-        let mut v = Vec::with_capacity(16 << 20);
-        v.resize(4 << 20, 0u8);
-        let text = b"The quick brown fox jumps over the lazy dog; zram stores compressed pages in RAM. ";
-        while v.len() < (8 << 20) {
-            let n = text.len().min((8 << 20) - v.len());
-            v.extend_from_slice(&text[..n]);
-        }
-        let mut r = XorShift::from_state(0x9E3779B97F4A7C15);
-        while v.len() < (12 << 20) {
-            v.extend_from_slice(&r.next_u64().to_le_bytes());
-        }
-        for p in 0..(4 << 20) / PAGE_SIZE {
-            let mut page = [0u8; PAGE_SIZE];
-            match p % 3 {
-                0 => page.fill(0xAB),
-                1 => {
-                    for (i, b) in page.iter_mut().enumerate() {
-                        *b = (i * p % 251) as u8;
-                    }
-                }
-                _ => page[..text.len()].copy_from_slice(text),
-            }
-            v.extend_from_slice(&page);
-        }
-        assert_eq!(v.len(), 16 << 20);
-        v
-    }
-
-    #[test]
-    fn kernel_zram_round_trip() {
-        if let Some(r) = skip_reason() {
-            zmem_testkit::ci::skip(&format!("kernel_zram_round_trip: {r}"));
-            return;
-        }
-        let data = mixed_data();
-        let res = run(&data, "lz4").unwrap_or_else(|e| panic!("kernel zram run failed: {e}"));
-        eprintln!("{}", serde_json::to_string_pretty(&res).unwrap());
-        assert_eq!(res.algorithm, "lz4");
-        // orig_data_size = pages_stored * 4K, same-filled pages included.
-        assert_eq!(res.orig_bytes, data.len() as u64);
-        assert!(res.same_pages > 0);
-        assert!(res.same_pages >= 1024, "zero pages: {}", res.same_pages);
-        assert!(res.mem_used_bytes > 0);
-        assert!(res.compr_bytes > 0 && res.compr_bytes < data.len() as u64);
-        assert!(res.huge_pages >= 1000, "random pages should be huge: {}", res.huge_pages);
-        assert!(res.write_mbps > 0.0 && res.read_mbps > 0.0);
-        // Device reset afterwards.
-        assert_eq!(read_attr(&res.device, "disksize").unwrap(), "0");
-        assert_eq!(read_attr(&res.device, "initstate").unwrap(), "0");
-    }
-
-    #[test]
-    fn kernel_zram_unknown_algorithm_resets() {
-        if let Some(r) = skip_reason() {
-            zmem_testkit::ci::skip(&format!("kernel_zram_unknown_algorithm_resets: {r}"));
-            return;
-        }
-        let e = run(&vec![1u8; PAGE_SIZE * 4], "no-such-algo").unwrap_err();
-        assert!(e.reason.contains("does not support"), "{e}");
-        let _l = RUN_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        assert_eq!(read_attr("zram0", "disksize").unwrap(), "0");
     }
 }

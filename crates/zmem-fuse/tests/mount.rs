@@ -16,6 +16,7 @@ use zmem_core::{Pool, PoolConfig};
 use zmem_export::Export;
 use zmem_fuse::{mount, FuseConfig, Mounted};
 use zmem_host::{FuseUringOn, FUSE_URING_PARAM as URING_PARAM};
+use zmem_testkit::machine::Turn;
 use zmem_testkit::XorShift;
 
 const SIZE: u64 = 64 << 20;
@@ -33,8 +34,9 @@ fn usable() -> bool {
 }
 
 /// The tests using it, and the switch (on, and put back as found when it
-/// drops).
-static URING_USERS: Mutex<(usize, Option<FuseUringOn>)> = Mutex::new((0, None));
+/// drops) with the turn at the machine it is taken in (other test binaries
+/// flip the switch too; the switch drops first).
+static URING_USERS: Mutex<(usize, Option<(FuseUringOn, Turn)>)> = Mutex::new((0, None));
 
 /// The kernel's FUSE-over-io_uring switch, on while any test here needs it,
 /// and back to what it was once the last is done (also when one fails).
@@ -44,7 +46,8 @@ impl UringOn {
     fn new() -> UringOn {
         let mut g = URING_USERS.lock().unwrap_or_else(|p| p.into_inner());
         if g.0 == 0 {
-            g.1 = Some(FuseUringOn::new().expect("switch on FUSE over io_uring"));
+            let turn = zmem_testkit::machine::turn();
+            g.1 = Some((FuseUringOn::new().expect("switch on FUSE over io_uring"), turn));
         }
         g.0 += 1;
         UringOn

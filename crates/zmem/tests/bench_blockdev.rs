@@ -21,6 +21,8 @@ fn bench_blockdev_smoke() {
         i += 1;
     }
     std::fs::write(&data, &d).unwrap();
+    // As root the bench flips FUSE's io_uring switch, the machine's one.
+    let _turn = zmem_testkit::machine::turn();
     let uring_param = "/sys/module/fuse/parameters/enable_uring";
     let uring_was = std::fs::read_to_string(uring_param).ok();
     let out = run_ok(

@@ -16,6 +16,8 @@ fn measures_both_cold_stores_and_reads_every_page_back() {
         return;
     }
     let root = zmem_testkit::ci::effective_uid() == Some(0);
+    // As root the bench throttles the root blkio cgroup, the machine's one.
+    let _turn = root.then(zmem_testkit::machine::turn);
     let scratch = tempfile::Builder::new().prefix("zmem-bench-remote-").tempdir_in("/var/tmp").unwrap();
     let out = zmem()
         .args(["bench", "remote", "--max-bytes", "24M", "--samples", "300", "--json", "--scratch"])

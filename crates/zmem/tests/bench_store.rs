@@ -106,9 +106,11 @@ fn compares_with_kernel_zram_when_root() {
         .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
         .unwrap_or(false);
     if !root || !Path::new("/sys/block/zram0").exists() {
-        eprintln!("skipped: kernel zram comparison needs root and /sys/block/zram0");
+        zmem_testkit::ci::skip("the kernel zram comparison needs root and /sys/block/zram0");
         return;
     }
+    // /dev/zram0 is the machine's one.
+    let _turn = zmem_testkit::machine::turn();
     let dir = tempfile::tempdir().unwrap();
     let f = make_data(dir.path());
     let v = run_json(&[f.to_str().unwrap(), "--json", "--repeat", "1"]);

@@ -9,13 +9,9 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{is_root, ZMEM};
-
-/// The tests here change the machine's swap: one at a time.
-static ONE: Mutex<()> = Mutex::new(());
 
 const WORKLOAD: &str = r#"
 import os, random, sys
@@ -32,8 +28,10 @@ check = sum(p[1] for p in pages)
 print("ok", len(pages), check)
 "#;
 
-/// What a bench changes: it must be the same after it.
-fn machine() -> String {
+/// What a bench changes: it must be the same after it. Loop devices are
+/// the bench's own, under `dir` (other tests may attach theirs meanwhile);
+/// the rest is the machine's, and only a test with the turn changes it.
+fn machine(dir: &Path) -> String {
     let mut s = String::new();
     s += &std::fs::read_to_string("/proc/swaps").unwrap_or_default();
     for e in std::fs::read_dir("/sys/module/zswap/parameters").into_iter().flatten().flatten() {
@@ -42,7 +40,7 @@ fn machine() -> String {
     s += &std::fs::read_to_string("/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device").unwrap_or_default();
     s += &std::fs::read_to_string("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device").unwrap_or_default();
     let loops = Command::new("losetup").arg("-a").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    s += &loops;
+    s += &loops.lines().filter(|l| l.contains(&*dir.to_string_lossy())).collect::<Vec<_>>().join("\n");
     s += &format!("cgroup={}", Path::new("/sys/fs/cgroup/memory/zmem-bench-swap").exists());
     s += &format!("zram0={}", std::fs::read_to_string("/sys/block/zram0/disksize").unwrap_or_default());
     s
@@ -66,10 +64,11 @@ fn ready() -> Option<String> {
     None
 }
 
-/// A test's turn, its directory with the workload, and the machine as it
-/// was before; `None` (after a skip) where the machine cannot run it.
+/// A test's turn at the machine (the tests here change its swap, zram and
+/// zswap), its directory with the workload, and the machine as it was
+/// before; `None` (after a skip) where the machine cannot run it.
 struct Bench {
-    _one: std::sync::MutexGuard<'static, ()>,
+    _turn: zmem_testkit::machine::Turn,
     dir: tempfile::TempDir,
     script: std::path::PathBuf,
     before: String,
@@ -81,11 +80,12 @@ impl Bench {
             zmem_testkit::ci::skip(&format!("bench swap: {why}"));
             return None;
         }
-        let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+        let _turn = zmem_testkit::machine::turn();
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("work.py");
         std::fs::write(&script, WORKLOAD).unwrap();
-        Some(Bench { _one, dir, script, before: machine() })
+        let before = machine(dir.path());
+        Some(Bench { _turn, dir, script, before })
     }
 }
 
@@ -102,11 +102,11 @@ fn bench_cmd(scratch: &Path, script: &Path, mib: u32, systems: &str) -> Command 
 
 #[test]
 fn every_system_swaps_and_the_machine_is_restored() {
-    let Some(Bench { _one, dir, script, before }) = Bench::new() else { return };
+    let Some(Bench { _turn, dir, script, before }) = Bench::new() else { return };
     let out = common::run_timeout(&mut bench_cmd(&dir.path().join("scratch"), &script, 200, "disk,zswap,zram,zmem"), Duration::from_secs(900));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench swap failed: {stderr}");
-    assert_eq!(machine(), before, "the machine was not restored");
+    assert_eq!(machine(dir.path()), before, "the machine was not restored");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 5, "baseline + 4 systems: {v}");
@@ -162,7 +162,7 @@ fn every_system_swaps_and_the_machine_is_restored() {
 
 #[test]
 fn the_kv_workload_reads_back_every_record_it_wrote_through_swap() {
-    let Some(Bench { _one, dir, before, .. }) = Bench::new() else { return };
+    let Some(Bench { _turn, dir, before, .. }) = Bench::new() else { return };
     let mut c = Command::new(ZMEM);
     c.args(["bench", "swap", "--workload", "kv", "--kv-size", "256M", "--kv-passes", "1", "-j", "2", "--systems", "disk,zmem", "--disks", "real"])
         .args(["--budget", "50%", "--swap-size", "1G", "--json", "--timeout", "300", "--scratch"])
@@ -170,7 +170,7 @@ fn the_kv_workload_reads_back_every_record_it_wrote_through_swap() {
     let out = common::run_timeout(&mut c, Duration::from_secs(600));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench swap failed: {stderr}");
-    assert_eq!(machine(), before, "the machine was not restored");
+    assert_eq!(machine(dir.path()), before, "the machine was not restored");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
     assert_eq!((&v["workload"][1], &v["workload"][2]), (&"bench".into(), &"kv".into()), "{v}");
     let runs = v["runs"].as_array().unwrap();
@@ -188,7 +188,7 @@ fn the_kv_workload_reads_back_every_record_it_wrote_through_swap() {
 
 #[test]
 fn an_interrupted_bench_undoes_everything_and_reports_what_ran() {
-    let Some(Bench { _one, dir, script, before }) = Bench::new() else { return };
+    let Some(Bench { _turn, dir, script, before }) = Bench::new() else { return };
     let scratch = dir.path().join("scratch");
     let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
     let mut child = bench_cmd(&scratch, &script, 200, "zram,zmem")
@@ -215,7 +215,7 @@ fn an_interrupted_bench_undoes_everything_and_reports_what_ran() {
     let stderr = std::fs::read_to_string(&err_path).unwrap();
     let stdout = std::fs::read(&out_path).unwrap();
     assert!(status.success(), "an interrupted bench still reports: {stderr}");
-    assert_eq!(machine(), before, "the machine was not restored after SIGINT: {stderr}");
+    assert_eq!(machine(dir.path()), before, "the machine was not restored after SIGINT: {stderr}");
     let v: serde_json::Value = serde_json::from_slice(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
     let runs = v["runs"].as_array().unwrap();
     let zram = runs.iter().find(|r| r["system"] == "zram").expect("the zram run is reported");

@@ -28,6 +28,9 @@ fn swap_in_memory_cgroup() {
     if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
         skip!("memory cgroup v1 is not mounted at {CGROUP_V1}");
     }
+    // The machine's swap areas: other tests' swap would take part of the
+    // workload's pages. Dropped last, after every guard below.
+    let _turn = zmem_testkit::machine::turn();
     let server = ZmemServer::start("512M", &["--compressor", "lz4"]);
     let work = tempfile::Builder::new().prefix("zmem-swap-").tempdir().unwrap();
     let fuse = Fuse::mount(&work.path().join("fuse"), &server.socket);

@@ -112,13 +112,13 @@ fn usable() -> bool {
     true
 }
 
-/// The tests take turns: the kernel spreads swap-outs over every active
+/// The tests take turns, with each other and with other test binaries'
+/// (zmem_testkit::machine): the kernel spreads swap-outs over every active
 /// swap device (round robin within the highest priority, then down), so a
 /// device of another test running at the same time would take part of a
 /// workload's pages, and its `off` would have to swap them back in.
-fn exclusive() -> std::sync::MutexGuard<'static, ()> {
-    static SWAPPING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SWAPPING.lock().unwrap_or_else(|p| p.into_inner())
+fn exclusive() -> zmem_testkit::machine::Turn {
+    zmem_testkit::machine::turn()
 }
 
 /// [`usable`], and memory cgroups (v1) to put workloads in.
