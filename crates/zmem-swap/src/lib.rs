@@ -293,9 +293,10 @@ pub struct Area {
 
 /// The smallest area [`area_layout`] cuts when it chooses the count.
 pub const AREA_MIN: u64 = 256 << 20;
-/// The most areas [`area_layout`] cuts when it chooses the count (the
-/// kernel has about 25 swap types in all; `--areas` may ask up to 16).
-pub const AREAS_AUTO_MAX: u32 = 8;
+/// The most areas [`area_layout`] cuts when it chooses the count: as many
+/// as `--areas` may ask for (the kernel has about 25 swap types in all;
+/// the smaller the areas, the fewer dead pages the frontier area holds).
+pub const AREAS_AUTO_MAX: u32 = AREAS_MAX;
 /// The most areas a device may be cut into.
 pub const AREAS_MAX: u32 = 16;
 
