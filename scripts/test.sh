@@ -52,7 +52,8 @@ print(" ".join("--test " + n for n in names))' "${machine_tests[@]}")
 machine_log=target/machine-tests.log
 step machine-tests cargo test --workspace "${machine_args[@]}" --no-fail-fast -- --test-threads=2 >"$machine_log" 2>&1 &
 machine_pid=$!
-trap '[ -z "$machine_pid" ] || kill "$machine_pid" 2>/dev/null' EXIT
+mc_pid=""
+trap '[ -z "$machine_pid" ] || kill "$machine_pid" 2>/dev/null; [ -z "$mc_pid" ] || kill "$mc_pid" 2>/dev/null' EXIT
 status=0
 # shellcheck disable=SC2086 # one word per argument
 step tests cargo test --workspace --lib --bins $other_args --no-fail-fast -- --test-threads=2 || status=$?
@@ -84,14 +85,12 @@ memcheck() { # memcheck POOL_TESTS COMPRESS_TESTS
     echo "memcheck: $2"
     PROPTEST_CASES=64 nice -n 19 valgrind --error-exitcode=99 -q "$2" --test-threads=1
 }
-mc_pid=""
 mc_log=target/memcheck.log
 if command -v valgrind >/dev/null 2>&1; then
     pool_tests=$(test_binary zmem-alloc test pool)
     compress_tests=$(test_binary zmem-compress lib zmem_compress)
     step memcheck memcheck "$pool_tests" "$compress_tests" >"$mc_log" 2>&1 &
     mc_pid=$!
-    trap '[ -z "$mc_pid" ] || kill "$mc_pid" 2>/dev/null; [ -z "$machine_pid" ] || kill "$machine_pid" 2>/dev/null' EXIT
 else
     echo "memcheck: skipped, valgrind is not installed"
 fi

@@ -15,13 +15,17 @@ fn attr(dev: &str, name: &str) -> String {
     std::fs::read_to_string(Path::new("/sys/block").join(dev).join(name)).unwrap().trim().to_string()
 }
 
-fn skip_reason() -> Option<String> {
-    if effective_uid() != Some(0) {
-        return Some("not root".into());
-    }
-    if !Path::new("/sys/block/zram0").exists() {
-        return Some("/sys/block/zram0 absent".into());
-    }
+/// The test's turn at `/dev/zram0`, or `None` after a skip where the
+/// machine has none to give.
+fn zram_turn(test: &str) -> Option<zmem_testkit::machine::Turn> {
+    let why = if effective_uid() != Some(0) {
+        "not root"
+    } else if !Path::new("/sys/block/zram0").exists() {
+        "/sys/block/zram0 absent"
+    } else {
+        return Some(zmem_testkit::machine::turn());
+    };
+    zmem_testkit::ci::skip(&format!("{test}: {why}"));
     None
 }
 
@@ -57,11 +61,7 @@ fn mixed_data() -> Vec<u8> {
 
 #[test]
 fn kernel_zram_round_trip() {
-    if let Some(r) = skip_reason() {
-        zmem_testkit::ci::skip(&format!("kernel_zram_round_trip: {r}"));
-        return;
-    }
-    let _turn = zmem_testkit::machine::turn();
+    let Some(_turn) = zram_turn("kernel_zram_round_trip") else { return };
     let data = mixed_data();
     let res = run(&data, "lz4").unwrap_or_else(|e| panic!("kernel zram run failed: {e}"));
     eprintln!("{}", serde_json::to_string_pretty(&res).unwrap());
@@ -81,11 +81,7 @@ fn kernel_zram_round_trip() {
 
 #[test]
 fn kernel_zram_unknown_algorithm_resets() {
-    if let Some(r) = skip_reason() {
-        zmem_testkit::ci::skip(&format!("kernel_zram_unknown_algorithm_resets: {r}"));
-        return;
-    }
-    let _turn = zmem_testkit::machine::turn();
+    let Some(_turn) = zram_turn("kernel_zram_unknown_algorithm_resets") else { return };
     let e = run(&vec![1u8; PAGE_SIZE * 4], "no-such-algo").unwrap_err();
     assert!(e.reason.contains("does not support"), "{e}");
     assert_eq!(attr("zram0", "disksize"), "0");

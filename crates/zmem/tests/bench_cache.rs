@@ -17,8 +17,7 @@ fn machine(workdir: &Path) -> String {
     for f in ["read_iops_device", "write_iops_device", "read_bps_device", "write_bps_device"] {
         s += &std::fs::read_to_string(format!("/sys/fs/cgroup/blkio/blkio.throttle.{f}")).unwrap_or_default();
     }
-    let loops = Command::new("losetup").arg("-a").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    s += &loops.lines().filter(|l| l.contains(workdir.to_str().unwrap())).collect::<Vec<_>>().join("\n");
+    s += &format!("loops={:?}", common::loops_under(workdir));
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     s += &mounts.lines().filter(|l| l.contains(workdir.to_str().unwrap())).collect::<Vec<_>>().join("\n");
     s += &format!("cgroup={} workdir={}", Path::new("/sys/fs/cgroup/memory/zmem-bench-cache").exists(), workdir.exists());

@@ -102,9 +102,7 @@ fn bad_flags_and_inputs_are_clear_errors() {
 /// As root with kernel zram present, the same pages go through /dev/zram0.
 #[test]
 fn compares_with_kernel_zram_when_root() {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
-        .unwrap_or(false);
+    let root = zmem_testkit::ci::effective_uid() == Some(0);
     if !root || !Path::new("/sys/block/zram0").exists() {
         zmem_testkit::ci::skip("the kernel zram comparison needs root and /sys/block/zram0");
         return;

@@ -39,8 +39,7 @@ fn machine(dir: &Path) -> String {
     }
     s += &std::fs::read_to_string("/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device").unwrap_or_default();
     s += &std::fs::read_to_string("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device").unwrap_or_default();
-    let loops = Command::new("losetup").arg("-a").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    s += &loops.lines().filter(|l| l.contains(&*dir.to_string_lossy())).collect::<Vec<_>>().join("\n");
+    s += &format!("loops={:?}", common::loops_under(dir));
     s += &format!("cgroup={}", Path::new("/sys/fs/cgroup/memory/zmem-bench-swap").exists());
     s += &format!("zram0={}", std::fs::read_to_string("/sys/block/zram0/disksize").unwrap_or_default());
     s

@@ -62,7 +62,7 @@ impl Drop for RunDir {
         let _ = self.zmem(&["swap", "off", "--all"]);
         // If that failed, do it by hand: nothing may outlive the test.
         let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-        for lo in leftover_loops(self.path()) {
+        for lo in loops_under(self.path()) {
             if swaps.contains(&lo) {
                 let _ = Command::new("swapoff").arg(&lo).status();
             }
@@ -73,17 +73,6 @@ impl Drop for RunDir {
             let _ = Command::new("umount").arg("-l").arg(m).status();
         }
     }
-}
-
-/// Loop devices whose backing file lies under `dir`.
-fn leftover_loops(dir: &Path) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir("/sys/block") else { return Vec::new() };
-    rd.flatten()
-        .filter_map(|e| {
-            let bf = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
-            bf.starts_with(&*dir.to_string_lossy()).then(|| format!("/dev/{}", e.file_name().to_string_lossy()))
-        })
-        .collect()
 }
 
 fn swap_active(dev: &str) -> bool {
@@ -136,7 +125,7 @@ fn usable_with_cgroups() -> bool {
 /// Everything `on` made is gone: swap, loop device, mount, server, directory.
 fn assert_gone(run: &RunDir, name: &str, lo: &str, pid: u32) {
     assert!(!swap_active(lo), "{lo} is still swapped on");
-    assert!(leftover_loops(run.path()).is_empty(), "a loop device is still attached");
+    assert!(loops_under(run.path()).is_empty(), "a loop device is still attached");
     assert!(!alive(pid), "server {pid} still runs");
     assert!(!run.device(name).exists(), "{} is still there", run.device(name).display());
 }
@@ -292,7 +281,7 @@ fn swap_over_io_uring_then_off() {
         let out = run.zmem(&["swap", "on", "--name", "u0", "--size", "512M", "--fuse-uring", "on"]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("enable_uring"), "{err}");
-        assert!(leftover_loops(run.path()).is_empty() && !run.device("u0").exists(), "{err}");
+        assert!(loops_under(run.path()).is_empty() && !run.device("u0").exists(), "{err}");
     }
     // On for this test, and put back as found when `switch` drops (also
     // when the test fails).

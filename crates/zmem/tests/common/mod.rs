@@ -13,6 +13,20 @@ use std::time::{Duration, Instant};
 
 pub const ZMEM: &str = env!("CARGO_BIN_EXE_zmem");
 
+/// Loop devices whose backing file lies under `dir`, by name.
+pub fn loops_under(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir("/sys/block") else { return Vec::new() };
+    let mut loops: Vec<String> = rd
+        .flatten()
+        .filter_map(|e| {
+            let bf = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+            bf.starts_with(&*dir.to_string_lossy()).then(|| format!("/dev/{}", e.file_name().to_string_lossy()))
+        })
+        .collect();
+    loops.sort();
+    loops
+}
+
 /// Whether `tool` is on PATH (or an absolute path that exists).
 pub fn have(tool: &str) -> bool {
     if tool.contains('/') {
