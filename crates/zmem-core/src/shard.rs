@@ -130,7 +130,7 @@ impl Shard {
         Shard {
             // Every pool keeps access times (zram's ac_time): idle pages can
             // be named for writeback and recompression alike.
-            index: BlockIndex::new(true),
+            index: BlockIndex::new(),
             next_gen: 0,
             compr_bytes: 0,
             same_pages: 0,
@@ -242,9 +242,10 @@ impl Shard {
         }
     }
 
-    /// Keep `key`'s index block in its cold form if every key in it is
-    /// written back in one extent or zero-filled (`index.rs`); the counts
-    /// do not change (the same pages, held in less RAM).
+    /// Move the written-back keys of `key`'s index block (and its
+    /// zero-filled pages) to their cold block when that takes less RAM
+    /// (`index.rs`); the counts do not change (the same pages, held in
+    /// less RAM).
     pub fn make_cold(&mut self, key: u64, b: &Budget) -> bool {
         self.index.make_cold(key, b)
     }

@@ -1410,8 +1410,8 @@ struct Settled {
 }
 
 /// After a successful write: swap each unchanged entry for its record, or
-/// remove it if the store dropped the object; then keep each index block
-/// whose pages all went in one extent in its cold form. Collects the
+/// remove it if the store dropped the object; then move the written-back
+/// keys of each index block it touched to their cold block. Collects the
 /// handles to free and marks the records an entry took.
 fn settle_keys<'v>(
     t: &Tier,

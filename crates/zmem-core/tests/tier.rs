@@ -513,9 +513,10 @@ fn concurrent_writeback_keeps_every_page() {
 }
 
 /// `max_pool` bounds pages and the tables that grow with the data, as a
-/// cap on what the pool takes from the machine must: sparse keys (a
-/// 16-entry index block each, with access times) make the index grow as
-/// fast as the compressed pages, and the pool's pages make room for it.
+/// cap on what the pool takes from the machine must: keys that fill an
+/// index block each (a page and 15 same-filled pages beside it, 16 bytes
+/// each in the index) make the index grow as fast as the compressed
+/// pages, and the pool's pages make room for it.
 /// Metadata counts for at most 3/4 of the cap, so pages keep the rest.
 /// (The cap is large enough that a quarter of it is several times the
 /// pages a pool of mixed sizes holds in its classes' partly used spans;
@@ -528,9 +529,11 @@ fn max_pool_bounds_pages_and_tables() {
     let n = 16000u64;
     let key = |i: u64| i * 16;
     for i in 0..n {
-        // A same-filled page beside each (not zero-filled: its block
-        // cannot be kept cold, and stays a whole block of the index).
-        p.store(key(i) + 1, &same_filled(i + 1)).unwrap();
+        // Same-filled pages beside each (not zero-filled: they stay in
+        // RAM, in the index, when the page is written back).
+        for j in 1..16 {
+            p.store(key(i) + j, &same_filled(i + 1)).unwrap();
+        }
         p.store(key(i), &compressible(i)).unwrap();
         if i % 256 == 255 {
             let st = p.stats();
