@@ -166,6 +166,13 @@ impl State {
         let s = &mut self.segs[p.seg as usize];
         if let Ok(i) = s.live.binary_search(&((p.off / REC_ALIGN) as u16)) {
             s.live.remove(i);
+            // A list a quarter full gives back the rest (records die one by
+            // one; 2 bytes a live record is the whole cost it may keep).
+            let cap = s.live.capacity();
+            if s.live.len() < cap / 4 {
+                s.live.shrink_to(2 * s.live.len());
+                self.live_list_bytes -= ((cap - s.live.capacity()) * size_of::<u16>()) as u64;
+            }
         }
         s.live_bytes = s.live_bytes.saturating_sub(bytes);
         let (empty, closed, evacuated) = (s.live.is_empty(), s.state == SegState::Closed, s.evacuated);
@@ -1685,6 +1692,30 @@ mod window_tests {
                 assert_ne!(id.to_raw(), 0);
                 assert_eq!(split_id(id), (p, gen));
             }
+        }
+    }
+
+    /// A segment's live list gives back what its dead records held once
+    /// it is a quarter full: a live record costs 2 bytes or so, however
+    /// many died beside it; the bytes counted are the lists' capacities.
+    #[test]
+    fn live_lists_shrink_as_records_die() {
+        let mut st = State { segs: vec![Segment::new(SegState::Open)], ..State::default() };
+        let places: Vec<Place> = (0..4000u32).map(|k| Place { seg: 0, off: k * 4 * REC_ALIGN, len: 40 }).collect();
+        for &p in &places {
+            st.add_record(p);
+        }
+        st.segs[0].used = 4000 * 4 * REC_ALIGN;
+        st.close(0);
+        assert_eq!(st.live_list_bytes, 2 * 4000);
+        for &p in places.iter().filter(|p| p.off % (40 * REC_ALIGN) != 0) {
+            assert!(!st.remove_record(p));
+            assert_eq!(st.live_list_bytes, 2 * st.segs[0].live.capacity() as u64);
+        }
+        assert_eq!(st.segs[0].live.len(), 400);
+        assert!(st.live_list_bytes <= 4 * 400 * 2, "{} bytes for 400 live records", st.live_list_bytes);
+        for &p in places.iter().filter(|p| p.off % (40 * REC_ALIGN) == 0) {
+            assert_eq!(st.lookup(record_id(p, 1)).unwrap(), p);
         }
     }
 

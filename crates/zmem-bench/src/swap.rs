@@ -310,6 +310,14 @@ pub struct DeadShare {
     /// (`Stats::table_bytes_per_backed_page`): mean and highest.
     pub table_bytes_per_backed_page_mean: f64,
     pub table_bytes_per_backed_page_max: f64,
+    /// Of the mean, the cold store's record tables' share (the rest is
+    /// the index's).
+    pub store_bytes_per_backed_page_mean: f64,
+    /// Means of the written-back pages whose index keys are in cold
+    /// blocks (`Stats::cold_index_pages / bd_count`), and of the keys a
+    /// cold block holds.
+    pub cold_index_share_mean: f64,
+    pub keys_per_cold_block_mean: f64,
     /// Samples of the pool (the two above), and its highest `max_pool` use.
     pub pool_samples: u64,
     pub pool_used_peak: u64,
@@ -346,6 +354,12 @@ impl DeadShare {
             self.backed_samples += 1;
             self.table_bytes_per_backed_page_mean += (b - self.table_bytes_per_backed_page_mean) / self.backed_samples as f64;
             self.table_bytes_per_backed_page_max = self.table_bytes_per_backed_page_max.max(b);
+            let store = st.backing_metadata_bytes.saturating_sub(st.backing_buffer_bytes) as f64 / st.bd_count as f64;
+            self.store_bytes_per_backed_page_mean += (store - self.store_bytes_per_backed_page_mean) / self.backed_samples as f64;
+            let cold = st.cold_index_pages as f64 / st.bd_count as f64;
+            self.cold_index_share_mean += (cold - self.cold_index_share_mean) / self.backed_samples as f64;
+            let per_block = st.cold_index_pages as f64 / st.cold_index_blocks.max(1) as f64;
+            self.keys_per_cold_block_mean += (per_block - self.keys_per_cold_block_mean) / self.backed_samples as f64;
         }
     }
 

@@ -65,6 +65,24 @@ pub(crate) fn map_insert_new<V>(m: &mut Map<V>, key: u64, v: V, b: &Budget) -> R
     Ok(())
 }
 
+/// Give back most of a map's table once it is less than a quarter full
+/// (a map does not shrink by itself: one that held many blocks once would
+/// keep their buckets), down to room for twice its entries. The new table
+/// is charged while both exist; a budget that cannot pay leaves the map as
+/// it is.
+pub(crate) fn map_shrink<V>(m: &mut Map<V>, b: &Budget) {
+    if m.len() >= m.capacity() / 4 || m.capacity() < 64 {
+        return;
+    }
+    let before = map_bytes(m);
+    let reserved = before / 2;
+    if b.try_charge(reserved).is_err() {
+        return;
+    }
+    m.shrink_to(2 * m.len());
+    b.uncharge(reserved + before.saturating_sub(map_bytes(m)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +113,22 @@ mod tests {
         let (len, bytes) = (m.len(), map_bytes(&m));
         assert!(matches!(map_insert_new(&mut m, k, k, &full), Err(AllocError::LimitReached { .. })));
         assert_eq!((m.len(), map_bytes(&m), full.used()), (len, bytes, bytes));
+    }
+
+    #[test]
+    fn a_map_mostly_emptied_gives_its_table_back() {
+        let b = Budget::new(None);
+        let mut m: Map<u64> = Map::default();
+        for k in 0..10_000 {
+            map_insert_new(&mut m, k, k, &b).unwrap();
+        }
+        let full = map_bytes(&m);
+        for k in 0..9_000 {
+            m.remove(&k);
+            map_shrink(&mut m, &b);
+            assert_eq!(b.used(), map_bytes(&m));
+        }
+        assert!(map_bytes(&m) < full / 3, "{} of {full}", map_bytes(&m));
+        assert!((9_000..10_000).all(|k| m[&k] == k));
     }
 }

@@ -54,7 +54,7 @@ use std::ops::Range;
 
 use zmem_alloc::{AllocError, Budget};
 
-use crate::charged::{map_bytes, map_insert_new, Map};
+use crate::charged::{map_bytes, map_insert_new, map_shrink, Map};
 use crate::entry::{Entry, ObjInfo, Slot};
 
 pub(crate) const BLOCK_SHIFT: u32 = 4;
@@ -533,6 +533,7 @@ impl BlockIndex {
         let freed = b.take(backed | zeros, |_, _| {});
         if b.len() == 0 {
             self.blocks.remove(&id);
+            map_shrink(&mut self.blocks, budget);
         }
         self.block_bytes -= freed;
         budget.uncharge(freed);
@@ -558,6 +559,7 @@ impl BlockIndex {
                 let bytes = c.heap_bytes();
                 self.cold_bytes -= bytes;
                 budget.uncharge(bytes);
+                map_shrink(&mut self.cold, budget);
             }
         }
         Some(old)
@@ -692,6 +694,7 @@ impl BlockIndex {
                 let freed = b.take(1 << i, |_, e| old = e);
                 if b.len() == 0 {
                     self.blocks.remove(&id);
+                    map_shrink(&mut self.blocks, budget);
                 }
                 self.block_bytes -= freed;
                 budget.uncharge(freed);
@@ -748,6 +751,13 @@ impl BlockIndex {
         self.len -= out.len() - before;
         self.block_bytes -= t.freed;
         budget.uncharge(t.freed + cold_freed);
+        map_shrink(&mut self.blocks, budget);
+        map_shrink(&mut self.cold, budget);
+    }
+
+    /// Written-back keys in cold blocks, and the cold blocks.
+    pub fn cold_counts(&self) -> (u64, u64) {
+        (self.cold_members, self.cold.len() as u64)
     }
 
     /// Heap bytes held: the maps' tables and every block (with malloc's header).

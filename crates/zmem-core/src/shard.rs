@@ -297,6 +297,9 @@ impl Shard {
         st.same_pages += self.same_pages;
         st.huge_pages += self.huge_pages;
         st.bd_count += self.backed_pages;
+        let (cold_pages, cold_blocks) = self.index.cold_counts();
+        st.cold_index_pages += cold_pages;
+        st.cold_index_blocks += cold_blocks;
         (self.index.heap_bytes(), self.index.backed_bytes(self.backed_pages))
     }
 }

@@ -230,6 +230,11 @@ pub struct Stats {
     /// `bd_count`, what one page costs in RAM once written back
     /// ([`Stats::table_bytes_per_backed_page`]).
     pub backed_table_bytes: u64,
+    /// Of `bd_count`, the pages whose index keys are in cold blocks (the
+    /// rest are in blocks of keys in RAM), and the cold blocks (64 keys
+    /// each at most) that hold them.
+    pub cold_index_pages: u64,
+    pub cold_index_blocks: u64,
     /// The cold store's own failures: batches it refused, reads that
     /// failed, reads that found no record; frees queued and given up on.
     pub backing_failed_writes: u64,
