@@ -251,7 +251,8 @@ fn bring_up(a: &Device, dir: &Path) -> Result<State> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let image = dir.join("mnt").join(IMAGE);
-    for (i, area) in area_layout(a.size, a.areas, a.priority).into_iter().enumerate() {
+    let areas = if a.areas == 0 { auto_areas(a.size, zmem_host::swap_areas().len() as u32) } else { a.areas };
+    for (i, area) in area_layout(a.size, areas, a.priority).into_iter().enumerate() {
         let dev = tool(
             Command::new("losetup")
                 .args(["--direct-io=on", "--show", "-f", "--offset", &area.offset.to_string(), "--sizelimit", &area.len.to_string()])
@@ -293,12 +294,23 @@ pub struct Area {
 
 /// The smallest area [`area_layout`] cuts when it chooses the count.
 pub const AREA_MIN: u64 = 256 << 20;
-/// The most areas [`area_layout`] cuts when it chooses the count: as many
-/// as `--areas` may ask for (the kernel has about 25 swap types in all;
-/// the smaller the areas, the fewer dead pages the frontier area holds).
-pub const AREAS_AUTO_MAX: u32 = AREAS_MAX;
-/// The most areas a device may be cut into.
-pub const AREAS_MAX: u32 = 16;
+/// The most areas [`area_layout`] cuts when it chooses the count (the
+/// smaller the areas, the fewer dead pages the frontier area holds;
+/// [`auto_areas`] also leaves the swap types other areas take): 24 areas
+/// measured no better than 16 on the build (MEASUREMENTS, "Swap areas").
+pub const AREAS_AUTO_MAX: u32 = 16;
+/// The most areas a device may be cut into: the swap types every x86
+/// kernel has (32 less those its configuration takes for migration,
+/// device-private and poisoned entries and PTE markers: at most 8).
+pub const AREAS_MAX: u32 = 24;
+
+/// The areas `--areas auto` cuts a device of `size` bytes into, on a
+/// machine with `others` swap areas on: one per [`AREA_MIN`], at most
+/// [`AREAS_AUTO_MAX`], and never more than the swap types left of
+/// [`AREAS_MAX`] (one at least: swapon then says what is wrong).
+pub fn auto_areas(size: u64, others: u32) -> u32 {
+    (size / AREA_MIN).clamp(1, u64::from(AREAS_AUTO_MAX.min(AREAS_MAX.saturating_sub(others)).max(1))) as u32
+}
 
 /// How a device of `size` bytes is cut into swap areas, at descending
 /// priorities from `priority`.
@@ -313,15 +325,14 @@ pub const AREAS_MAX: u32 = 16;
 /// pages from the pool); the later areas only drain, so their clusters
 /// come wholly free and are discarded.
 ///
-/// `areas` 0 chooses: one area per [`AREA_MIN`], at most
-/// [`AREAS_AUTO_MAX`]. Every area is a whole number of pages, the last
+/// `areas` 0 chooses as [`auto_areas`] does on a machine with no swap on. Every area is a whole number of pages, the last
 /// takes the rest. A priority below `areas − 1` leaves room for fewer
 /// areas (swapon's priorities go down to 0); priority −1 leaves every
 /// area's to the kernel, which gives each one swapped on a lower one.
 pub fn area_layout(size: u64, areas: u32, priority: i32) -> Vec<Area> {
     const PAGE: u64 = 4096;
     let pages = size / PAGE;
-    let mut n = if areas == 0 { (size / AREA_MIN).clamp(1, AREAS_AUTO_MAX as u64) } else { areas.min(AREAS_MAX) as u64 };
+    let mut n = u64::from(if areas == 0 { auto_areas(size, 0) } else { areas.min(AREAS_MAX) });
     // mkswap needs 10 pages an area.
     n = n.min(pages / 16).max(1);
     if priority >= 0 {
@@ -810,6 +821,11 @@ mod tests {
         assert_eq!(area_layout(4096 << 20, 0, 100).len(), AREAS_AUTO_MAX as usize, "4 GiB: the most it chooses");
         assert_eq!(area_layout(1 << 30, 0, 100).len(), 4, "1 GiB: one per 256 MiB");
         assert_eq!(area_layout(64 << 20, 0, 100).len(), 1, "below 512 MiB: one");
+        assert_eq!(
+            (auto_areas(4096 << 20, 3), auto_areas(4096 << 20, 12), auto_areas(4096 << 20, 30), auto_areas(1 << 30, 22)),
+            (16, 12, 1, 2),
+            "the swap types left"
+        );
         assert_eq!(area_layout(512 << 20, 4, 1).len(), 2, "priority 1 leaves room for 2");
         assert_eq!(area_layout(100 * 4096, 16, 32767).len(), 6, "16 pages an area at least");
         assert_eq!(area_layout(1 << 30, 99, 100).len(), AREAS_MAX as usize);

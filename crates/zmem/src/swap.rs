@@ -57,7 +57,8 @@ pub struct OnArgs {
     /// it fills the first before the next, so the slots in use gather in
     /// the first areas, whose freed slots are soon written again (and
     /// leave the pool), while the later ones drain and are discarded.
-    /// `auto`: one per 256 MiB, at most 16; 1 to 16.
+    /// `auto`: one per 256 MiB, at most 16 and at most 24 less the swap
+    /// areas already on (the kernel has 24 swap types at least); 1 to 24.
     #[arg(long, default_value = "auto", value_parser = parse_areas)]
     pub areas: u32,
     /// Threads serving the FUSE image.
