@@ -163,7 +163,7 @@ pub struct ServeArgs {
     pub metrics: Option<zmem_server::metrics::MetricsAddr>,
 }
 
-/// `--areas`: `auto` (0) or 1 to 16.
+/// `--areas`: `auto` (0) or 1 to [`zmem_swap::AREAS_MAX`].
 fn parse_areas(s: &str) -> Result<u32, String> {
     match s {
         "auto" => Ok(0),

@@ -200,7 +200,7 @@ fn swap_on_a_workload_then_off() {
 /// down to 32764. The kernel fills the first before it takes the second,
 /// and the pages that land in the second (keys from its offset in the
 /// image) read back right; `status` names the first and counts the rest;
-/// `off` takes all four down. `--areas` takes auto or 1 to 16.
+/// `off` takes all four down. `--areas` takes auto or 1 to 24.
 #[test]
 fn areas_fill_in_priority_order_and_read_back_right() {
     if !usable_with_cgroups() {
@@ -208,10 +208,10 @@ fn areas_fill_in_priority_order_and_read_back_right() {
     }
     let _turn = exclusive();
     let run = RunDir::new();
-    for bad in ["0", "17", "many"] {
+    for bad in ["0", "25", "many"] {
         let out = run.zmem(&["swap", "on", "--name", "a0", "--size", "256M", "--areas", bad]);
         assert!(!out.status.success(), "--areas {bad} was taken");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("auto or 1 to 16"), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("auto or 1 to 24"), "{}", String::from_utf8_lossy(&out.stderr));
     }
     run.ok(&["swap", "on", "--name", "a0", "--size", "256M", "--max-pool", "256M", "--priority", "32767", "--areas", "4"]);
     let (lo, pid) = (run.loop_dev("a0"), run.server_pid("a0"));
