@@ -529,8 +529,16 @@ impl BlockIndex {
         self.cold_bytes = self.cold_bytes + after - before;
         self.cold_members += u64::from(backed.count_ones());
         self.cold_zeros += u64::from(zeros.count_ones());
-        let Some(b) = self.blocks.get_mut(&id) else { unreachable!("looked up above") };
-        let freed = b.take(backed | zeros, |_, _| {});
+        self.take_from_block(id, backed | zeros, budget, |_, _| {});
+        true
+    }
+
+    /// Take the keys of `mask` out of block `id` in RAM (handing each to
+    /// `out`), freeing the block if that empties it, and uncharge the bytes.
+    /// Returns whether the block held any of them.
+    fn take_from_block(&mut self, id: u64, mask: u16, budget: &Budget, out: impl FnMut(usize, Entry)) -> bool {
+        let Some(b) = self.blocks.get_mut(&id).filter(|b| b.present & mask != 0) else { return false };
+        let freed = b.take(mask, out);
         if b.len() == 0 {
             self.blocks.remove(&id);
             map_shrink(&mut self.blocks, budget);
@@ -688,20 +696,10 @@ impl BlockIndex {
     /// Remove `key`; a block left empty is freed and its bytes uncharged.
     pub fn remove(&mut self, key: u64, budget: &Budget) -> Option<Entry> {
         let (id, i) = place(key);
-        let old = match self.blocks.get_mut(&id) {
-            Some(b) if b.has(i) => {
-                let mut old = Entry::EMPTY;
-                let freed = b.take(1 << i, |_, e| old = e);
-                if b.len() == 0 {
-                    self.blocks.remove(&id);
-                    map_shrink(&mut self.blocks, budget);
-                }
-                self.block_bytes -= freed;
-                budget.uncharge(freed);
-                old
-            }
-            _ => self.take_cold(key, budget)?,
-        };
+        let mut old = Entry::EMPTY;
+        if !self.take_from_block(id, 1 << i, budget, |_, e| old = e) {
+            old = self.take_cold(key, budget)?;
+        }
         self.len -= 1;
         Some(self.marked(id, old))
     }
