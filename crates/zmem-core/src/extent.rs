@@ -3,9 +3,9 @@
 //! # Why
 //! A page written back alone costs a record in the cold store (its
 //! offset in its segment's list: 2 bytes in the backing file's tables)
-//! and its record id in the index (4-8 bytes in a cold block, and the
-//! block's slot), whoever reads it: about 12 bytes of RAM for a page that
-//! is not in RAM. Under
+//! and its record id in the index (4-8 bytes in a cold block, and its
+//! share of the block's masks and slot), whoever reads it: about 7 bytes
+//! of RAM for a page that is not in RAM. Under
 //! a build's swap storm the pool's cap then holds tables, not pages.
 //! zram's flat table costs it 16 bytes a slot it does not count; zswap's
 //! overflow is the kernel's swap map, a byte or two a slot.
@@ -18,9 +18,9 @@
 //! this header, then the objects as they were in RAM, back to back (no
 //! recompression: no CPU spent). Every member's entry names the extent's
 //! record; when the block holds nothing else (same-filled zero pages
-//! aside), the index keeps it as a cold block of 32 bytes (`index.rs`)
-//! instead of 16 entries and their access times, so a full block costs
-//! about three bytes a page with the record's place. A member's entry goes when its key is overwritten,
+//! aside), the index keeps its keys in a cold block (`index.rs`) instead
+//! of 16 entries and their access times: one id for the whole cold block
+//! when they are all it holds, else 4 bytes a key. A member's entry goes when its key is overwritten,
 //! freed or brought back; the record is freed with the last of them, which
 //! the index finds in the block alone (an extent never spans blocks) and
 //! marks on the entry it hands out (`Entry::last`).

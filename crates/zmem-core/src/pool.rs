@@ -2,8 +2,9 @@
 //!
 //! # The index and its entries
 //! Keys (page numbers from every frontend) hash to one of N shards (64 by
-//! default); whole 16-key blocks go to one shard, so a run of keys shares a
-//! lock and a block. A shard (`shard.rs`) is a mutex over a block map
+//! default); whole 256-key cold blocks (sixteen 16-key blocks) go to one
+//! shard, so a run of keys shares a lock and a block, and the written-back
+//! keys of sixteen blocks one cold block. A shard (`shard.rs`) is a mutex over a block map
 //! (`index.rs`) and the counters of the entries it holds. An entry is 12 bytes (`entry.rs`):
 //! `Obj(handle, len, tag)` for an object in RAM (the tag names the
 //! algorithm, or raw, or a dictionary slot and lz4/zstd: `dict.rs`), `Same(word)` for a page of

@@ -231,7 +231,7 @@ pub struct Stats {
     /// ([`Stats::table_bytes_per_backed_page`]).
     pub backed_table_bytes: u64,
     /// Of `bd_count`, the pages whose index keys are in cold blocks (the
-    /// rest are in blocks of keys in RAM), and the cold blocks (64 keys
+    /// rest are in blocks of keys in RAM), and the cold blocks (256 keys
     /// each at most) that hold them.
     pub cold_index_pages: u64,
     pub cold_index_blocks: u64,
