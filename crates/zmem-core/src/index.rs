@@ -398,16 +398,20 @@ impl ColdBlock {
         let mut keys = old.map_or_else(Vec::new, ColdBlock::keys);
         keys.extend_from_slice(adds);
         keys.sort_unstable_by_key(|&(i, _)| i);
-        let mut z = *zeros;
-        if let Some(old) = old.and_then(ColdBlock::zeros) {
-            z.iter_mut().zip(old).for_each(|(a, b)| *a |= b);
-        }
+        let mut z = old.map_or([0; MASK_WORDS], ColdBlock::zero_mask);
+        z.iter_mut().zip(zeros).for_each(|(a, b)| *a |= b);
         ColdBlock::new(&keys, &z)
     }
     /// Take the keys of `mask` out (if any is here, the block is rebuilt
     /// without them), handing each to `out` with its place. Returns the
     /// written-back keys and zero-filled pages taken.
     fn take(&mut self, mask: &Mask, mut out: impl FnMut(usize, Entry)) -> (u64, u64) {
+        // A store's new key in RAM asks here first: a key that is not in
+        // the block costs no decoding.
+        let z = self.zero_mask();
+        if mask.iter().zip(self.members()).zip(&z).all(|((m, a), b)| m & (a | b) == 0) {
+            return (0, 0);
+        }
         let (mut members, mut zeros) = (0, 0);
         let keys = self.keys();
         let mut kept = Vec::with_capacity(keys.len());
@@ -419,15 +423,13 @@ impl ColdBlock {
                 kept.push((i, rec));
             }
         }
-        let mut z = self.zero_mask();
+        let mut z = z;
         for i in places(mask).filter(|&i| bit(&z, i)).collect::<Vec<_>>() {
             out(i, Entry::same(0));
             z[i / 32] &= !(1 << (i % 32));
             zeros += 1;
         }
-        if members + zeros > 0 {
-            *self = ColdBlock::new(&kept, &z);
-        }
+        *self = ColdBlock::new(&kept, &z);
         (members, zeros)
     }
     /// The id form of the block's records, for the tests.
