@@ -50,13 +50,26 @@ skip = set(sys.argv[1:])
 names = sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"]} - skip)
 print(" ".join("--test " + n for n in names))' "${machine_tests[@]}")
 machine_log=target/machine-tests.log
-step machine-tests cargo test --workspace "${machine_args[@]}" --no-fail-fast -- --test-threads=2 >"$machine_log" 2>&1 &
+# A test that hangs would hold CI to its limit and print nothing of the
+# line it hung in: each line has a deadline (several times what it takes),
+# past which `timeout` ends it, so the run fails with the line's log,
+# where libtest names the test that "has been running for over 60 s".
+deadline() { # deadline MINUTES COMMAND...: the command's status
+    local rc=0
+    timeout --kill-after=60 "$(($1 * 60))" "${@:2}" || rc=$?
+    # 124: timed out (TERM); 137: killed a minute after that.
+    if ((rc == 124 || rc == 137)); then
+        echo "test.sh: \`${*:2:3} ...\` ran past its deadline of $1 minutes: a test hung (see its log)" >&2
+    fi
+    return "$rc"
+}
+step machine-tests deadline 40 cargo test --workspace "${machine_args[@]}" --no-fail-fast -- --test-threads=2 >"$machine_log" 2>&1 &
 machine_pid=$!
 mc_pid=""
 trap '[ -z "$machine_pid" ] || kill "$machine_pid" 2>/dev/null; [ -z "$mc_pid" ] || kill "$mc_pid" 2>/dev/null' EXIT
 status=0
 # shellcheck disable=SC2086 # one word per argument
-step tests cargo test --workspace --lib --bins $other_args --no-fail-fast -- --test-threads=2 || status=$?
+step tests deadline 30 cargo test --workspace --lib --bins $other_args --no-fail-fast -- --test-threads=2 || status=$?
 step doc-tests cargo test --workspace --doc --no-fail-fast || status=$?
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
 # sanitizers here; memcheck needs neither): the allocator's module (mmap,
@@ -81,9 +94,9 @@ for l in sys.stdin:
 }
 memcheck() { # memcheck POOL_TESTS COMPRESS_TESTS
     echo "memcheck: $1"
-    PROPTEST_CASES=4 nice -n 19 valgrind --error-exitcode=99 -q "$1" --test-threads=1
+    PROPTEST_CASES=4 deadline 15 nice -n 19 valgrind --error-exitcode=99 -q "$1" --test-threads=1
     echo "memcheck: $2"
-    PROPTEST_CASES=64 nice -n 19 valgrind --error-exitcode=99 -q "$2" --test-threads=1
+    PROPTEST_CASES=64 deadline 15 nice -n 19 valgrind --error-exitcode=99 -q "$2" --test-threads=1
 }
 mc_log=target/memcheck.log
 if command -v valgrind >/dev/null 2>&1; then
@@ -100,7 +113,7 @@ fi
 # bench end to end; CI runs them. (--workspace: the same feature set as the
 # run above, so nothing rebuilds.) Three at a time: each has a cluster of
 # its own and mostly waits for it.
-step ignored-tests cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=3 || status=$?
+step ignored-tests deadline 40 cargo test --workspace --test cluster --test nbd_remote --test bench_remote --no-fail-fast -- --ignored --test-threads=3 || status=$?
 
 # A job started in the background above: wait for it, print its log, and
 # fold a failure into the run's status.

@@ -19,7 +19,15 @@
 //! it was afterwards compares only what it could have changed itself.
 
 use std::fs::{File, OpenOptions};
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long [`turn`] waits before it fails the test: far longer than the
+/// longest test that holds a turn takes on a loaded machine (a few
+/// minutes), far shorter than CI's limit, so a test stuck with the turn
+/// fails its waiters with the holder's name instead of stalling CI.
+pub const WAIT: Duration = Duration::from_secs(30 * 60);
 
 /// A test's turn at the machine's shared kernel state; the next test's
 /// turn begins when this one is dropped.
@@ -35,18 +43,36 @@ pub fn lock_path() -> PathBuf {
 
 /// Wait for the turn at the machine's shared kernel state, and take it.
 ///
-/// Panics (failing the test) if the lock file cannot be opened or locked:
-/// running on without the turn could break another test.
+/// Panics (failing the test) if the lock file cannot be opened or locked,
+/// or if the turn is not free within [`WAIT`]: running on without the turn
+/// could break another test.
 pub fn turn() -> Turn {
-    let path = lock_path();
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("open {} (the tests' turn at the machine): {e}", path.display()));
-    file.lock().unwrap_or_else(|e| panic!("lock {} (the tests' turn at the machine): {e}", path.display()));
-    Turn { _lock: file }
+    turn_within(&lock_path(), WAIT).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Wait at most `wait` for the turn whose lock is the file `path`. The
+/// holder writes its pid and thread (libtest names a test's thread after
+/// the test) into the file, so a waiter that gives up says who held it.
+pub fn turn_within(path: &Path, wait: Duration) -> Result<Turn, String> {
+    let what = || format!("{} (the tests' turn at the machine)", path.display());
+    let mut file = OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(|e| format!("open {}: {e}", what()))?;
+    let end = Instant::now() + wait;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < end => std::thread::sleep(Duration::from_millis(50)),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(path).unwrap_or_default();
+                return Err(format!("waited {wait:?} for {}, held all that time by {}: that test is stuck", what(), holder.trim()));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(format!("lock {}: {e}", what())),
+        }
+    }
+    let me = format!("pid {}, test {}", std::process::id(), std::thread::current().name().unwrap_or("(unnamed thread)"));
+    // Who holds it is for a waiter's message only: a failure to say so
+    // changes nothing about the turn.
+    let _ = file.set_len(0).and_then(|()| file.write_all(me.as_bytes()));
+    Ok(Turn { _lock: file })
 }
 
 #[cfg(test)]
@@ -54,7 +80,6 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
 
     /// Two turns never overlap, also between threads of one process (each
     /// turn opens the file anew, and `flock` locks belong to an open file).
@@ -81,5 +106,25 @@ mod tests {
             t.join().unwrap();
         }
         assert!(!overlaps.load(Ordering::SeqCst), "two turns overlapped");
+    }
+
+    /// A waiter that gives up names the test holding the turn.
+    #[test]
+    fn a_waiter_gives_up_in_time_and_names_the_holder() {
+        let dir = std::env::temp_dir().join(format!("zmem-turn-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lock");
+        let held = std::thread::Builder::new().name("the_holder".into()).spawn({
+            let path = path.clone();
+            move || turn_within(&path, Duration::ZERO).unwrap()
+        });
+        let held = held.unwrap().join().unwrap();
+        let t = Instant::now();
+        let e = turn_within(&path, Duration::from_millis(200)).unwrap_err();
+        assert!(t.elapsed() >= Duration::from_millis(200), "gave up early: {e}");
+        assert!(e.contains(&format!("pid {}, test the_holder", std::process::id())), "{e}");
+        drop(held);
+        drop(turn_within(&path, Duration::ZERO).expect("free once its holder is dropped"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

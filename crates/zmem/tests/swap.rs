@@ -130,18 +130,52 @@ fn assert_gone(run: &RunDir, name: &str, lo: &str, pid: u32) {
     assert!(!run.device(name).exists(), "{} is still there", run.device(name).display());
 }
 
-/// A process in a 64 MiB memory cgroup touches 160 MiB and verifies every
-/// byte; what does not fit goes to zmem swap. Discards free the slots when
-/// it exits. Then `off` undoes everything.
-/// Write and verify 160 MiB in a 64 MiB memory cgroup (removed after),
-/// so that at least 96 MiB goes to swap.
+/// A process in a 64 MiB memory cgroup (removed after) touches 160 MiB
+/// and verifies every byte: what does not fit (at least 72 MiB, as the
+/// limit is raised by 24 MiB at most when the kernel's reclaim stalls: see
+/// [`Cgroup::run_riding_stalls`]) goes to zmem swap. Discards free the
+/// slots when it exits.
 fn swap_160m_in_64m(run: &RunDir, tag: &str) {
     let cg = Cgroup::create(&format!("zmem-swap-test-{tag}{}", std::process::id()), 64 << 20);
     let script = run.path().join("w.py");
     std::fs::write(&script, WORKLOAD).unwrap();
-    let out = run_ok(cg.python(&script, "160").stderr(Stdio::piped()), T);
+    let (o, raised) = cg.run_riding_stalls(cg.python(&script, "160").stderr(Stdio::piped()), T, 24 << 20);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "the workload failed ({}, limit raised by {} MiB): {}", o.status, raised >> 20, String::from_utf8_lossy(&o.stderr));
     assert_eq!(out.trim(), "OK", "workload output: {out}");
-    assert!(cg.get("memory.max_usage_in_bytes") <= 64 << 20);
+    assert!(cg.get("memory.max_usage_in_bytes") <= (64 << 20) + raised);
+}
+
+/// The helper the workloads above run in: a cgroup that stalls at its
+/// limit (here 24 MiB for 40 MiB, with swap out of reach: swappiness 0) is
+/// given 8 MiB at a time until the workload fits, and no further than
+/// asked; one that still does not fit is ended by the time limit, not
+/// left waiting.
+#[test]
+fn a_workload_stalled_at_its_limit_is_given_room_up_to_a_bound() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("w.py");
+    std::fs::write(&script, WORKLOAD).unwrap();
+    let cg = Cgroup::create(&format!("zmem-stall-test-{}", std::process::id()), 24 << 20);
+    cg.set("memory.swappiness", "0");
+    let (o, raised) = cg.run_riding_stalls(cg.python(&script, "40").stderr(Stdio::piped()), T, 64 << 20);
+    assert!(o.status.success(), "{} (limit raised by {} MiB): {}", o.status, raised >> 20, String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "OK");
+    assert!((16 << 20..=64 << 20).contains(&raised) && raised % (8 << 20) == 0, "raised by {raised}");
+    assert_eq!(cg.get("memory.limit_in_bytes"), (24 << 20) + raised);
+    drop(cg);
+    let cg = Cgroup::create(&format!("zmem-stall-test-{}", std::process::id()), 24 << 20);
+    cg.set("memory.swappiness", "0");
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cg.run_riding_stalls(cg.python(&script, "64").stderr(Stdio::piped()), Duration::from_secs(8), 8 << 20)
+    }));
+    let e = r.expect_err("64 MiB ran in a limit of 32 MiB");
+    let msg = e.downcast_ref::<String>().map(String::as_str).unwrap_or("");
+    assert!(msg.contains("timed out after 8s"), "{msg}");
+    assert_eq!(cg.get("memory.limit_in_bytes"), 32 << 20, "raised past its bound");
 }
 
 #[test]
@@ -245,8 +279,9 @@ fn areas_fill_in_priority_order_and_read_back_right() {
             }
             (first, second)
         });
+        let stopping = SetOnDrop(&stop);
         swap_160m_in_64m(&run, "areas-");
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(stopping);
         sampler.join().unwrap()
     });
     eprintln!("areas used at most: first {first} KiB, second {second} KiB");
@@ -800,36 +835,12 @@ fn writeback_under_swap_to_a_cluster() {
 /// A churn of 256 MiB in an 80 MiB cgroup over device `name` (up with a
 /// 12 MiB pool and a cold store, `cold`), checked byte for byte; then off.
 fn writeback_under_swap_on(run: &RunDir, name: &str, cold: &str) {
-    // The kernel's memcg (v1) reclaim gives up on a cgroup whose pages are
-    // all under writeback, here while swap-outs wait for the shrinker: at
-    // 80 MiB its OOM killer ended the workload in 3 of 8 runs, and with the
-    // OOM killer off it hung at its limit in 2 of 8. Neither says anything
-    // about zmem's data. So the OOM killer is off and a watcher gives a
-    // cgroup that stalls at its limit 8 MiB more (the kernel then wakes
-    // it), up to 64 MiB, and says so; any failure, and wrong bytes, fail.
+    // See Cgroup::run_riding_stalls: at 80 MiB the kernel's reclaim
+    // stalled the churn in 3 runs of 8.
     let script = run.path().join("churn.py");
     std::fs::write(&script, CHURN).unwrap();
     let cg = Cgroup::create(&format!("zmem-wb-test-{}", std::process::id()), 80 << 20);
-    cg.set("memory.oom_control", "1");
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let (o, raised) = std::thread::scope(|s| {
-        let watcher = s.spawn(|| {
-            let mut raised = 0u64;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                let oom = std::fs::read_to_string(cg.0.join("memory.oom_control")).unwrap_or_default();
-                if oom.lines().any(|l| l.trim() == "under_oom 1") && raised < 64 << 20 {
-                    raised += 8 << 20;
-                    cg.set("memory.limit_in_bytes", &((80 << 20) + raised).to_string());
-                    eprintln!("writeback under swap: the workload stalled at its cgroup's limit; limit raised by {} MiB", raised >> 20);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            raised
-        });
-        let o = run_timeout(cg.python(&script, "256 10").stderr(Stdio::piped()), T);
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
-        (o, watcher.join().unwrap())
-    });
+    let (o, raised) = cg.run_riding_stalls(cg.python(&script, "256 10").stderr(Stdio::piped()), T, 64 << 20);
     drop(cg);
     assert!(o.status.success(), "churn failed ({}, limit raised by {} MiB): {}", o.status, raised >> 20, String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout).into_owned();

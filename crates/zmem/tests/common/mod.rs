@@ -9,6 +9,7 @@ use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 pub const ZMEM: &str = env!("CARGO_BIN_EXE_zmem");
@@ -349,6 +350,18 @@ impl Loop {
 
 pub const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
 
+/// Sets its flag when dropped, also by a panic's unwinding: the flag that
+/// stops a thread of a `std::thread::scope`, which joins its threads before
+/// a panic in its body leaves it (a thread that waits for a flag the panic
+/// skipped would hang the test for good).
+pub struct SetOnDrop<'a>(pub &'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Relaxed);
+    }
+}
+
 /// A memory cgroup (v1) removed on drop (after its tasks have exited).
 pub struct Cgroup(pub PathBuf);
 
@@ -373,6 +386,42 @@ impl Cgroup {
         let mut c = Command::new("sh");
         c.arg("-c").arg(format!("echo $$ > '{}/cgroup.procs' && exec python3 '{}' {args}", self.0.display(), script.display()));
         c
+    }
+    /// Run `cmd` (a [`Cgroup::python`] of this cgroup) within `limit`,
+    /// with the cgroup's OOM killer off. The kernel's memcg (v1) reclaim
+    /// gives up on a cgroup whose pages are all under writeback or in the
+    /// swap cache while swap-outs wait on a FUSE device: its OOM killer
+    /// then ends a workload that swap would have carried (a 160 MiB
+    /// workload in 64 MiB, once; a churn in 80 MiB, 3 runs in 8), and with
+    /// the OOM killer off the cgroup can wait at its limit for good. So a
+    /// watcher gives a cgroup that stalls at its limit 8 MiB more (the
+    /// kernel then wakes it), up to `max_raise`, and says so. Returns the
+    /// output and how much the limit was raised; the watcher stops also
+    /// when the run panics (a scope joins its threads before a panic
+    /// leaves it).
+    pub fn run_riding_stalls(&self, cmd: &mut Command, limit: Duration, max_raise: u64) -> (Output, u64) {
+        let base = self.get("memory.limit_in_bytes");
+        self.set("memory.oom_control", "1");
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let mut raised = 0u64;
+                while !done.load(Relaxed) {
+                    let oom = std::fs::read_to_string(self.0.join("memory.oom_control")).unwrap_or_default();
+                    if oom.lines().any(|l| l.trim() == "under_oom 1") && raised < max_raise {
+                        raised += 8 << 20;
+                        self.set("memory.limit_in_bytes", &(base + raised).to_string());
+                        eprintln!("{}: the workload stalled at its cgroup's limit; limit raised by {} MiB", self.0.display(), raised >> 20);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                raised
+            });
+            let stop = SetOnDrop(&done);
+            let out = run_timeout(cmd, limit);
+            drop(stop);
+            (out, watcher.join().unwrap())
+        })
     }
     pub fn get(&self, file: &str) -> u64 {
         std::fs::read_to_string(self.0.join(file)).unwrap().trim().parse().unwrap()
