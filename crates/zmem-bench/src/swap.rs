@@ -478,6 +478,12 @@ impl RunResult {
         self.server()?.backing_read_amplification()
     }
 
+    /// zmem: what a read of its backing file cost, in milliseconds: the
+    /// time with one in flight over the reads (however many overlapped).
+    pub fn file_read_cost_ms(&self) -> Option<f64> {
+        Some(self.server()?.backing_read_cost_ns()? as f64 / 1e6)
+    }
+
     /// zmem: the share of what its backing file's reads read ahead (past
     /// the records they wanted) that later loads used.
     pub fn readahead_used_share(&self) -> Option<f64> {
@@ -1199,8 +1205,8 @@ pub fn render(report: &Report) -> String {
     }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
-        "mem MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap", "io/disk",
-        "io/zswap",
+        "mem MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap",
+        "io/disk", "io/zswap",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -1226,6 +1232,7 @@ pub fn render(report: &Report) -> String {
             f2(r.read_ops_per_swapin()),
             f2(r.read_ops_per_file_page()),
             f2(r.file_read_amplification()),
+            f2(r.file_read_cost_ms()),
             r.readahead_used_share().map_or("-".to_string(), |u| format!("{:.0}", u * 100.0)),
             r.dead.map_or("-".to_string(), |d| format!("{:.0}", d.mean_share * 100.0)),
             r.dead.filter(|d| d.ram_unmapped_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.ram_unmapped_share_mean * 100.0)),

@@ -252,6 +252,10 @@ pub struct Stats {
     /// the batches being written now (a remote tier measures these).
     pub backing_read_p50_ns: u64,
     pub backing_read_p99_ns: u64,
+    /// Time with at least one read of the cold store in flight (ns): over
+    /// `backing_read_ops`, what a read costs however many overlap (the
+    /// kernel's `io_ticks` of a disk).
+    pub backing_read_busy_ns: u64,
     pub backing_in_flight: u64,
     /// Written-back pages a load brought back into RAM.
     pub promoted_pages: u64,
@@ -362,6 +366,12 @@ impl Stats {
     pub fn backing_read_amplification(&self) -> Option<f64> {
         let read = self.backing_bytes_read.saturating_sub(self.backing_compaction_bytes_read);
         (self.backing_record_bytes_read > 0).then(|| read as f64 / self.backing_record_bytes_read as f64)
+    }
+
+    /// What a read of the cold store costs, however many overlap:
+    /// `backing_read_busy_ns / backing_read_ops`. `None` before a read.
+    pub fn backing_read_cost_ns(&self) -> Option<u64> {
+        (self.backing_read_ops > 0).then(|| self.backing_read_busy_ns / self.backing_read_ops)
     }
 
     /// The share of the bytes read past what reads wanted that later

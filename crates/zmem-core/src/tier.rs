@@ -115,7 +115,8 @@ use parking_lot::{Condvar, Mutex};
 use zmem_alloc::{Budget, Handle};
 
 use crate::admission::Admission;
-use crate::cold::{ColdStore, RecordId};
+use crate::cold::{ColdError, ColdStore, RecordId};
+use crate::latency::BusyClock;
 
 mod lru;
 mod reuse;
@@ -217,6 +218,8 @@ struct Ctl {
 pub(crate) struct Tier {
     /// What leaving RAM means: a file, nothing (a clean cache), ... (`cold.rs`).
     pub store: Box<dyn ColdStore>,
+    /// Time with a read of the store in flight (`backing_read_busy_ns`).
+    read_busy: BusyClock,
     /// [`PoolConfig::extents`](crate::PoolConfig::extents): a victim goes
     /// with its block's other pages in RAM, in one record.
     extents: bool,
@@ -385,6 +388,7 @@ impl Tier {
             // (A store that drops what it is given gets single objects.)
             extents: extents && store.keeps(),
             store,
+            read_busy: BusyClock::default(),
             exclusive: AtomicBool::new(exclusive),
             seq: AtomicU32::new(0),
             writing: Mutex::new(()),
@@ -622,6 +626,7 @@ impl Tier {
         st.backing_frees_failed = b.frees_failed;
         st.backing_read_p50_ns = b.read_p50_ns;
         st.backing_read_p99_ns = b.read_p99_ns;
+        st.backing_read_busy_ns = self.read_busy.busy_ns();
         st.backing_in_flight = b.in_flight;
         st.written_back_pages = self.written_back.load(Relaxed);
         st.evicted_pages = self.evicted.load(Relaxed);
@@ -804,7 +809,7 @@ impl Tier {
     fn repack_one(&self, h: &impl TierHost, shard: &ShardLock, rec: u64, base: u64, live: u16) -> bool {
         OBJ.with_borrow_mut(|obj| {
             // Gone meanwhile, or unreadable (a load of it will say so).
-            if self.store.read(RecordId::from_raw(rec), base, obj).is_err() {
+            if self.read_store(RecordId::from_raw(rec), base, obj).is_err() {
                 return false;
             }
             let Ok(members) = crate::extent::members(obj) else { return false };
@@ -1188,11 +1193,17 @@ impl Tier {
         Ok(total)
     }
 
+    /// The store's read of `id`, timed (`backing_read_busy_ns`).
+    fn read_store(&self, id: RecordId, key: u64, out: &mut Vec<u8>) -> std::result::Result<(), ColdError> {
+        let _busy = self.read_busy.start();
+        self.store.read(id, key, out)
+    }
+
     /// Read the record `id` (written under `rkey`: the page's key, or a
     /// shared object's hash) into `obj` and decode it into `buf`. No lock
     /// may be held.
     pub(crate) fn read_record(&self, objects: &Objects, rkey: u64, id: u64, info: ObjInfo, obj: &mut Vec<u8>, buf: &mut [u8]) -> Result<()> {
-        self.store.read(RecordId::from_raw(id), rkey, obj).map_err(ZmemError::Cold)?;
+        self.read_store(RecordId::from_raw(id), rkey, obj).map_err(ZmemError::Cold)?;
         if obj.len() != info.len as usize {
             return Err(ZmemError::Inconsistent { key: rkey, what: format!("record {id:#x} holds {} bytes where the index expects {}", obj.len(), info.len) });
         }
@@ -1204,7 +1215,7 @@ impl Tier {
     /// object lies in `obj`. No lock may be held.
     pub(crate) fn read_member(&self, objects: &Objects, key: u64, id: u64, obj: &mut Vec<u8>, buf: &mut [u8]) -> Result<(ObjInfo, std::ops::Range<usize>)> {
         use crate::index::BLOCK_MASK;
-        self.store.read(RecordId::from_raw(id), key & !BLOCK_MASK, obj).map_err(ZmemError::Cold)?;
+        self.read_store(RecordId::from_raw(id), key & !BLOCK_MASK, obj).map_err(ZmemError::Cold)?;
         let (info, r) = crate::extent::find(obj, (key & BLOCK_MASK) as u8)
             .map_err(|e| ZmemError::Inconsistent { key, what: format!("record {id:#x}, which the index names for this page: {e}") })?;
         objects.decode(key, info, &obj[r.clone()], buf)?;
@@ -1221,6 +1232,7 @@ impl Tier {
         let mut ids: Vec<RecordId> = keys.filter_map(|k| h.index().shard(k).lock().get(k)?.record().map(RecordId::from_raw)).collect();
         // The pages of one extent name one record.
         ids.dedup();
+        let _busy = self.read_busy.start();
         self.store.prefetch(&ids)
     }
 

@@ -186,7 +186,8 @@ fn a_request_reads_its_written_back_pages_in_one_operation() {
     }
     p.writeback(WritebackMode::All, None).unwrap();
     assert!(keys.iter().all(|&k| p.residency(k) == Some(Residency::Backed)));
-    let ops0 = p.stats().backing_read_ops;
+    let (ops0, busy0) = (p.stats().backing_read_ops, p.stats().backing_read_busy_ns);
+    let t = std::time::Instant::now();
     // Pages 1020..1052: eight pages in three index blocks, three extents.
     assert_eq!(p.prefetch(1020..1052), 1);
     let mut buf = vec![0u8; PAGE];
@@ -194,8 +195,11 @@ fn a_request_reads_its_written_back_pages_in_one_operation() {
         p.load(k, &mut buf).unwrap();
         assert_eq!(buf, compressible(k), "key {k}");
     }
-    let st = p.stats();
+    let (st, wall) = (p.stats(), t.elapsed().as_nanos() as u64);
     assert_eq!(st.backing_read_ops - ops0, 1, "8 pages of one request took more than one read");
+    // The read and the loads are timed, and no more than the time they took.
+    let busy = st.backing_read_busy_ns - busy0;
+    assert!(busy > 0 && busy <= wall, "busy {busy} ns of {wall}");
     assert_eq!(st.backing_prefetch_ops, 1);
     // Pages in RAM, or none, are no reason to read.
     p.store(5, &compressible(5)).unwrap();

@@ -86,6 +86,7 @@ pub const COUNTERS: &[&str] = &[
     "backing_compaction_bytes_read",
     "backing_record_bytes_read",
     "backing_read_ops",
+    "backing_read_busy_ns",
     "backing_prefetch_ops",
     "backing_scattered_reads",
     "backing_readahead_bytes",

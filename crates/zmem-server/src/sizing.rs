@@ -47,6 +47,17 @@
 //! swap-ins the machine is not short of memory, and the work done says
 //! nothing about the pool.
 //!
+//! The trials cannot see one cost of a smaller cap: the pages it writes
+//! back are read back later, after the trial, at the disk's pace. On a
+//! disk whose reads are cheap (an SSD, or the 3,000 IOPS the bench's
+//! throttled disk allows) that is small and the trials win; on a disk
+//! whose every read costs a seek (the bench's HDD profile, 150 IOPS) it
+//! is what decides, and a cap the trials shrank by a third took the build
+//! 1.8 times as long as the fixed cap (docs/MEASUREMENTS.md, "HDD"). So
+//! while the cold store's reads cost [`SLOW_READ`] or more each (its busy
+//! time over its reads in an epoch, [`judge`]) the cap stays at
+//! `--max-pool` and no trial runs.
+//!
 //! # Costs and limits
 //! Reading `/proc/stat` and `/proc/self/stat` (or, for a cgroup, each of
 //! its processes' `stat`) once an epoch, and the pool's counters. Without a
@@ -82,6 +93,24 @@ const TICK_HZ: f64 = 100.0;
 pub const MAX_REST_SHIFT: u32 = 3;
 /// The cap's lower bound, as a share of `--max-pool`: 1/`MIN_SHARE`.
 const MIN_SHARE: u64 = 8;
+/// A cold store whose reads cost this much each, or more, is a disk that
+/// seeks (a rotating disk takes 4-15 ms; the bench's HDD profile 6.7 ms;
+/// an SSD 0.1 ms, the bench's throttled disk 0.33 ms): the cap stays at
+/// `--max-pool` (see the module notes).
+pub const SLOW_READ: Duration = Duration::from_millis(2);
+/// The reads an epoch needs for a verdict on the store; with fewer, the
+/// last verdict stands.
+const READS_TO_JUDGE: u64 = 32;
+
+/// Whether the cold store is slow ([`SLOW_READ`]), from an epoch's `reads`
+/// and the time, `busy_ns`, with one in flight; `last` is the verdict so
+/// far (a store not yet read is not slow).
+pub fn judge(last: bool, reads: u64, busy_ns: u64) -> bool {
+    if reads < READS_TO_JUDGE {
+        return last;
+    }
+    busy_ns / reads >= SLOW_READ.as_nanos() as u64
+}
 
 /// One epoch, as measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -174,6 +203,17 @@ impl Sizer {
             1 | 2 => self.probe(),
             _ => self.cap,
         }
+    }
+
+    /// An epoch has ended with the cold store slow ([`judge`]): the cap
+    /// goes back to `--max-pool` and the trial under way is dropped; trials
+    /// start afresh, from there, once the store is not slow. Returns the
+    /// cap the next epoch runs at.
+    pub fn slow_store(&mut self) -> u64 {
+        self.epochs.clear();
+        (self.rest, self.losses, self.way) = (0, 0, Way::Down);
+        self.cap = self.max;
+        self.cap
     }
 
     /// An epoch has ended; returns the cap the next one runs at.
@@ -277,7 +317,12 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
     pool.set_max_pool(Some(sizer.cap()));
     tracing::info!("pool sizing: cap {} (between {} and {}), work counted for {work:?}", sizer.cap(), max / MIN_SHARE, max);
     let mut cap = sizer.cap();
-    let mut last = (work.times(), pool.stats().loads);
+    let counts = || {
+        let st = pool.stats();
+        (work.times(), st.loads, st.backing_read_ops, st.backing_read_busy_ns)
+    };
+    let mut last = counts();
+    let mut slow = false;
     let mut start = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
@@ -285,7 +330,7 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
             continue;
         }
         start = Instant::now();
-        let now = (work.times(), pool.stats().loads);
+        let now = counts();
         let (Some(w0), Some(w)) = (last.0, now.0) else {
             last = now;
             continue;
@@ -294,8 +339,18 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
         // that epoch says nothing either.)
         let shrank = w.user < w0.user || w.cpu < w0.cpu;
         let e = Epoch { work: (w.user - w0.user).max(0.0), cpu: (w.cpu - w0.cpu).max(0.0), loads: if shrank { 0 } else { now.1 - last.1 } };
+        let (reads, busy) = (now.2.saturating_sub(last.2), now.3.saturating_sub(last.3));
         last = now;
-        let next = sizer.epoch(e);
+        let was = slow;
+        slow = judge(slow, reads, busy);
+        if slow != was {
+            let ms = busy as f64 / reads as f64 / 1e6;
+            tracing::info!(
+                "pool sizing: the cold store's reads took {ms:.2} ms each in the last epoch: {}",
+                if slow { "the cap stays at --max-pool" } else { "trials resume" }
+            );
+        }
+        let next = if slow { sizer.slow_store() } else { sizer.epoch(e) };
         if next != cap {
             tracing::info!("pool sizing: cap {cap} -> {next} (trial {}, {} moves)", sizer.trials, sizer.moves);
             pool.set_max_pool(Some(next));
@@ -473,5 +528,32 @@ mod tests {
         // (Its CPU time is the child's, reaped: in the shell's cutime.)
         let t = t.unwrap();
         assert!((0.05..=1.0).contains(&t.user) && t.cpu >= t.user, "the spinning child's 0.3 s counted once it was waited for: {t:?}");
+    }
+
+    /// A store whose reads cost a seek holds the cap at --max-pool, also
+    /// after trials had shrunk it, and trials resume once it is fast.
+    #[test]
+    fn a_slow_store_keeps_the_cap_at_max_pool() {
+        let mut s = Sizer::new(128 * MIB);
+        run(&mut s, 30, |cap| 1e12 / cap as f64);
+        assert_eq!(s.cap(), 16 * MIB, "less is better on a fast store");
+        s.epoch(Epoch { work: 1.0, cpu: 1.0, loads: 1 }); // a trial under way
+        for _ in 0..10 {
+            assert_eq!(s.slow_store(), 128 * MIB);
+        }
+        assert_eq!(s.cap(), 128 * MIB);
+        let trials = s.trials;
+        run(&mut s, 1, |cap| 1e12 / cap as f64);
+        assert_eq!((s.trials, s.cap()), (trials + 1, 128 * MIB * 2 / 3), "a whole trial from --max-pool, down");
+    }
+
+    #[test]
+    fn a_store_is_slow_from_two_ms_a_read_judged_on_enough_reads() {
+        let ms = 1_000_000;
+        assert!(!judge(false, 100, 100 * ms), "1 ms a read");
+        assert!(judge(false, 100, 200 * ms), "2 ms a read");
+        assert!(judge(true, 31, 0) && !judge(false, 31, 31 * 10 * ms), "too few reads: the last verdict stands");
+        assert!(!judge(true, 32, 32 * ms / 3), "the throttled disk's third of a ms: fast again");
+        assert!(!judge(false, 0, 0));
     }
 }

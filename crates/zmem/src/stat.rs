@@ -268,7 +268,7 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
     let st = &v.stats;
     (st.bd_writes > 0 || v.backing.is_some()).then(|| {
         format!(
-            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads ({} the records' bytes), file {} ({} live), {} pages brought back\nread-ahead: {} read past the pages wanted, {} of it used ({})\nexclusive loads: {} now, {} loaded pages queued at the cold end\ntables: {} of RAM for the written-back pages ({} a page)\n",
+            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads ({} the records' bytes; {} a read), file {} ({} live), {} pages brought back\nread-ahead: {} read past the pages wanted, {} of it used ({})\nexclusive loads: {} now, {} loaded pages queued at the cold end\ntables: {} of RAM for the written-back pages ({} a page)\n",
             st.bd_count,
             st.bd_reads,
             st.bd_writes,
@@ -277,6 +277,7 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
             human(st.backing_bytes_read),
             st.backing_read_ops,
             st.backing_read_amplification().map_or("-".into(), |a| format!("{a:.2} x")),
+            st.backing_read_cost_ns().map_or("-".into(), |ns| format!("{:.2} ms", ns as f64 / 1e6)),
             human(st.backing_file_bytes),
             human(st.backing_live_bytes),
             st.promoted_pages,
