@@ -24,9 +24,10 @@
 //!   pages, moved there once written back ([`BlockIndex::make_cold`]), in
 //!   one allocation of just their size: a 256-bit mask of the written-back
 //!   keys (and one of the zero-filled pages, if any) and each key's record
-//!   id, in 4 bytes where the ids share at most sixteen high halves (a
-//!   backing file's segment and generation: pages written back together)
-//!   and 8 where they do not ([`encode_ids`]); a block whose keys all name
+//!   id, in 4 bytes and an index of 2 to 8 bits into the high halves the
+//!   ids share (a backing file's segment and generation: pages written
+//!   back together), or 8 where that is no smaller ([`encode_ids`]); a
+//!   block whose keys all name
 //!   one extent (`extent.rs`) keeps that one record. With its 24-byte slot
 //!   in the map, about 4.5 bytes a key when full and 5 when three keys in
 //!   four are written back. A written-back page needs nothing else of its
@@ -223,60 +224,59 @@ fn span_mask(id: u64, m: u16) -> Mask {
 
 /// The first word of a cold block's ids when every key names one record.
 const ONE: u32 = u32::MAX;
-/// The most distinct high halves split ids keep (a 4-bit index a key).
-const SPLIT_HIGHS: usize = 16;
+/// The most distinct high halves split ids keep (an 8-bit index a key).
+const SPLIT_HIGHS: usize = COLD;
 
 /// Bits of a key's index into `h` high halves.
 fn index_bits(h: usize) -> usize {
     match h {
         0 | 1 => 0,
         2..=4 => 2,
-        _ => 4,
+        5..=16 => 4,
+        _ => 8,
     }
 }
 
 /// Append the smallest form of `ids` (one per rank; nothing for none) to
 /// `out`. `[ONE, low, high]` when they are all one record (an extent's).
-/// Split where at most [`SPLIT_HIGHS`] high halves are shared (a cold store
-/// issues ids in runs that share them: the backing file's are a segment
-/// and its generation over an offset and a length, and the pages of a
-/// block tend to go out together): `[h | w << 8, the h high halves, w words
-/// of each rank's index into them (none for one; 2 bits each for up to
-/// four, 4 for up to sixteen), the low half per rank]`, 4 bytes a key and
-/// a few a block. Else whole: `[0, (low, high) per rank]`.
+/// Split where the ids share high halves (a cold store issues ids in runs
+/// that share them: the backing file's are a segment and its generation
+/// over an offset and a length, and the pages of a block tend to go out
+/// together): `[h | w << 16, the h high halves, w words of each rank's
+/// index into them (none for one; 2 bits each for up to four, 4 for up to
+/// sixteen, 8 for more), the low half per rank]`, 4 bytes a key, its index
+/// and 4 a high half. Else, where that is no smaller, whole: `[0, (low,
+/// high) per rank]`.
 fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     let Some(&first) = ids.first() else { return };
     if ids.iter().all(|&r| r == first) {
         out.extend([ONE, first as u32, (first >> 32) as u32]);
         return;
     }
-    let mut highs: Vec<u32> = Vec::with_capacity(SPLIT_HIGHS);
-    let mut which: Vec<u32> = Vec::with_capacity(ids.len());
-    for &id in ids {
-        let high = (id >> 32) as u32;
-        let k = match highs.iter().position(|&h| h == high) {
-            Some(k) => k,
-            None if highs.len() < SPLIT_HIGHS => {
-                highs.push(high);
-                highs.len() - 1
-            }
-            None => {
-                out.push(0);
-                out.extend(ids.iter().flat_map(|&id| [id as u32, (id >> 32) as u32]));
-                return;
-            }
-        };
-        which.push(k as u32);
-    }
-    // (2 and 4 divide 32: no rank's index straddles two words.)
+    let high = |id: u64| (id >> 32) as u32;
+    // Sorted, so a rank's index is a binary search (a block's rebuild is
+    // on a load's path: no scan of up to 256 halves a key).
+    let mut highs: Vec<u32> = ids.iter().map(|&id| high(id)).collect();
+    highs.sort_unstable();
+    highs.dedup();
+    // (2, 4 and 8 divide 32: no rank's index straddles two words.)
     let bits = index_bits(highs.len());
     let words = (ids.len() * bits).div_ceil(32);
-    out.push(highs.len() as u32 | (words as u32) << 8);
+    if highs.len() > SPLIT_HIGHS || highs.len() + words + ids.len() >= 2 * ids.len() {
+        out.push(0);
+        out.extend(ids.iter().flat_map(|&id| [id as u32, (id >> 32) as u32]));
+        return;
+    }
+    // (h ≤ 256 and w ≤ 64: never 0 or ONE.)
+    out.push(highs.len() as u32 | (words as u32) << 16);
     out.extend_from_slice(&highs);
     let at = out.len();
     out.resize(at + words, 0);
-    for (rank, &k) in which.iter().enumerate().filter(|_| bits > 0) {
-        out[at + rank * bits / 32] |= k << (rank * bits % 32);
+    if bits > 0 {
+        for (rank, &id) in ids.iter().enumerate() {
+            let k = highs.partition_point(|&h| h < high(id)) as u32;
+            out[at + rank * bits / 32] |= k << (rank * bits % 32);
+        }
     }
     out.extend(ids.iter().map(|&id| id as u32));
 }
@@ -288,7 +288,7 @@ fn decode_id(r: &[u32], rank: usize) -> u64 {
         ONE => join(r[1], r[2]),
         0 => join(r[1 + 2 * rank], r[2 + 2 * rank]),
         head => {
-            let (h, w) = ((head & 0xff) as usize, (head >> 8) as usize);
+            let (h, w) = ((head & 0xffff) as usize, (head >> 16) as usize);
             // (With one high half there is no index: the mask is 0.)
             let bits = index_bits(h);
             let k = (r[1 + h + rank * bits / 32] >> (rank * bits % 32) & ((1 << bits) - 1)) as usize;
@@ -315,7 +315,8 @@ impl ColdBlock {
     /// place) and zero-filled pages `zeros`.
     fn new(keys: &[(usize, u64)], zeros: &Mask) -> ColdBlock {
         let has_zeros = zeros.iter().any(|&w| w != 0);
-        let mut v = Vec::with_capacity(1 + 2 * MASK_WORDS + 1 + SPLIT_HIGHS + keys.len().div_ceil(8) + keys.len());
+        // (Either form of the ids takes at most 1 + 2 words a key.)
+        let mut v = Vec::with_capacity(1 + 2 * MASK_WORDS + 1 + 2 * keys.len());
         v.push(if has_zeros { HAS_ZEROS } else { 0 });
         let mut members = [0u32; MASK_WORDS];
         for &(i, _) in keys {
@@ -1063,19 +1064,21 @@ mod tests {
     }
 
     /// Record ids in a cold block take their smallest form: one id for an
-    /// extent, 4 bytes a key while at most sixteen high halves are shared,
-    /// else 8; each reads back as it went in, and a renamed record (the
+    /// extent, 4 bytes a key and an index into the high halves they share
+    /// while that is smaller, else 8; each reads back as it went in, and a renamed record (the
     /// cold store copied it) changes the form as needed, charged first:
     /// a budget that refuses the growth leaves the block as it was.
     #[test]
     fn cold_record_ids_take_their_smallest_form_and_renames_keep_it_right() {
         let id = |seg: u64, off: u64| 1 << 56 | seg << 32 | off << 16 | 100;
-        let cases: [(Vec<u64>, &str); 8] = [
+        let cases: [(Vec<u64>, &str); 10] = [
             (vec![id(3, 0); 16], "one"),
             ((0..16).map(|k| id(3, k)).collect(), "split"),
             ((0..16).map(|k| id(k % 4, k)).collect(), "split"),
             ((0..32).map(|k| id(k % 5, k)).collect(), "split"),
-            ((0..32).map(|k| id(k % 17, k)).collect(), "whole"),
+            ((0..32).map(|k| id(k % 17, k)).collect(), "split"),
+            ((0..32).map(|k| id(k, k)).collect(), "whole"),
+            ((0..256).map(|k| id(k % 100, k)).collect(), "split"),
             ((0..64).map(|k| id(k / 50, k)).collect(), "split"),
             ((0..64).map(|k| id(k % 4, k)).collect(), "split"),
             ((0..256).map(|k| id(k % 16, k)).collect(), "split"),
@@ -1108,11 +1111,11 @@ mod tests {
         assert!(!ix.rename_record(0, id(5, 5), id(2, 100), &b), "no key names it now");
         let tight = Budget::new(Some(b.used()));
         tight.force_charge(b.used());
-        assert!(!ix.rename_record(0, id(6, 6), id(99, 6), &tight), "a seventeenth high half needs 8 bytes a key");
+        assert!(!ix.rename_record(0, id(6, 6), id(99, 6), &tight), "a seventeenth high half needs an 8-bit index");
         assert_eq!(ix.get(6).and_then(Entry::record), Some(id(6, 6)));
         assert_eq!(ix.cold[&0].form(), "split");
         assert!(ix.rename_record(0, id(6, 6), id(99, 6), &b));
-        assert_eq!(ix.cold[&0].form(), "whole");
+        assert_eq!(ix.cold[&0].form(), "split");
         assert_eq!(ix.get(6).and_then(Entry::record), Some(id(99, 6)));
         assert_eq!(b.used(), ix.heap_bytes());
         for k in (0..32u64).filter(|&k| k != 5 && k != 6) {
