@@ -227,14 +227,9 @@ const ONE: u32 = u32::MAX;
 /// The most distinct high halves split ids keep (an 8-bit index a key).
 const SPLIT_HIGHS: usize = COLD;
 
-/// Bits of a key's index into `h` high halves.
+/// Bits of a key's index into `h` high halves: just enough.
 fn index_bits(h: usize) -> usize {
-    match h {
-        0 | 1 => 0,
-        2..=4 => 2,
-        5..=16 => 4,
-        _ => 8,
-    }
+    (usize::BITS - h.saturating_sub(1).leading_zeros()) as usize
 }
 
 /// Append the smallest form of `ids` (one per rank; nothing for none) to
@@ -243,9 +238,9 @@ fn index_bits(h: usize) -> usize {
 /// that share them: the backing file's are a segment and its generation
 /// over an offset and a length, and the pages of a block tend to go out
 /// together): `[h | w << 16, the h high halves, w words of each rank's
-/// index into them (none for one; 2 bits each for up to four, 4 for up to
-/// sixteen, 8 for more), the low half per rank]`, 4 bytes a key, its index
-/// and 4 a high half. Else, where that is no smaller, whole: `[0, (low,
+/// index into them (just enough bits for h: none for one, 8 for 256; an
+/// index may straddle two words), the low half per rank]`, 4 bytes a key,
+/// its index and 4 a high half. Else, where that is no smaller, whole: `[0, (low,
 /// high) per rank]`.
 fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     let Some(&first) = ids.first() else { return };
@@ -259,7 +254,6 @@ fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     let mut highs: Vec<u32> = ids.iter().map(|&id| high(id)).collect();
     highs.sort_unstable();
     highs.dedup();
-    // (2, 4 and 8 divide 32: no rank's index straddles two words.)
     let bits = index_bits(highs.len());
     let words = (ids.len() * bits).div_ceil(32);
     if highs.len() > SPLIT_HIGHS || highs.len() + words + ids.len() >= 2 * ids.len() {
@@ -274,8 +268,12 @@ fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     out.resize(at + words, 0);
     if bits > 0 {
         for (rank, &id) in ids.iter().enumerate() {
-            let k = highs.partition_point(|&h| h < high(id)) as u32;
-            out[at + rank * bits / 32] |= k << (rank * bits % 32);
+            let k = highs.partition_point(|&h| h < high(id)) as u64;
+            let (w, shift) = (at + rank * bits / 32, rank * bits % 32);
+            out[w] |= (k << shift) as u32;
+            if shift + bits > 32 {
+                out[w + 1] |= (k >> (32 - shift)) as u32;
+            }
         }
     }
     out.extend(ids.iter().map(|&id| id as u32));
@@ -291,7 +289,12 @@ fn decode_id(r: &[u32], rank: usize) -> u64 {
             let (h, w) = ((head & 0xffff) as usize, (head >> 16) as usize);
             // (With one high half there is no index: the mask is 0.)
             let bits = index_bits(h);
-            let k = (r[1 + h + rank * bits / 32] >> (rank * bits % 32) & ((1 << bits) - 1)) as usize;
+            let (at, shift) = (1 + h + rank * bits / 32, rank * bits % 32);
+            let mut k = u64::from(r[at]) >> shift;
+            if shift + bits > 32 {
+                k |= u64::from(r[at + 1]) << (32 - shift);
+            }
+            let k = (k & ((1 << bits) - 1)) as usize;
             join(r[1 + h + w + rank], r[1 + k])
         }
     }
@@ -1071,7 +1074,7 @@ mod tests {
     #[test]
     fn cold_record_ids_take_their_smallest_form_and_renames_keep_it_right() {
         let id = |seg: u64, off: u64| 1 << 56 | seg << 32 | off << 16 | 100;
-        let cases: [(Vec<u64>, &str); 10] = [
+        let cases: [(Vec<u64>, &str); 13] = [
             (vec![id(3, 0); 16], "one"),
             ((0..16).map(|k| id(3, k)).collect(), "split"),
             ((0..16).map(|k| id(k % 4, k)).collect(), "split"),
@@ -1079,6 +1082,10 @@ mod tests {
             ((0..32).map(|k| id(k % 17, k)).collect(), "split"),
             ((0..32).map(|k| id(k, k)).collect(), "whole"),
             ((0..256).map(|k| id(k % 100, k)).collect(), "split"),
+            // 3, 5 and 6 bits: indexes that straddle words.
+            ((0..48).map(|k| id(k % 7, k)).collect(), "split"),
+            ((0..96).map(|k| id(k * 7 % 31, k)).collect(), "split"),
+            ((0..256).map(|k| id(k * 5 % 64, k)).collect(), "split"),
             ((0..64).map(|k| id(k / 50, k)).collect(), "split"),
             ((0..64).map(|k| id(k % 4, k)).collect(), "split"),
             ((0..256).map(|k| id(k % 16, k)).collect(), "split"),
@@ -1111,7 +1118,7 @@ mod tests {
         assert!(!ix.rename_record(0, id(5, 5), id(2, 100), &b), "no key names it now");
         let tight = Budget::new(Some(b.used()));
         tight.force_charge(b.used());
-        assert!(!ix.rename_record(0, id(6, 6), id(99, 6), &tight), "a seventeenth high half needs an 8-bit index");
+        assert!(!ix.rename_record(0, id(6, 6), id(99, 6), &tight), "a seventeenth high half needs a 5-bit index");
         assert_eq!(ix.get(6).and_then(Entry::record), Some(id(6, 6)));
         assert_eq!(ix.cold[&0].form(), "split");
         assert!(ix.rename_record(0, id(6, 6), id(99, 6), &b));
