@@ -24,7 +24,7 @@
 //!   pages, moved there once written back ([`BlockIndex::make_cold`]), in
 //!   one allocation of just their size: a 256-bit mask of the written-back
 //!   keys (and one of the zero-filled pages, if any) and each key's record
-//!   id, in 4 bytes and an index of 2 to 8 bits into the high halves the
+//!   id, in 4 bytes and an index of 1 to 8 bits into the high halves the
 //!   ids share (a backing file's segment and generation: pages written
 //!   back together), or 8 where that is no smaller ([`encode_ids`]); a
 //!   block whose keys all name
