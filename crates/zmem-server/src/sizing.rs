@@ -52,8 +52,9 @@
 //! disk whose reads are cheap (an SSD, or the 3,000 IOPS the bench's
 //! throttled disk allows) that is small and the trials win; on a disk
 //! whose every read costs a seek (the bench's HDD profile, 150 IOPS) it
-//! is what decides, and a cap the trials shrank by a third took the build
-//! 1.8 times as long as the fixed cap (docs/MEASUREMENTS.md, "HDD"). So
+//! is what decides: there a cap the trials shrank took the build far
+//! longer than the fixed cap (docs/MEASUREMENTS.md, "The build on the HDD
+//! profile"). So
 //! while the cold store's reads cost [`SLOW_READ`] or more each (its busy
 //! time over its reads in an epoch, [`judge`]) the cap stays at
 //! `--max-pool` and no trial runs.
