@@ -100,7 +100,8 @@ impl BusyClock {
     /// Nanoseconds busy so far, the operations in flight counted to now.
     pub fn busy_ns(&self) -> u64 {
         let f = self.inflight.lock();
-        let now = f.1.filter(|_| f.0 > 0).map_or(0, |t| t.elapsed().as_nanos() as u64);
+        // (Some exactly while an operation is in flight.)
+        let now = f.1.map_or(0, |t| t.elapsed().as_nanos() as u64);
         self.busy_ns.load(Relaxed) + now
     }
 }

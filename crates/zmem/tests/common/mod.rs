@@ -423,6 +423,13 @@ impl Cgroup {
             (out, watcher.join().unwrap())
         })
     }
+    /// [`Cgroup::run_riding_stalls`] of `python3 SCRIPT ARGS`, which must
+    /// succeed: its stdout, and how much the limit was raised.
+    pub fn python_ok_riding_stalls(&self, script: &Path, args: &str, limit: Duration, max_raise: u64) -> (String, u64) {
+        let (o, raised) = self.run_riding_stalls(self.python(script, args).stderr(Stdio::piped()), limit, max_raise);
+        assert!(o.status.success(), "the workload failed ({}, limit raised by {} MiB): {}", o.status, raised >> 20, String::from_utf8_lossy(&o.stderr));
+        (String::from_utf8_lossy(&o.stdout).into_owned(), raised)
+    }
     pub fn get(&self, file: &str) -> u64 {
         std::fs::read_to_string(self.0.join(file)).unwrap().trim().parse().unwrap()
     }
