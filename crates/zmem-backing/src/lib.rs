@@ -28,11 +28,16 @@
 //!
 //! # Tables (RAM)
 //! A [`RecordId`] is the record's place: its segment, its offset there
-//! (records start on 16-byte boundaries, so 16 bits) and its payload
-//! length, with the segment's generation, in 64 bits. There is no record
-//! table: each segment keeps the offsets of its live records, sorted, 2
-//! bytes a record, and a live id is one whose segment has its generation
-//! and lists its offset (with room for its length before the next record).
+//! and its span (records start on 16-byte boundaries and take multiples
+//! of 16 bytes, so 16 bits and 12), with the segment's generation, in 64
+//! bits, of which the 28 below the segment are all the engine keeps for
+//! each of a segment's records it names in a cold index block. The exact
+//! length is in the record's header, which must round up to the span.
+//! There is no record table: each segment keeps the offsets of its live
+//! records, sorted, 2 bytes a record (a closed segment's list gives back
+//! its room as its records die, 32 bytes at a time), and a live id is one
+//! whose segment has its generation and lists its offset (with room for
+//! its span before the next record).
 //! A freed id is refused ([`BackingError::InvalidRecord`]) rather than
 //! read as someone else's page: its offset leaves the list, and a
 //! segment's generation moves each time it is freed, so an id from before
@@ -133,7 +138,7 @@ mod store;
 pub use error::BackingError;
 pub use file::{BlockFile, Existing, FaultyFile, MemFile, OsFile};
 pub use record::{MAX_PAYLOAD, RECORD_HEADER_SIZE};
-pub use store::{BackingStore, BUFFER_BYTES, MIN_READAHEAD, SEGMENT_SIZE};
+pub use store::{BackingStore, BUFFER_BYTES, MIN_READAHEAD, RECORD_ALIGN, SEGMENT_SIZE};
 
 /// The engine's name for a cold object, which this store issues (see the
 /// [`ColdStore`] implementation for what its bits mean here).
@@ -156,8 +161,8 @@ impl From<BackingError> for ColdError {
 
 /// The engine's seam: the tier hands batches of cold objects to the file
 /// and reads them back by id. A [`RecordId`] of this store is the record's
-/// place and its segment's generation (bits 0..16 the payload length,
-/// 16..32 the offset in 16-byte units, 32..56 the segment, 56..64 the
+/// place and its segment's generation (bits 0..12 its span and 12..28 its
+/// offset, in 16-byte units, 28..32 zero, 32..56 the segment, 56..64 the
 /// generation, never 0), so an id kept after [`BackingStore::free`] is
 /// refused; compaction gives a record a new id, which the tier takes from
 /// [`ColdStore::take_moves`].

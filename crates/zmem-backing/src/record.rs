@@ -46,7 +46,7 @@ pub(crate) fn put_record(dst: &mut [u8], key: u64, payload: &[u8]) {
 /// The well-formed record `buf` starts with, of the length its header
 /// gives (magic and checksum agree): `(key, payload)`.
 pub(crate) fn parse(buf: &[u8]) -> Option<(u64, &[u8])> {
-    let len = buf.get(2..4).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes)?;
+    let len = header_len(buf)?;
     if len as usize > MAX_PAYLOAD {
         return None;
     }
@@ -57,6 +57,12 @@ pub(crate) fn parse(buf: &[u8]) -> Option<(u64, &[u8])> {
 /// backing store.
 pub(crate) fn is_record_start(buf: &[u8]) -> bool {
     parse(buf).is_some()
+}
+
+/// The payload length a record's header gives (`None` if `rec` is too
+/// short to have one).
+pub(crate) fn header_len(rec: &[u8]) -> Option<u16> {
+    rec.get(2..4).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes)
 }
 
 /// Check a record's header against the length (and key) its id says;

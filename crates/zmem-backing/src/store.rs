@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::{Mutex, RwLock};
 
 use crate::file::{BlockFile, Existing, OsFile};
-use crate::record::{parse, put_record, verify, MAX_PAYLOAD, RECORD_HEADER_SIZE};
+use crate::record::{header_len, parse, put_record, verify, MAX_PAYLOAD, RECORD_HEADER_SIZE};
 use zmem_core::{ColdStats, Moved, RecordId};
 
 use crate::{BackingError, PAGE_SIZE};
@@ -20,10 +20,17 @@ pub const SEGMENT_SIZE: usize = 1 << 20;
 const SEG: u64 = SEGMENT_SIZE as u64;
 const ALIGN: u64 = PAGE_SIZE as u64;
 /// Records start on multiples of this, so that a record's offset in its
-/// segment fits 16 bits (and its id 64 with its segment and length).
+/// segment fits 16 bits and its span (header and payload, rounded up to
+/// this) 12: its id's low half takes 28 bits (see [`record_id`]).
 const REC_ALIGN: u32 = 16;
+/// Records start on multiples of this many bytes, and take a multiple of
+/// it (a live record's bytes in [`ColdStats::live_bytes`]).
+pub const RECORD_ALIGN: usize = REC_ALIGN as usize;
 /// Segments an id can name: 2^24, a 16 TiB file.
 const MAX_SEGS: u64 = 1 << 24;
+/// Offsets a closed segment's live list gives back at once: 32 bytes,
+/// the least malloc splits off a chunk to reuse.
+const SHRINK_SLACK: usize = 16;
 /// Records compaction moves in one call at most: what its moves and the
 /// live lists it grows may take in RAM before the engine takes them
 /// ([`BackingStore::take_moves`]) is bounded by this.
@@ -32,26 +39,47 @@ const MAX_MOVES: usize = 4096;
 type Result<T> = std::result::Result<T, BackingError>;
 
 /// Where a live record is: its segment, its offset there (bytes) and its
-/// payload length. Its [`RecordId`] says all three, with the segment's
-/// generation: bits 0..16 the length, 16..32 the offset in
-/// [`REC_ALIGN`] units, 32..56 the segment, 56..64 the generation.
+/// span, in [`REC_ALIGN`] units (header and payload, rounded up: its
+/// exact length is in its header). Its [`RecordId`] says all three, with
+/// the segment's generation: bits 0..12 the span, 12..28 the offset in
+/// [`REC_ALIGN`] units, 28..32 zero, 32..56 the segment, 56..64 the
+/// generation. (28 bits below the segment: the engine's cold blocks keep
+/// just the bits a low half needs.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Place {
     seg: u32,
     off: u32,
-    len: u16,
+    span: u16,
+}
+
+/// Spans fit 12 bits: the largest record is 3,073 units.
+const SPAN_BITS: u32 = 12;
+const _: () = assert!((RECORD_HEADER_SIZE + MAX_PAYLOAD).div_ceil(REC_ALIGN as usize) < 1 << SPAN_BITS);
+
+impl Place {
+    /// The span of a record of `len` payload bytes.
+    fn span_of(len: usize) -> u16 {
+        (RECORD_HEADER_SIZE + len).div_ceil(REC_ALIGN as usize) as u16
+    }
+    /// Bytes of its span: what it takes in its segment, and what a read of
+    /// it reads.
+    fn bytes(self) -> usize {
+        self.span as usize * REC_ALIGN as usize
+    }
 }
 
 fn record_id(p: Place, gen: u8) -> RecordId {
-    debug_assert!(u64::from(p.seg) < MAX_SEGS && p.off.is_multiple_of(REC_ALIGN) && (p.off as usize) < SEGMENT_SIZE, "{p:?}");
-    RecordId::from_raw(u64::from(gen) << 56 | u64::from(p.seg) << 32 | u64::from(p.off / REC_ALIGN) << 16 | u64::from(p.len))
+    debug_assert!(u64::from(p.seg) < MAX_SEGS && p.off.is_multiple_of(REC_ALIGN) && (p.off as usize) < SEGMENT_SIZE && p.span < 1 << SPAN_BITS, "{p:?}");
+    RecordId::from_raw(u64::from(gen) << 56 | u64::from(p.seg) << 32 | u64::from(p.off / REC_ALIGN) << SPAN_BITS | u64::from(p.span))
 }
 
-/// An id's place and generation (whether it is live is the segment's to say).
-fn split_id(id: RecordId) -> (Place, u8) {
+/// An id's place and generation (whether it is live is the segment's to
+/// say; an id with bits 28..32 set was not issued here).
+fn split_id(id: RecordId) -> Option<(Place, u8)> {
     let raw = id.to_raw();
-    let p = Place { seg: (raw >> 32) as u32 & 0xff_ffff, off: (raw >> 16 & 0xffff) as u32 * REC_ALIGN, len: raw as u16 };
-    (p, (raw >> 56) as u8)
+    let off16 = (raw >> SPAN_BITS) & (0xffff_ffff >> SPAN_BITS);
+    let p = Place { seg: (raw >> 32) as u32 & 0xff_ffff, off: off16 as u32 * REC_ALIGN, span: (raw & ((1 << SPAN_BITS) - 1)) as u16 };
+    (off16 <= 0xffff).then_some((p, (raw >> 56) as u8))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,8 +155,8 @@ impl State {
     /// Where the live record `id` is; [`BackingError::InvalidRecord`] if
     /// it is not live (never issued, freed, or its segment freed since).
     fn lookup(&self, id: RecordId) -> Result<Place> {
-        let (p, gen) = split_id(id);
         let bad = || BackingError::InvalidRecord { id: id.to_raw() };
+        let (p, gen) = split_id(id).ok_or_else(bad)?;
         let s = self.segs.get(p.seg as usize).ok_or_else(bad)?;
         let at = s.live.binary_search(&((p.off / REC_ALIGN) as u16));
         if s.gen != gen || !matches!(s.state, SegState::Open | SegState::Closed) || at.is_err() {
@@ -137,7 +165,7 @@ impl State {
         // The length must fit before the next record (or the segment's
         // end): an id this store did not issue is refused, never read.
         let next = at.ok().and_then(|i| s.live.get(i + 1)).map_or(s.used, |&o| u32::from(o) * REC_ALIGN);
-        if p.off + (RECORD_HEADER_SIZE as u32 + u32::from(p.len)) > next {
+        if p.span == 0 || p.off + p.bytes() as u32 > next {
             return Err(bad());
         }
         Ok(p)
@@ -150,30 +178,31 @@ impl State {
         debug_assert!(s.live.last().is_none_or(|&l| l < off16), "{p:?} after {:?}", s.live.last());
         let cap = s.live.capacity();
         s.live.push(off16);
-        s.live_bytes += (RECORD_HEADER_SIZE + p.len as usize) as u32;
+        s.live_bytes += p.bytes() as u32;
         let grown = (s.live.capacity() - cap) * size_of::<u16>();
         let id = record_id(p, s.gen);
         self.live_list_bytes += grown as u64;
         self.records += 1;
-        self.live_bytes += (RECORD_HEADER_SIZE + p.len as usize) as u64;
+        self.live_bytes += p.bytes() as u64;
         id
     }
 
     /// Forget the live record at `p` (looked up); frees its segment if it
     /// was closed and is now empty. Returns whether it was freed.
     fn remove_record(&mut self, p: Place) -> bool {
-        let bytes = (RECORD_HEADER_SIZE + p.len as usize) as u32;
+        let bytes = p.bytes() as u32;
         let s = &mut self.segs[p.seg as usize];
         if let Ok(i) = s.live.binary_search(&((p.off / REC_ALIGN) as u16)) {
             s.live.remove(i);
             // Records die one by one; 2 bytes a live record is the whole
             // cost a list may keep. A closed segment's list never grows
-            // again: it gives back its room once a quarter of it is free (at
-            // most 2.7 bytes a record; a quarter full, with twice the room
-            // kept, lists held 3.5 a record on the build). The open
-            // segment's keeps room to grow until it is a quarter full.
+            // again: it gives back its room as soon as malloc can reuse
+            // it (32 bytes: its chunks are multiples of 16, and at least
+            // 32 are split off); with a quarter of it kept, lists held 2.4
+            // bytes a record on the build. The open segment's keeps room
+            // to grow until it is a quarter full.
             let cap = s.live.capacity();
-            if s.state == SegState::Closed && s.live.len() <= cap / 4 * 3 {
+            if s.state == SegState::Closed && cap - s.live.len() >= SHRINK_SLACK {
                 s.live.shrink_to_fit();
             } else if s.live.len() < cap / 4 {
                 s.live.shrink_to(2 * s.live.len());
@@ -713,7 +742,8 @@ impl BackingStore {
         }
         let ids = {
             let mut st = self.state.write();
-            let ids: Vec<RecordId> = plan.places.iter().zip(&lens).map(|(&(seg, off), &len)| st.add_record(Place { seg, off, len: len as u16 })).collect();
+            let ids: Vec<RecordId> =
+                plan.places.iter().zip(&lens).map(|(&(seg, off), &len)| st.add_record(Place { seg, off, span: Place::span_of(len) })).collect();
             self.finish_plan(&mut st, &plan);
             ids
         };
@@ -761,7 +791,7 @@ impl BackingStore {
     fn read_at_place(&self, id: RecordId, key: u64, e: Place, out: &mut Vec<u8>) -> Result<()> {
         out.clear();
         let abs = e.seg as u64 * SEG + e.off as u64;
-        let n = RECORD_HEADER_SIZE + e.len as usize;
+        let n = e.bytes();
         // Read the epoch before any I/O: a window filled while a write was
         // in flight carries the old epoch and is never trusted.
         let epoch = self.window_epoch(e.seg as u64);
@@ -769,7 +799,7 @@ impl BackingStore {
             let mut ws = self.windows.lock();
             if let Some(w) = ws.find(epoch, abs, n) {
                 let rec = &w.buf.as_ref().map_or(&[][..], |b| b.get(w.len))[(abs - w.lo) as usize..][..n];
-                let r = self.serve(rec, id, key, e.len, out);
+                let r = self.serve(rec, id, key, e.span, out);
                 match r {
                     Ok(()) => {
                         w.used += n;
@@ -802,7 +832,7 @@ impl BackingStore {
         // (Every bound aligned: an O_DIRECT read of a length the file does
         // not take is EINVAL.)
         let hi = ((need + ahead as u64).div_ceil(a) * a).min(lo + READAHEAD as u64).min(seg_end).max(need);
-        self.read_window(e.seg as u64, epoch, (lo, hi), abs + n as u64, n, n, |buf| self.serve(&buf[(abs - lo) as usize..][..n], id, key, e.len, out))
+        self.read_window(e.seg as u64, epoch, (lo, hi), abs + n as u64, n, n, |buf| self.serve(&buf[(abs - lo) as usize..][..n], id, key, e.span, out))
     }
 
     /// Read `lo..hi` of segment `seg` (at window epoch `epoch`) in one
@@ -854,7 +884,7 @@ impl BackingStore {
         }
         let mut places: Vec<(u64, u64)> = {
             let st = self.state.read();
-            ids.iter().filter_map(|&id| st.lookup(id).ok()).map(|e| (e.seg as u64 * SEG + e.off as u64, (RECORD_HEADER_SIZE + e.len as usize) as u64)).collect()
+            ids.iter().filter_map(|&id| st.lookup(id).ok()).map(|e| (e.seg as u64 * SEG + e.off as u64, e.bytes() as u64)).collect()
         };
         places.sort_unstable();
         let a = self.read_align;
@@ -894,13 +924,16 @@ impl BackingStore {
         ops
     }
 
-    /// Verify record `id` as read (`rec`: header and payload) and append
-    /// its payload to `out`; a mismatch is an error, never data.
-    fn serve(&self, rec: &[u8], id: RecordId, key: u64, len: u16, out: &mut Vec<u8>) -> Result<()> {
-        let (_, payload) = verify(rec, len, Some(key)).ok_or(BackingError::Checksum { id: id.to_raw() })?;
+    /// Verify record `id` as read (`rec`: its span, whose header's length
+    /// must round up to `span`) and append its payload to `out`; a
+    /// mismatch is an error, never data.
+    fn serve(&self, rec: &[u8], id: RecordId, key: u64, span: u16, out: &mut Vec<u8>) -> Result<()> {
+        let bad = || BackingError::Checksum { id: id.to_raw() };
+        let len = header_len(rec).filter(|&l| Place::span_of(l.into()) == span).ok_or_else(bad)?;
+        let (_, payload) = verify(rec, len, Some(key)).ok_or_else(bad)?;
         out.extend_from_slice(payload);
         self.c.records_read.fetch_add(1, Relaxed);
-        self.c.record_bytes_read.fetch_add(rec.len() as u64, Relaxed);
+        self.c.record_bytes_read.fetch_add((RECORD_HEADER_SIZE + payload.len()) as u64, Relaxed);
         Ok(())
     }
 
@@ -1370,12 +1403,12 @@ impl BackingStore {
         let mut st = self.state.write();
         let mut queued = Vec::with_capacity(live.len());
         for ((&off16, &(key, payload)), &(seg, off)) in live.iter().zip(&recs).zip(&plan.places) {
-            let len = payload.len() as u16;
-            let from = Place { seg: v, off: u32::from(off16) * REC_ALIGN, len };
+            let span = Place::span_of(payload.len());
+            let from = Place { seg: v, off: u32::from(off16) * REC_ALIGN, span };
             // A record freed while it was copied is not moved: its copy's
             // bytes are garbage in the file.
             if st.segs[v as usize].gen == gen && st.segs[v as usize].live.binary_search(&off16).is_ok() {
-                let to = st.add_record(Place { seg, off, len });
+                let to = st.add_record(Place { seg, off, span });
                 queued.push(Moved { key, from: record_id(from, gen), to });
             }
         }
@@ -1550,7 +1583,6 @@ mod window_tests {
     fn readahead_is_counted_read_and_used_and_its_floor_is_a_setting() {
         let n = 2048;
         let (s, ids) = filled(n);
-        let rec = (1000 + RECORD_HEADER_SIZE) as u64;
         // Scattered reads: the default floor reads 8 KiB past each record,
         // a floor of 0 its own blocks (a 4 KiB-aligned file here).
         let scattered: Vec<usize> = (0..n as usize).map(|i| (i * 997) % n as usize).take(256).collect();
@@ -1565,7 +1597,9 @@ mod window_tests {
         let misses = st.read_ops - before.read_ops;
         assert!(misses >= 250, "{misses} of 256 scattered reads missed");
         let ahead = st.readahead_bytes - before.readahead_bytes;
-        assert_eq!(ahead, b - misses * rec, "what was read past the records: {st:?}");
+        // (Past each record's span: its 16-byte rounding is no read-ahead.)
+        let span = Place { seg: 0, off: 0, span: Place::span_of(1000) }.bytes() as u64;
+        assert_eq!(ahead, b - misses * span, "what was read past the records: {st:?}");
         // In order: the run grows the read-ahead from 0, and the records
         // the windows serve are counted as used, each by its distance.
         let before = s.stats();
@@ -1578,7 +1612,7 @@ mod window_tests {
         let before_hits: u64 = before.readahead_hits.iter().sum();
         assert_eq!(hits - before_hits, served, "every record a window served is a read-ahead hit: {st:?}");
         assert!(served > n / 2, "a run is served by read-ahead: {st:?}");
-        assert_eq!(used, served * rec);
+        assert_eq!(used, served * span);
         assert!(used <= st.readahead_bytes - before.readahead_bytes, "{st:?}");
         assert!(st.readahead_hits[3] > 0 && st.readahead_hits[0] > 0, "near and far hits: {st:?}");
         // The floor is at most the most a read reads ahead.
@@ -1691,24 +1725,28 @@ mod window_tests {
     fn an_id_is_its_place_and_its_segments_generation() {
         let last_seg = (MAX_SEGS - 1) as u32;
         let last_off = SEGMENT_SIZE as u32 - REC_ALIGN;
-        for (seg, off, len) in [(0, 0, 0), (1, 4096, 1), (last_seg, last_off, u16::MAX), (12345, 0xabcd0, 4112)] {
+        let largest = Place::span_of(MAX_PAYLOAD);
+        for (seg, off, span) in [(0, 0, 1), (1, 4096, 2), (last_seg, last_off, largest), (12345, 0xabcd0, Place::span_of(4096))] {
             for gen in [1, 2, u8::MAX] {
-                let p = Place { seg, off, len };
+                let p = Place { seg, off, span };
                 let id = record_id(p, gen);
                 assert_ne!(id.to_raw(), 0);
-                assert_eq!(split_id(id), (p, gen));
+                assert_eq!(id.to_raw() >> 28 & 0xf, 0, "{p:?}: 28 bits below the segment");
+                assert_eq!(split_id(id), Some((p, gen)));
             }
         }
+        assert_eq!((Place::span_of(0), Place::span_of(1), Place::span_of(16), Place::span_of(17)), (1, 2, 2, 3));
+        assert_eq!(split_id(RecordId::from_raw(1 << 56 | 1 << 28 | 2)), None, "not an id this store issues");
     }
 
     /// A closed segment's live list gives back what its dead records held
-    /// once a quarter of it is free: a live record costs at most 2.7 bytes,
-    /// however many died beside it; the bytes counted are the lists'
-    /// capacities.
+    /// once 32 bytes of it are free: a live record costs 2 bytes and its
+    /// list under 32 more, however many died beside it; the bytes counted
+    /// are the lists' capacities.
     #[test]
     fn live_lists_shrink_as_records_die() {
         let mut st = State { segs: vec![Segment::new(SegState::Open)], ..State::default() };
-        let places: Vec<Place> = (0..4000u32).map(|k| Place { seg: 0, off: k * 4 * REC_ALIGN, len: 40 }).collect();
+        let places: Vec<Place> = (0..4000u32).map(|k| Place { seg: 0, off: k * 4 * REC_ALIGN, span: Place::span_of(40) }).collect();
         for &p in &places {
             st.add_record(p);
         }
@@ -1719,10 +1757,10 @@ mod window_tests {
             assert!(!st.remove_record(p));
             assert_eq!(st.live_list_bytes, 2 * st.segs[0].live.capacity() as u64);
             let (len, cap) = (st.segs[0].live.len(), st.segs[0].live.capacity());
-            assert!(3 * cap <= 4 * len + 9, "room for {cap} offsets, {len} live");
+            assert!(cap < len + SHRINK_SLACK, "room for {cap} offsets, {len} live");
         }
         assert_eq!(st.segs[0].live.len(), 400);
-        assert!(st.live_list_bytes <= 2 * (400 * 4 / 3 + 3), "{} bytes for 400 live records", st.live_list_bytes);
+        assert!(st.live_list_bytes < 2 * (400 + SHRINK_SLACK as u64), "{} bytes for 400 live records", st.live_list_bytes);
         for &p in places.iter().filter(|p| p.off % (40 * REC_ALIGN) == 0) {
             assert_eq!(st.lookup(record_id(p, 1)).unwrap(), p);
         }
@@ -1744,7 +1782,8 @@ mod window_tests {
         assert_eq!(st.record_bytes_read, 4096 * rec);
         assert_eq!(st.compaction_bytes_read, 0);
         assert!(st.bytes_read >= st.record_bytes_read && st.bytes_read < st.record_bytes_read * 3 / 2, "{st:?}");
-        for &id in ids.iter().skip(1).step_by(2) {
+        // (A third left: each segment under half live.)
+        for (_, &id) in ids.iter().enumerate().filter(|(k, _)| k % 3 != 0) {
             s.free(id).unwrap();
         }
         s.compact().unwrap();

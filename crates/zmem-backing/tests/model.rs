@@ -4,7 +4,7 @@ mod common;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use zmem_backing::{BackingError, BackingStore, MemFile, RecordId, RECORD_HEADER_SIZE, SEGMENT_SIZE};
+use zmem_backing::{BackingError, BackingStore, MemFile, RecordId, RECORD_ALIGN, RECORD_HEADER_SIZE, SEGMENT_SIZE};
 use zmem_testkit::XorShift;
 
 #[derive(Debug, Clone)]
@@ -147,7 +147,7 @@ fn run(direct: bool, limit: Option<u64>, ops: Vec<Op>) -> Result<(), TestCaseErr
         take_moves(&store, &mut model, &mut ids, &mut stale)?;
         let s = store.stats();
         prop_assert_eq!(s.records, model.len() as u64);
-        let live: u64 = model.values().map(|(_, p)| (RECORD_HEADER_SIZE + p.len()) as u64).sum();
+        let live: u64 = model.values().map(|(_, p)| (RECORD_HEADER_SIZE + p.len()).next_multiple_of(RECORD_ALIGN) as u64).sum();
         prop_assert_eq!(s.live_bytes, live);
     }
     // Everything still reads back.

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use zmem_backing::{BackingError, BackingStore, BlockFile, Existing, FaultyFile, MemFile, OsFile, RecordId, MAX_PAYLOAD, RECORD_HEADER_SIZE, SEGMENT_SIZE};
+use zmem_backing::{
+    BackingError, BackingStore, BlockFile, Existing, FaultyFile, MemFile, OsFile, RecordId, MAX_PAYLOAD, RECORD_ALIGN, RECORD_HEADER_SIZE, SEGMENT_SIZE,
+};
 
 const SEG: u64 = SEGMENT_SIZE as u64;
 
@@ -501,22 +503,21 @@ fn io_errors_name_the_file() {
 /// What goes to disk for 4 KiB pages that compressed to about 2 KiB: each
 /// record's payload and 16-byte header, plus at most one 4 KiB pad per
 /// batch, against zram/zswap's 4096 bytes per page; and the table costs
-/// about 13 bytes of RAM per record.
+/// about 2 bytes of RAM per record.
 #[test]
 fn bytes_written_per_record_are_payload_header_and_one_pad_per_batch() {
     let s = BackingStore::new(Box::new(MemFile::new(true)), None);
     let mut rng = StdRng::seed_from_u64(9);
     let (n_batches, per_batch) = (500u64, 32u64);
-    let mut payload_bytes = 0u64;
+    let mut live = 0u64;
     for b in 0..n_batches {
         let data: Vec<Vec<u8>> = (0..per_batch).map(|i| common::payload(rng.gen_range(1800..=2300), b * 64 + i, 0)).collect();
-        payload_bytes += data.iter().map(|p| p.len() as u64).sum::<u64>();
+        live += data.iter().map(|p| (RECORD_HEADER_SIZE + p.len()).next_multiple_of(RECORD_ALIGN) as u64).sum::<u64>();
         let batch: Vec<(u64, &[u8])> = data.iter().map(|p| (b, p.as_slice())).collect();
         s.write_batch(&batch).unwrap();
     }
     let st = s.stats();
     let records = n_batches * per_batch;
-    let live = payload_bytes + records * RECORD_HEADER_SIZE as u64;
     println!(
         "{} B written per record ({:.1}% of a 4096-byte page), {:.1} B of table per record",
         st.bytes_written / records,
@@ -529,10 +530,10 @@ fn bytes_written_per_record_are_payload_header_and_one_pad_per_batch() {
     assert!(st.bytes_written < records * 4096 * 6 / 10, "compressed writeback: {st:?}");
     // metadata_bytes also holds the two 1 MiB append buffers and the read
     // windows'.
-    // A record costs its 12-byte table entry and the table's slack (it
-    // grows by an eighth), nothing per segment it lies in.
+    // A record costs its 2-byte offset in its segment's live list and its
+    // share of the segment's entry (the table grows by an eighth).
     let table = st.metadata_bytes - zmem_backing::BUFFER_BYTES;
-    assert!(table <= records * 14, "{:.1} B of table per record", table as f64 / records as f64);
+    assert!(table <= records * 3, "{:.1} B of table per record", table as f64 / records as f64);
 }
 
 /// Records read back in the order they were written cost one file read per

@@ -84,7 +84,9 @@ pub enum ColdError {
 pub struct ColdStats {
     /// Live records (zram `bd_count`, in pages).
     pub records: u64,
-    /// Bytes of live records, headers included.
+    /// Bytes of live records, headers included (and the rounding of each
+    /// record's place, where a store rounds: the backing file's take
+    /// multiples of 16 bytes).
     pub live_bytes: u64,
     /// Bytes the store occupies (the backing file's length).
     pub file_bytes: u64,

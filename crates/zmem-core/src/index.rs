@@ -24,13 +24,13 @@
 //!   pages, moved there once written back ([`BlockIndex::make_cold`]), in
 //!   one allocation of just their size: a 256-bit mask of the written-back
 //!   keys (and one of the zero-filled pages, if any) and each key's record
-//!   id, in 4 bytes and an index of 1 to 8 bits into the high halves the
-//!   ids share (a backing file's segment and generation: pages written
-//!   back together), or 8 where that is no smaller ([`encode_ids`]); a
-//!   block whose keys all name
-//!   one extent (`extent.rs`) keeps that one record. With its 24-byte slot
-//!   in the map, about 4.5 bytes a key when full and 5 when three keys in
-//!   four are written back. A written-back page needs nothing else of its
+//!   id: an index of 1 to 8 bits into the high halves the ids share (a
+//!   backing file's segment and generation: pages written back together)
+//!   and the bits its low half needs (28 for a backing file's id), packed,
+//!   or 8 bytes where that is no smaller ([`encode_ids`]); a block whose
+//!   keys all name one extent (`extent.rs`) keeps that one record. With
+//!   its 24-byte slot in the map, about 4 bytes a key when full and 4.5
+//!   when three keys in four are written back. A written-back page needs nothing else of its
 //!   entry: its encoding is in its record, and its flags and access time
 //!   only matter in RAM. The entries are made up when asked for (written
 //!   back, naming the record; or zero-filled).
@@ -237,11 +237,13 @@ fn index_bits(h: usize) -> usize {
 /// Split where the ids share high halves (a cold store issues ids in runs
 /// that share them: the backing file's are a segment and its generation
 /// over an offset and a length, and the pages of a block tend to go out
-/// together): `[h | w << 16, the h high halves, w words of each rank's
-/// index into them (just enough bits for h: none for one, 8 for 256; an
-/// index may straddle two words), the low half per rank]`, 4 bytes a key,
-/// its index and 4 a high half. Else, where that is no smaller, whole: `[0, (low,
-/// high) per rank]`.
+/// together): `[h | l << 16, the h high halves, each rank's index into
+/// them and low half, packed]`, where an index takes just enough bits for
+/// h (none for one, 8 for 256) and a low half `l`, the bits the widest
+/// low half needs (28 for the backing file's: its offsets and lengths are
+/// in 16-byte units), so a key takes `index + l` bits and 4 bytes a high
+/// half. Else, where that is no smaller, whole: `[0, (low, high) per
+/// rank]`.
 fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     let Some(&first) = ids.first() else { return };
     if ids.iter().all(|&r| r == first) {
@@ -254,29 +256,38 @@ fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     let mut highs: Vec<u32> = ids.iter().map(|&id| high(id)).collect();
     highs.sort_unstable();
     highs.dedup();
-    let bits = index_bits(highs.len());
-    let words = (ids.len() * bits).div_ceil(32);
-    if highs.len() > SPLIT_HIGHS || highs.len() + words + ids.len() >= 2 * ids.len() {
+    let lows = ids.iter().fold(0, |m, &id| m | id as u32);
+    let (bits, l) = (index_bits(highs.len()), (u32::BITS - lows.leading_zeros()) as usize);
+    let words = (ids.len() * (bits + l)).div_ceil(32);
+    if highs.len() > SPLIT_HIGHS || highs.len() + words >= 2 * ids.len() {
         out.push(0);
         out.extend(ids.iter().flat_map(|&id| [id as u32, (id >> 32) as u32]));
         return;
     }
-    // (h ≤ 256 and w ≤ 64: never 0 or ONE.)
-    out.push(highs.len() as u32 | (words as u32) << 16);
+    // (1 ≤ h ≤ 256 and l ≤ 32: never 0 or ONE.)
+    out.push(highs.len() as u32 | (l as u32) << 16);
     out.extend_from_slice(&highs);
     let at = out.len();
     out.resize(at + words, 0);
-    if bits > 0 {
-        for (rank, &id) in ids.iter().enumerate() {
-            let k = highs.partition_point(|&h| h < high(id)) as u64;
-            let (w, shift) = (at + rank * bits / 32, rank * bits % 32);
-            out[w] |= (k << shift) as u32;
-            if shift + bits > 32 {
-                out[w + 1] |= (k >> (32 - shift)) as u32;
-            }
-        }
+    for (rank, &id) in ids.iter().enumerate() {
+        let k = highs.partition_point(|&h| h < high(id)) as u64;
+        put_bits(&mut out[at..], rank * (bits + l), k | u64::from(id as u32) << bits);
     }
-    out.extend(ids.iter().map(|&id| id as u32));
+}
+
+/// OR `v` (at most 40 bits) into `words` from bit `pos` on (a value may
+/// straddle two or three words; bits past `words`' end must be 0).
+fn put_bits(words: &mut [u32], pos: usize, v: u64) {
+    let x = u128::from(v) << (pos % 32);
+    for (i, w) in words[pos / 32..].iter_mut().take(3).enumerate() {
+        *w |= (x >> (32 * i)) as u32;
+    }
+}
+
+/// The `n` bits (at most 40) of `words` from bit `pos` on.
+fn get_bits(words: &[u32], pos: usize, n: usize) -> u64 {
+    let x = words[pos / 32..].iter().take(3).enumerate().fold(0u128, |x, (i, &w)| x | u128::from(w) << (32 * i));
+    (x >> (pos % 32)) as u64 & ((1u64 << n) - 1)
 }
 
 /// The id of rank `rank` in ids made by [`encode_ids`].
@@ -286,16 +297,11 @@ fn decode_id(r: &[u32], rank: usize) -> u64 {
         ONE => join(r[1], r[2]),
         0 => join(r[1 + 2 * rank], r[2 + 2 * rank]),
         head => {
-            let (h, w) = ((head & 0xffff) as usize, (head >> 16) as usize);
-            // (With one high half there is no index: the mask is 0.)
+            let (h, l) = ((head & 0xffff) as usize, (head >> 16) as usize);
+            // (With one high half there is no index: 0 bits.)
             let bits = index_bits(h);
-            let (at, shift) = (1 + h + rank * bits / 32, rank * bits % 32);
-            let mut k = u64::from(r[at]) >> shift;
-            if shift + bits > 32 {
-                k |= u64::from(r[at + 1]) << (32 - shift);
-            }
-            let k = (k & ((1 << bits) - 1)) as usize;
-            join(r[1 + h + w + rank], r[1 + k])
+            let v = get_bits(&r[1 + h..], rank * (bits + l), bits + l);
+            join((v >> bits) as u32, r[1 + (v & ((1 << bits) - 1)) as usize])
         }
     }
 }
@@ -1073,14 +1079,21 @@ mod tests {
     /// a budget that refuses the growth leaves the block as it was.
     #[test]
     fn cold_record_ids_take_their_smallest_form_and_renames_keep_it_right() {
-        let id = |seg: u64, off: u64| 1 << 56 | seg << 32 | off << 16 | 100;
-        let cases: [(Vec<u64>, &str); 13] = [
+        // (As the backing file's: a length in bits 0..12, an offset above it.)
+        let id = |seg: u64, off: u64| 1 << 56 | seg << 32 | (off * 37) << 12 | 100;
+        // Low halves of all 32 bits: with an index, past one word a key.
+        let wide = |seg: u64, k: u64| 1 << 56 | seg << 32 | 0x8000_0000 | k;
+        let cases: [(Vec<u64>, &str); 16] = [
             (vec![id(3, 0); 16], "one"),
             ((0..16).map(|k| id(3, k)).collect(), "split"),
             ((0..16).map(|k| id(k % 4, k)).collect(), "split"),
             ((0..32).map(|k| id(k % 5, k)).collect(), "split"),
             ((0..32).map(|k| id(k % 17, k)).collect(), "split"),
-            ((0..32).map(|k| id(k, k)).collect(), "whole"),
+            ((0..32).map(|k| id(k, k)).collect(), "split"),
+            ((0..32).map(|k| wide(k, k)).collect(), "whole"),
+            // 5 bits and 32: a key's 37 bits straddle three words; 8 and 32.
+            ((0..256).map(|k| wide(k % 20, k)).collect(), "split"),
+            ((0..256).map(|k| wide(k % 129, k)).collect(), "split"),
             ((0..256).map(|k| id(k % 100, k)).collect(), "split"),
             // 3, 5 and 6 bits: indexes that straddle words.
             ((0..48).map(|k| id(k % 7, k)).collect(), "split"),
@@ -1320,7 +1333,7 @@ mod tests {
         let b = Budget::new(None);
         let mut ix = BlockIndex::new();
         let obj = |k: u64| Entry::obj(zmem_alloc::Handle::from_raw(k + 1), ObjInfo::raw());
-        let rec = |k: u64| 1 << 56 | 3 << 32 | k << 16 | 100;
+        let rec = |k: u64| 1 << 56 | 3 << 32 | k << 12 | 100;
         const N: u64 = 16 * 512;
         for k in 0..N {
             ix.insert(k, obj(k), &b).unwrap();
