@@ -198,9 +198,8 @@ impl State {
             // cost a list may keep. A closed segment's list never grows
             // again: it gives back its room as soon as malloc can reuse
             // it (32 bytes: its chunks are multiples of 16, and at least
-            // 32 are split off); with a quarter of it kept, lists held 2.4
-            // bytes a record on the build. The open segment's keeps room
-            // to grow until it is a quarter full.
+            // 32 are split off), a realloc every 16 frees at most. The
+            // open segment's keeps room to grow until it is a quarter full.
             let cap = s.live.capacity();
             if s.state == SegState::Closed && cap - s.live.len() >= SHRINK_SLACK {
                 s.live.shrink_to_fit();

@@ -30,9 +30,9 @@
 //!   or 8 bytes where that is no smaller ([`encode_ids`]); a block whose
 //!   keys all name one extent (`extent.rs`) keeps that one record. With
 //!   its 24-byte slot in the map, about 4 bytes a key when full and 4.5
-//!   when three keys in four are written back. A written-back page needs nothing else of its
-//!   entry: its encoding is in its record, and its flags and access time
-//!   only matter in RAM. The entries are made up when asked for (written
+//!   when three keys in four are written back. A written-back page needs
+//!   nothing else of its entry: its encoding is in its record, and its
+//!   flags and access time only matter in RAM. The entries are made up when asked for (written
 //!   back, naming the record; or zero-filled).
 //!
 //! So a written-back page costs the cold rate whatever its neighbours in
