@@ -1597,7 +1597,7 @@ mod window_tests {
         assert!(misses >= 250, "{misses} of 256 scattered reads missed");
         let ahead = st.readahead_bytes - before.readahead_bytes;
         // (Past each record's span: its 16-byte rounding is no read-ahead.)
-        let span = Place { seg: 0, off: 0, span: Place::span_of(1000) }.bytes() as u64;
+        let span = (1000 + RECORD_HEADER_SIZE).next_multiple_of(RECORD_ALIGN) as u64;
         assert_eq!(ahead, b - misses * span, "what was read past the records: {st:?}");
         // In order: the run grows the read-ahead from 0, and the records
         // the windows serve are counted as used, each by its distance.
