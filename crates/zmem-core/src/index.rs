@@ -26,11 +26,14 @@
 //!   keys (and one of the zero-filled pages, if any) and each key's record
 //!   id: an index of 1 to 8 bits into the high halves the ids share (a
 //!   backing file's segment and generation: pages written back together)
-//!   and the bits its low half needs (28 for a backing file's id), packed,
-//!   or 8 bytes where that is no smaller ([`encode_ids`]); a block whose
-//!   keys all name one extent (`extent.rs`) keeps that one record. With
-//!   its 24-byte slot in the map, about 4 bytes a key when full and 4.5
-//!   when three keys in four are written back. A written-back page needs
+//!   and its low half, each half packed in just the bits in which the
+//!   block's halves differ (a backing file's offsets and the low bits of
+//!   its spans; the low bits of its segments and generations), or 8 bytes
+//!   where that is no smaller
+//!   ([`encode_ids`]); a block whose keys all name one extent
+//!   (`extent.rs`) keeps that one record. With its 24-byte slot in the
+//!   map, about 4 bytes a key when full of keys written out together, 5
+//!   when they went out in a hundred segments. A written-back page needs
 //!   nothing else of its entry: its encoding is in its record, and its
 //!   flags and access time only matter in RAM. The entries are made up when asked for (written
 //!   back, naming the record; or zero-filled).
@@ -232,18 +235,50 @@ fn index_bits(h: usize) -> usize {
     (usize::BITS - h.saturating_sub(1).leading_zeros()) as usize
 }
 
+/// The runs of ones in `mask`, low to high: each one's lowest bit and
+/// its ones shifted down (a mask here has a few runs).
+fn runs(mask: u32) -> impl Iterator<Item = (u32, u32)> {
+    let mut m = mask;
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let lo = m.trailing_zeros();
+            let ones = ((1u64 << (m >> lo).trailing_ones()) - 1) as u32;
+            m &= !(ones << lo);
+            (lo, ones)
+        })
+    })
+}
+
+/// The bits of `v` where `mask` has ones, packed to the low end in their
+/// order (x86's `pext`).
+fn gather(v: u32, mask: u32) -> u32 {
+    runs(mask).fold((0, 0), |(out, at), (lo, ones)| (out | (v >> lo & ones) << at, at + ones.count_ones())).0
+}
+
+/// [`gather`]'s inverse: the low bits of `x` put back where `mask` has
+/// ones (x86's `pdep`).
+fn scatter(x: u32, mask: u32) -> u32 {
+    runs(mask).fold((0, 0), |(out, at), (lo, ones)| (out | (x >> at & ones) << lo, at + ones.count_ones())).0
+}
+
+/// Words of the split form's head: `h`, then the high halves' base and
+/// mask, then the low halves'.
+const SPLIT_HEAD: usize = 5;
+
 /// Append the smallest form of `ids` (one per rank; nothing for none) to
 /// `out`. `[ONE, low, high]` when they are all one record (an extent's).
 /// Split where the ids share high halves (a cold store issues ids in runs
 /// that share them: the backing file's are a segment and its generation
-/// over an offset and a length, and the pages of a block tend to go out
-/// together): `[h | l << 16, the h high halves, each rank's index into
-/// them and low half, packed]`, where an index takes just enough bits for
-/// h (none for one, 8 for 256) and a low half `l`, the bits the widest
-/// low half needs (28 for the backing file's: its offsets and lengths are
-/// in 16-byte units), so a key takes `index + l` bits and 4 bytes a high
-/// half. Else, where that is no smaller, whole: `[0, (low, high) per
-/// rank]`.
+/// over an offset and a span, and the pages of a block tend to go out
+/// together): `[h, high base, high mask, low base, low mask, the h high
+/// halves, each rank's index into them and low half]`, where a half keeps
+/// only the bits in which the halves differ (its mask: the bits where a
+/// half differs from the base, which holds the rest), packed, and an index
+/// takes just enough bits for h (none for one, 8 for 256). A backing
+/// file's high halves differ in the low bits of their segment and
+/// generation, its low halves in the offset and in the span's low bits,
+/// so a key takes `index + 25` bits or so and a high half 2 bytes. Else,
+/// where that is no smaller, whole: `[0, (low, high) per rank]`.
 fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     let Some(&first) = ids.first() else { return };
     if ids.iter().all(|&r| r == first) {
@@ -256,22 +291,29 @@ fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     let mut highs: Vec<u32> = ids.iter().map(|&id| high(id)).collect();
     highs.sort_unstable();
     highs.dedup();
-    let lows = ids.iter().fold(0, |m, &id| m | id as u32);
-    let (bits, l) = (index_bits(highs.len()), (u32::BITS - lows.leading_zeros()) as usize);
-    let words = (ids.len() * (bits + l)).div_ceil(32);
-    if highs.len() > SPLIT_HIGHS || highs.len() + words >= 2 * ids.len() {
+    let (hb, lb) = (highs[0], first as u32);
+    let hm = highs.iter().fold(0, |m, &x| m | (x ^ hb));
+    let lm = ids.iter().fold(0, |m, &id| m | (id as u32 ^ lb));
+    let (hw, lw) = (hm.count_ones() as usize, lm.count_ones() as usize);
+    let bits = index_bits(highs.len());
+    let high_words = (highs.len() * hw).div_ceil(32);
+    let words = (ids.len() * (bits + lw)).div_ceil(32);
+    if highs.len() > SPLIT_HIGHS || SPLIT_HEAD + high_words + words > 2 * ids.len() {
         out.push(0);
         out.extend(ids.iter().flat_map(|&id| [id as u32, (id >> 32) as u32]));
         return;
     }
-    // (1 ≤ h ≤ 256 and l ≤ 32: never 0 or ONE.)
-    out.push(highs.len() as u32 | (l as u32) << 16);
-    out.extend_from_slice(&highs);
+    // (1 ≤ h ≤ 256: never 0 or ONE.)
+    out.extend([highs.len() as u32, hb, hm, lb, lm]);
     let at = out.len();
-    out.resize(at + words, 0);
+    out.resize(at + high_words + words, 0);
+    for (k, &x) in highs.iter().enumerate() {
+        put_bits(&mut out[at..], k * hw, u64::from(gather(x ^ hb, hm)));
+    }
+    let keys = at + high_words;
     for (rank, &id) in ids.iter().enumerate() {
         let k = highs.partition_point(|&h| h < high(id)) as u64;
-        put_bits(&mut out[at..], rank * (bits + l), k | u64::from(id as u32) << bits);
+        put_bits(&mut out[keys..], rank * (bits + lw), k | u64::from(gather(id as u32 ^ lb, lm)) << bits);
     }
 }
 
@@ -286,6 +328,9 @@ fn put_bits(words: &mut [u32], pos: usize, v: u64) {
 
 /// The `n` bits (at most 40) of `words` from bit `pos` on.
 fn get_bits(words: &[u32], pos: usize, n: usize) -> u64 {
+    if n == 0 {
+        return 0;
+    }
     let x = words[pos / 32..].iter().take(3).enumerate().fold(0u128, |x, (i, &w)| x | u128::from(w) << (32 * i));
     (x >> (pos % 32)) as u64 & ((1u64 << n) - 1)
 }
@@ -296,12 +341,17 @@ fn decode_id(r: &[u32], rank: usize) -> u64 {
     match r[0] {
         ONE => join(r[1], r[2]),
         0 => join(r[1 + 2 * rank], r[2 + 2 * rank]),
-        head => {
-            let (h, l) = ((head & 0xffff) as usize, (head >> 16) as usize);
+        h => {
+            let [hb, hm, lb, lm] = [r[1], r[2], r[3], r[4]];
+            let (hw, lw) = (hm.count_ones() as usize, lm.count_ones() as usize);
             // (With one high half there is no index: 0 bits.)
-            let bits = index_bits(h);
-            let v = get_bits(&r[1 + h..], rank * (bits + l), bits + l);
-            join((v >> bits) as u32, r[1 + (v & ((1 << bits) - 1)) as usize])
+            let (h, bits) = (h as usize, index_bits(h as usize));
+            let packed = &r[SPLIT_HEAD..];
+            let keys = &packed[(h * hw).div_ceil(32)..];
+            let v = get_bits(keys, rank * (bits + lw), bits + lw);
+            let k = (v & ((1 << bits) - 1)) as usize;
+            let high = hb ^ scatter(get_bits(packed, k * hw, hw) as u32, hm);
+            join(lb ^ scatter((v >> bits) as u32, lm), high)
         }
     }
 }
@@ -1081,16 +1131,22 @@ mod tests {
     fn cold_record_ids_take_their_smallest_form_and_renames_keep_it_right() {
         // (As the backing file's: a length in bits 0..12, an offset above it.)
         let id = |seg: u64, off: u64| 1 << 56 | seg << 32 | (off * 37) << 12 | 100;
-        // Low halves of all 32 bits: with an index, past one word a key.
-        let wide = |seg: u64, k: u64| 1 << 56 | seg << 32 | 0x8000_0000 | k;
-        let cases: [(Vec<u64>, &str); 16] = [
+        // Low halves that differ in all 32 bits: with an index, past one
+        // word a key.
+        let wide = |seg: u64, k: u64| 1 << 56 | seg << 32 | (k * 0x9e37_79b9) & 0xffff_ffff;
+        // Ids that differ in every bit: no form smaller than whole.
+        let scattered = |k: u64| (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let cases: [(Vec<u64>, &str); 18] = [
             (vec![id(3, 0); 16], "one"),
             ((0..16).map(|k| id(3, k)).collect(), "split"),
             ((0..16).map(|k| id(k % 4, k)).collect(), "split"),
             ((0..32).map(|k| id(k % 5, k)).collect(), "split"),
             ((0..32).map(|k| id(k % 17, k)).collect(), "split"),
             ((0..32).map(|k| id(k, k)).collect(), "split"),
-            ((0..32).map(|k| wide(k, k)).collect(), "whole"),
+            ((0..32).map(scattered).collect(), "whole"),
+            ((0..32).map(|k| wide(k, k)).collect(), "split"),
+            // Low halves alike but for a few bits, high halves too.
+            ((0..32).map(|k| 1 << 56 | k << 32 | 0x8000_0000 | k).collect(), "split"),
             // 5 bits and 32: a key's 37 bits straddle three words; 8 and 32.
             ((0..256).map(|k| wide(k % 20, k)).collect(), "split"),
             ((0..256).map(|k| wide(k % 129, k)).collect(), "split"),
@@ -1153,6 +1209,56 @@ mod tests {
         assert_eq!(ix.get(31).and_then(Entry::record), Some(id(8, 0)));
     }
 
+    /// `gather` packs the bits of a mask's runs to the low end and
+    /// `scatter` puts them back, whatever the mask.
+    #[test]
+    fn gather_and_scatter_are_pext_and_pdep() {
+        assert_eq!(gather(0b1011_0110, 0b1111_0000), 0b1011);
+        assert_eq!(gather(0b0011_0010, 0b1010_0110), 0b0101);
+        assert_eq!(scatter(0b0101, 0b1010_0110), 0b0010_0010);
+        let mut x = 0x1234_5678_9abc_def1u64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (v, m) = (x as u32, (x >> 32) as u32 & (x >> 16) as u32);
+            let g = gather(v, m);
+            assert!(u64::from(g) < 1u64 << m.count_ones(), "{v:x} {m:x}");
+            assert_eq!(scatter(g, m), v & m, "{v:x} {m:x}");
+            // Bit by bit, as pext would.
+            let want = (0..32).filter(|&b| m >> b & 1 == 1).enumerate().fold(0u32, |w, (i, b)| w | (v >> b & 1) << i);
+            assert_eq!(g, want, "{v:x} {m:x}");
+        }
+        assert_eq!((gather(u32::MAX, u32::MAX), scatter(u32::MAX, u32::MAX)), (u32::MAX, u32::MAX));
+        assert_eq!((gather(7, 0), scatter(7, 0)), (0, 0));
+    }
+
+    /// A full cold block whose keys went out over a hundred segments (a
+    /// long-lived heap's, written back a few at a time) keeps of each
+    /// high half only the bits that differ (2 bytes, not 4), and of each
+    /// low half the offset and the span's low bits: about 5 bytes a key
+    /// with its map slot, where whole high halves and 28-bit low halves
+    /// took over 6.
+    #[test]
+    fn a_block_of_keys_from_many_segments_keeps_the_bits_that_differ() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // As the backing file's: generation, segment, offset and span in
+        // 16-byte units (a compressed page: 40 to 257 units).
+        let segs: Vec<u64> = (0..100).map(|_| ((1 + next() % 3) << 24) | (next() % 3000)).collect();
+        let keys: Vec<(usize, u64)> = (0..COLD).map(|i| (i, segs[next() as usize % 100] << 32 | (next() % 65_536) << 12 | (40 + next() % 218))).collect();
+        let c = ColdBlock::new(&keys, &[0; MASK_WORDS]);
+        assert_eq!(c.form(), "split");
+        assert_eq!(c.keys(), keys);
+        let per_key = (c.heap_bytes() + slot_bytes::<ColdBlock>()) as f64 / COLD as f64;
+        assert!(per_key < 5.25, "{per_key:.2} bytes a key");
+    }
+
     /// One step of [`the_index_keeps_what_a_map_would`].
     #[derive(Clone, Debug)]
     enum Op {
@@ -1173,7 +1279,9 @@ mod tests {
         use proptest::prelude::*;
         // Most keys in four blocks, so that blocks fill and go cold.
         let key = prop_oneof![3 => 0..64u64, 1 => 0..1024u64];
-        let rec = (0..20u64, 0..6u64).prop_map(|(h, l)| 1 << 56 | h << 32 | l << 16 | 100);
+        // (Now and then a low half of any bits: masks of every shape.)
+        let low = prop_oneof![6 => (0..6u64).prop_map(|l| l << 16 | 100), 1 => any::<u32>().prop_map(u64::from)];
+        let rec = (0..20u64, low).prop_map(|(h, l)| 1 << 56 | h << 32 | l);
         prop_oneof![
             2 => (key.clone(), 0..3u64).prop_map(|(k, w)| Op::Same(k, w)),
             6 => (key.clone(), rec.clone()).prop_map(|(k, r)| Op::Backed(k, r)),
