@@ -11,7 +11,8 @@
 //!   in the one small unsafe module [`lz4c`]: it decodes 1.29 × as fast as
 //!   the pure-Rust `lz4_flex` and is as safe on corrupt input.
 //! * **zstd** at a configurable level: the ratio choice (the kernel's zram
-//!   lacks it here). One compression context per thread, reused.
+//!   lacks it here), its fast levels (below 0) between it and lz4. One
+//!   compression context per thread, reused.
 //! * **lzo** (LZO1X-1): the kernel's historical default, through our own
 //!   implementation in `zmem-lzo` (minilzo is GPL; we ship MIT OR Apache-2.0).
 //!
@@ -92,7 +93,7 @@ impl fmt::Display for Algorithm {
 pub enum CompressError {
     #[error("unknown compressor `{0}`: choose one of lz4, zstd[:LEVEL], lzo")]
     UnknownAlgorithm(String),
-    #[error("bad zstd level `{0}`: use an integer from 1 to 22 (for example zstd:3)")]
+    #[error("bad zstd level `{0}`: use an integer from 1 to 22 (for example zstd:3), or below 0 for zstd's fast levels (zstd:-1, faster and larger still further down)")]
     BadLevel(String),
     #[error("{alg} takes no level (`{spec}`): write `{alg}`, or use zstd:LEVEL for a tunable compressor")]
     NoLevel { alg: Algorithm, spec: String },
@@ -136,8 +137,10 @@ impl Compressor {
         Compressor { algorithm, level }
     }
 
+    /// zstd at `level`: 1 to 22, or a fast level below 0 (zstd's
+    /// `--fast=N` is level -N) down to the library's least.
     pub fn zstd(level: i32) -> Result<Compressor, CompressError> {
-        if !(1..=22).contains(&level) {
+        if level == 0 || !zstd::compression_level_range().contains(&level) {
             return Err(CompressError::BadLevel(level.to_string()));
         }
         Ok(Compressor { algorithm: Algorithm::Zstd, level })
@@ -248,7 +251,7 @@ mod tests {
 
     #[test]
     fn roundtrip_every_algorithm() {
-        for c in ["lz4", "zstd", "zstd:19", "lzo"] {
+        for c in ["lz4", "zstd", "zstd:19", "zstd:-5", "lzo"] {
             let c: Compressor = c.parse().unwrap();
             for page in sample_pages() {
                 let mut buf = vec![0u8; c.algorithm.compress_bound(page.len())];
@@ -292,6 +295,10 @@ mod tests {
         assert_eq!("lzo-rle".parse::<Compressor>().unwrap().algorithm, Algorithm::Lzo);
         assert!(matches!("brotli".parse::<Compressor>(), Err(CompressError::UnknownAlgorithm(_))));
         assert!(matches!("zstd:99".parse::<Compressor>(), Err(CompressError::BadLevel(_))));
+        assert!(matches!("zstd:0".parse::<Compressor>(), Err(CompressError::BadLevel(_))));
+        assert!(matches!("zstd:-9999999".parse::<Compressor>(), Err(CompressError::BadLevel(_))));
+        assert_eq!("zstd:-3".parse::<Compressor>().unwrap().level, -3);
+        assert_eq!("zstd:-3".parse::<Compressor>().unwrap().to_string(), "zstd:-3");
         let e = "lz4:3".parse::<Compressor>().unwrap_err();
         assert!(matches!(e, CompressError::NoLevel { alg: Algorithm::Lz4, .. }), "{e:?}");
         assert!(!e.to_string().contains("zstd level"), "{e}");
