@@ -296,6 +296,14 @@ impl Pool {
         self.e.tier.as_ref().map_or(0, |t| t.write_first(self.e.budget(), pages, true))
     }
 
+    /// Write back now the pages the last [`Pool::write_back_first`]
+    /// named that still hold what they held, whatever the pool holds
+    /// (not only when it next needs room), and free the memory they took.
+    /// Returns the pages written back (0 without a cold store).
+    pub fn write_back_named(&self) -> Result<u64> {
+        self.e.tier.as_ref().map_or(Ok(0), |t| t.write_back_named(&*self.e))
+    }
+
     /// Count `pages` in the stats as [`Pool::write_back_first`] does
     /// (`first_out_named` of `first_out_of`), and change nothing else:
     /// the same measure without its effect. It drops the last hint.

@@ -908,6 +908,32 @@ impl Tier {
         Ok((self.commit(h, &sources, victims, &buf)?, examined))
     }
 
+    /// Write back now every page the last hint named ([`FirstOut`]) that
+    /// still holds what it held, whatever the pool holds: a batch at a
+    /// time (a store waiting for room, or a shrinker round, gets the
+    /// writer's lock between two), then the allocator's spans compacted,
+    /// so the memory they held is free. Returns the pages written back.
+    pub(crate) fn write_back_named(&self, h: &impl TierHost) -> Result<u64> {
+        let sources: Vec<Source<'_>> = h.index().shards().iter().enumerate().map(|(i, sh)| Source::Index(sh, self.queues.of_index(i))).collect();
+        let mut total = 0;
+        while !self.stopping() {
+            let _writing = self.writing.lock();
+            let mut buf = Vec::with_capacity(BATCH * 2048);
+            let mut victims = Vec::with_capacity(BATCH);
+            if self.pick_first(h, &mut victims, &mut buf, BATCH * PAGE_SIZE) == 0 {
+                break;
+            }
+            if !victims.is_empty() {
+                total += self.commit(h, &sources, victims, &buf)?;
+                self.note_progress();
+            }
+        }
+        if total > 0 {
+            h.objects().compact_spans();
+        }
+        Ok(total)
+    }
+
     /// Take the pages named to go first ([`FirstOut`]) into the batch,
     /// those still holding what they held when named and not loaded since.
     /// Their LRU items stay queued and are skipped once they have gone.

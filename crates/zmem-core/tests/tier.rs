@@ -672,6 +672,43 @@ fn pages_written_back_beside_pages_in_ram_cost_the_bound() {
     }
 }
 
+/// `write_back_named` writes the named pages back at once, in a pool far
+/// under its cap, and only those (not one changed since it was named):
+/// their memory is free afterwards and every page reads back as stored.
+#[test]
+fn named_pages_are_written_back_at_once_when_asked() {
+    let file = mem_file();
+    let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
+    let cfg = PoolConfig { max_pool: Some(64 * MIB), shards: 8, max_span_pages: 4, ..PoolConfig::default() };
+    let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
+    let n = 2_000u64;
+    for k in 0..n {
+        p.store(k, &compressible(k)).unwrap();
+    }
+    let before = p.stats();
+    assert_eq!(before.written_back_pages, 0);
+    assert_eq!(p.write_back_named().unwrap(), 0, "nothing named yet");
+    let mut named = p.resident();
+    named.retain(|k| k % 2 == 1);
+    assert_eq!(p.write_back_first(named), (n / 2) as usize);
+    let (loaded, restored) = (1, 3);
+    let mut buf = vec![0u8; PAGE];
+    p.load(loaded, &mut buf).unwrap();
+    p.store(restored, &compressible(restored + 1_000_000)).unwrap();
+    assert_eq!(p.write_back_named().unwrap(), n / 2 - 2);
+    let st = p.stats();
+    assert_eq!((st.written_back_pages, st.first_out_taken), (n / 2 - 2, n / 2 - 2), "{st:?}");
+    assert!(st.compr_data_size < before.compr_data_size * 6 / 10, "{} of {}", st.compr_data_size, before.compr_data_size);
+    assert!(st.pool_total_size < before.pool_total_size * 7 / 10, "{} of {}", st.pool_total_size, before.pool_total_size);
+    for k in 0..n {
+        let want = if k % 2 == 1 && k != loaded && k != restored { Residency::Backed } else { Residency::Ram };
+        assert_eq!(p.residency(k), Some(want), "key {k}");
+        p.load(k, &mut buf).unwrap();
+        assert_eq!(buf, compressible(if k == restored { k + 1_000_000 } else { k }), "key {k}");
+    }
+    assert_eq!(p.write_back_named().unwrap(), 0, "the hint is used up");
+}
+
 /// Pages named by `write_back_first` leave RAM before older pages on the
 /// LRU; a named page that was loaded or stored again since is passed over,
 /// and nothing is dropped: every page reads back as stored.

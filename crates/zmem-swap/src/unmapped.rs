@@ -11,6 +11,10 @@
 //! out (`VmSwap` above zero), and hands the pool the pages none of them
 //! points to: the shrinker writes those back before its LRU's cold end.
 //!
+//! With `drain` it writes those pages back at once instead of when the
+//! pool next needs room: the pool's RAM then holds pages still swapped
+//! out, and what the others held goes back to the workload.
+//!
 //! It is a guess, so it orders writeback and never drops a page: a slot
 //! held only by the swap cache (a page swapped in and still mapped) or by
 //! tmpfs is in no page table, and its page must still read back right.
@@ -39,6 +43,10 @@ pub enum UnmappedFirst {
     Count,
     /// Scan, count, and write those pages back first.
     On,
+    /// Scan, count, and write those pages back at once, whatever the
+    /// pool holds: their RAM goes back to the workload (whose limit is
+    /// the budget less the pool) instead of waiting for the pool to fill.
+    Drain,
 }
 
 impl std::str::FromStr for UnmappedFirst {
@@ -48,7 +56,8 @@ impl std::str::FromStr for UnmappedFirst {
             "off" => Ok(UnmappedFirst::Off),
             "count" => Ok(UnmappedFirst::Count),
             "on" => Ok(UnmappedFirst::On),
-            _ => Err(format!("`{s}`: use on, off or count")),
+            "drain" => Ok(UnmappedFirst::Drain),
+            _ => Err(format!("`{s}`: use on, off, count or drain")),
         }
     }
 }
@@ -59,6 +68,7 @@ impl UnmappedFirst {
             UnmappedFirst::Off => "off",
             UnmappedFirst::Count => "count",
             UnmappedFirst::On => "on",
+            UnmappedFirst::Drain => "drain",
         }
     }
 }
@@ -92,7 +102,11 @@ pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, sto
             continue;
         }
         if !said {
-            let what = if mode == UnmappedFirst::On { "writing back first" } else { "counting" };
+            let what = match mode {
+                UnmappedFirst::Drain => "writing back at once",
+                UnmappedFirst::On => "writing back first",
+                _ => "counting",
+            };
             let types: Vec<String> = areas.iter().map(|a| a.swap_type.to_string()).collect();
             eprintln!("zmem: {what} the pages in RAM no page table points to (swap types {})", types.join(", "));
             said = true;
@@ -103,10 +117,16 @@ pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, sto
             live.clear();
             zmem_host::swapped_slots(&zmem_host::other_pids(), &areas, &mut |slot| live.insert(slot));
             pages.retain(|key| !live.contains(key));
-            if mode == UnmappedFirst::On {
-                pool.write_back_first(pages);
-            } else {
-                pool.note_first(pages);
+            match mode {
+                UnmappedFirst::On | UnmappedFirst::Drain => {
+                    pool.write_back_first(pages);
+                }
+                _ => pool.note_first(pages),
+            }
+            // (A failed write leaves the pages in RAM, named first: the
+            // shrinker's next round meets the error and reports it.)
+            if mode == UnmappedFirst::Drain {
+                let _ = pool.write_back_named();
             }
         }
         wait = MIN_PERIOD.max(start.elapsed() * IDLE_FACTOR);

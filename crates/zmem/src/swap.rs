@@ -92,7 +92,8 @@ pub struct OnArgs {
     /// page tables of the processes with pages swapped out, at most every
     /// second and 1/21 of a CPU. It only orders writeback: no page is
     /// dropped. `count` scans and counts them (`zmem stat`) but leaves the
-    /// order alone.
+    /// order alone; `drain` writes them back at each scan, whatever the
+    /// pool holds, so their RAM goes back to the processes.
     #[arg(long, default_value = "on")]
     pub unmapped_first: zmem_swap::UnmappedFirst,
     /// Where devices keep their runtime state.
