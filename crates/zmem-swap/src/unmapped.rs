@@ -112,6 +112,7 @@ pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, sto
             said = true;
         }
         let start = Instant::now();
+        let mut scan = Duration::ZERO;
         let mut pages = pool.resident();
         if !pages.is_empty() {
             live.clear();
@@ -123,13 +124,15 @@ pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, sto
                 }
                 _ => pool.note_first(pages),
             }
+            scan = start.elapsed();
             // (A failed write leaves the pages in RAM, named first: the
-            // shrinker's next round meets the error and reports it.)
+            // shrinker's next round meets the error and reports it.) The
+            // writes are not the scan's: they do not lengthen the rest.
             if mode == UnmappedFirst::Drain {
                 let _ = pool.write_back_named();
             }
         }
-        wait = MIN_PERIOD.max(start.elapsed() * IDLE_FACTOR);
+        wait = MIN_PERIOD.max(scan * IDLE_FACTOR).saturating_sub(start.elapsed() - scan);
     }
 }
 

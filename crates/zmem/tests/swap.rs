@@ -419,13 +419,14 @@ fn auto_exclusive_loads_follow_swap_fullness() {
     run.ok(&["swap", "off", "--name", "x0"]);
 }
 
-/// The swap-cache case, with `--unmapped-first on`: pages swapped out,
-/// faulted back read-only (the kernel keeps their slots: the page tables
-/// point to the pages, no longer to the slots, so the server names them
-/// and the shrinker writes them back first), evicted clean while another
-/// buffer pushes them out (the kernel writes nothing, its copy on swap is
-/// current), then read again: every byte comes back from the pool or its
-/// file. A named page is written back, never dropped.
+/// The swap-cache case, with `--unmapped-first on` and `drain`: pages
+/// swapped out, faulted back read-only (the kernel keeps their slots: the
+/// page tables point to the pages, no longer to the slots, so the server
+/// names them and the shrinker writes them back first, or the scanner at
+/// once), evicted clean while another buffer pushes them out (the kernel
+/// writes nothing, its copy on swap is current), then read again: every
+/// byte comes back from the pool or its file. A named page is written
+/// back, never dropped.
 const SWAP_CACHE_WORKLOAD: &str = r#"
 import hashlib, mmap, os, sys, time
 n = int(sys.argv[1]) * 256
@@ -457,24 +458,26 @@ fn unmapped_first_writes_back_swap_cache_pages_and_reads_them_right() {
         return;
     }
     let _turn = exclusive();
-    let run = RunDir::new();
-    on_with_backing(&run, "u0", "512M", "16M", &["--unmapped-first", "on", "--exclusive-loads", "off"]);
-    let cg = Cgroup::create(&format!("zmem-swap-test-unmapped-{}", std::process::id()), 64 << 20);
-    let script = run.path().join("sc.py");
-    std::fs::write(&script, SWAP_CACHE_WORKLOAD).unwrap();
-    let out = run_ok(cg.python(&script, "96").stderr(Stdio::piped()), T);
-    assert_eq!(out.trim(), "OK", "workload output: {out}");
-    let st = run.server_stats("u0")["stats"].clone();
-    eprintln!(
-        "unmapped first: {} named of {} in RAM at the last scan, {} taken; {} written back, {} read back",
-        st["first_out_named"], st["first_out_of"], st["first_out_taken"], st["written_back_pages"], st["bd_reads"]
-    );
-    assert!(st["first_out_of"].as_u64().unwrap() > 0, "the server scanned: {st}");
-    assert!(st["first_out_taken"].as_u64().unwrap() > 0, "named pages were written back first: {st}");
-    assert!(st["bd_reads"].as_u64().unwrap() > 0, "pages came back from the file: {st}");
-    assert_eq!(st["failed_reads"].as_u64(), Some(0), "{st}");
-    assert_eq!(st["failed_writes"].as_u64(), Some(0), "{st}");
-    run.ok(&["swap", "off", "--name", "u0"]);
+    for mode in ["on", "drain"] {
+        let run = RunDir::new();
+        on_with_backing(&run, "u0", "512M", "16M", &["--unmapped-first", mode, "--exclusive-loads", "off"]);
+        let cg = Cgroup::create(&format!("zmem-swap-test-unmapped-{mode}-{}", std::process::id()), 64 << 20);
+        let script = run.path().join("sc.py");
+        std::fs::write(&script, SWAP_CACHE_WORKLOAD).unwrap();
+        let out = run_ok(cg.python(&script, "96").stderr(Stdio::piped()), T);
+        assert_eq!(out.trim(), "OK", "{mode}: workload output: {out}");
+        let st = run.server_stats("u0")["stats"].clone();
+        eprintln!(
+            "unmapped first, {mode}: {} named of {} in RAM at the last scan, {} taken; {} written back, {} read back",
+            st["first_out_named"], st["first_out_of"], st["first_out_taken"], st["written_back_pages"], st["bd_reads"]
+        );
+        assert!(st["first_out_of"].as_u64().unwrap() > 0, "{mode}: the server scanned: {st}");
+        assert!(st["first_out_taken"].as_u64().unwrap() > 0, "{mode}: named pages were written back first: {st}");
+        assert!(st["bd_reads"].as_u64().unwrap() > 0, "{mode}: pages came back from the file: {st}");
+        assert_eq!(st["failed_reads"].as_u64(), Some(0), "{mode}: {st}");
+        assert_eq!(st["failed_writes"].as_u64(), Some(0), "{mode}: {st}");
+        run.ok(&["swap", "off", "--name", "u0"]);
+    }
 }
 
 /// `on` twice is refused; `off` cleans up after a server killed with
