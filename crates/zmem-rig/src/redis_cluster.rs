@@ -444,9 +444,14 @@ impl LocalCluster {
     pub fn keys(&self) -> Result<u64> {
         let mut sum = 0;
         for (m, _) in self.masters()? {
-            sum += self.cli(m, &["DBSIZE"])?.trim().parse::<u64>().map_err(|e| ClusterError(format!("DBSIZE on {m}: {e}")))?;
+            sum += self.keys_on(m)?;
         }
         Ok(sum)
+    }
+
+    /// The number of keys on the node at `port`.
+    pub fn keys_on(&self, port: u16) -> Result<u64> {
+        self.cli(port, &["DBSIZE"])?.trim().parse::<u64>().map_err(|e| ClusterError(format!("DBSIZE on {port}: {e}")))
     }
 }
 
