@@ -21,22 +21,25 @@
 //! * **Written back** ([`ColdBlock`], by cold block id): the keys of sixteen
 //!   blocks (one shard's: `shard.rs` shards by cold block id) whose
 //!   records were written without a dictionary, and their zero-filled
-//!   pages, moved there once written back ([`BlockIndex::make_cold`]), in
-//!   one allocation of just their size: a 256-bit mask of the written-back
+//!   pages, moved there once written back ([`BlockIndex::make_cold_all`]:
+//!   the blocks of a writeback batch, one rebuild a cold block), in one
+//!   allocation of just their size: a 256-bit mask of the written-back
 //!   keys (and one of the zero-filled pages, if any) and each key's record
 //!   id: an index of 1 to 8 bits into the high halves the ids share (a
 //!   backing file's segment and generation: pages written back together)
 //!   and its low half, each half packed in just the bits in which the
 //!   block's halves differ (a backing file's offsets and the low bits of
 //!   its spans; the low bits of its segments and generations), or 8 bytes
-//!   where that is no smaller
-//!   ([`encode_ids`]); a block whose keys all name one extent
-//!   (`extent.rs`) keeps that one record. With its 24-byte slot in the
-//!   map, about 4 bytes a key when full of keys written out together, 5
-//!   when they went out in a hundred segments. A written-back page needs
-//!   nothing else of its entry: its encoding is in its record, and its
-//!   flags and access time only matter in RAM. The entries are made up when asked for (written
-//!   back, naming the record; or zero-filled).
+//!   where that is no smaller ([`encode_ids`]); a block whose keys all
+//!   name one extent (`extent.rs`) keeps that one record. With its 24-byte
+//!   slot in the map, about 4 bytes a key when full of keys written out
+//!   together, 5 when they went out in a hundred segments. A written-back
+//!   page needs nothing else of its entry: its encoding is in its record,
+//!   and its flags and access time only matter in RAM. The entries are
+//!   made up when asked for (written back, naming the record; or
+//!   zero-filled). A key loaded back leaves a bit in a mask of gone keys
+//!   (its id stays until one in eight of the block's ids are gone, and the
+//!   block is rebuilt): a load does not decode and encode the block.
 //!
 //! So a written-back page costs the cold rate whatever its neighbours in
 //! RAM, which keep only their own bytes; a store to a written-back key
@@ -235,30 +238,56 @@ fn index_bits(h: usize) -> usize {
     (usize::BITS - h.saturating_sub(1).leading_zeros()) as usize
 }
 
-/// The runs of ones in `mask`, low to high: each one's lowest bit and
-/// its ones shifted down (a mask here has a few runs).
-fn runs(mask: u32) -> impl Iterator<Item = (u32, u32)> {
-    let mut m = mask;
-    std::iter::from_fn(move || {
-        (m != 0).then(|| {
+/// The runs of ones of a mask (a 32-bit one has at most 16), each as its
+/// lowest bit and its ones shifted down: [`gather`] and [`scatter`]
+/// through one mask, many values at a time.
+struct Runs {
+    n: usize,
+    run: [(u32, u32); 16],
+}
+
+impl Runs {
+    fn new(mask: u32) -> Runs {
+        let mut r = Runs { n: 0, run: [(0, 0); 16] };
+        let mut m = mask;
+        while m != 0 {
             let lo = m.trailing_zeros();
             let ones = ((1u64 << (m >> lo).trailing_ones()) - 1) as u32;
             m &= !(ones << lo);
-            (lo, ones)
-        })
-    })
+            r.run[r.n] = (lo, ones);
+            r.n += 1;
+        }
+        r
+    }
+    fn gather(&self, v: u32) -> u32 {
+        let (mut out, mut at) = (0, 0);
+        for &(lo, ones) in &self.run[..self.n] {
+            out |= (v >> lo & ones) << at;
+            at += ones.count_ones();
+        }
+        out
+    }
+    fn scatter(&self, x: u32) -> u32 {
+        let (mut out, mut at) = (0, 0);
+        for &(lo, ones) in &self.run[..self.n] {
+            out |= (x >> at & ones) << lo;
+            at += ones.count_ones();
+        }
+        out
+    }
 }
 
 /// The bits of `v` where `mask` has ones, packed to the low end in their
 /// order (x86's `pext`).
+#[cfg(test)]
 fn gather(v: u32, mask: u32) -> u32 {
-    runs(mask).fold((0, 0), |(out, at), (lo, ones)| (out | (v >> lo & ones) << at, at + ones.count_ones())).0
+    Runs::new(mask).gather(v)
 }
 
 /// [`gather`]'s inverse: the low bits of `x` put back where `mask` has
 /// ones (x86's `pdep`).
 fn scatter(x: u32, mask: u32) -> u32 {
-    runs(mask).fold((0, 0), |(out, at), (lo, ones)| (out | (x >> at & ones) << lo, at + ones.count_ones())).0
+    Runs::new(mask).scatter(x)
 }
 
 /// Words of the split form's head: `h`, then the high halves' base and
@@ -307,13 +336,14 @@ fn encode_ids(ids: &[u64], out: &mut Vec<u32>) {
     out.extend([highs.len() as u32, hb, hm, lb, lm]);
     let at = out.len();
     out.resize(at + high_words + words, 0);
+    let (hr, lr) = (Runs::new(hm), Runs::new(lm));
     for (k, &x) in highs.iter().enumerate() {
-        put_bits(&mut out[at..], k * hw, u64::from(gather(x ^ hb, hm)));
+        put_bits(&mut out[at..], k * hw, u64::from(hr.gather(x ^ hb)));
     }
     let keys = at + high_words;
     for (rank, &id) in ids.iter().enumerate() {
         let k = highs.partition_point(|&h| h < high(id)) as u64;
-        put_bits(&mut out[keys..], rank * (bits + lw), k | u64::from(gather(id as u32 ^ lb, lm)) << bits);
+        put_bits(&mut out[keys..], rank * (bits + lw), k | u64::from(lr.gather(id as u32 ^ lb)) << bits);
     }
 }
 
@@ -356,16 +386,57 @@ fn decode_id(r: &[u32], rank: usize) -> u64 {
     }
 }
 
-/// [`ColdBlock`]'s first word: the block keeps a mask of zero-filled pages.
+/// The `n` ids made by [`encode_ids`], by rank, pushed to `out`: each
+/// high half and mask's runs decoded once.
+fn decode_ids(r: &[u32], n: usize, out: &mut Vec<u64>) {
+    let join = |low: u32, high: u32| u64::from(high) << 32 | u64::from(low);
+    match r.first() {
+        None => {}
+        Some(&ONE) => out.extend(std::iter::repeat_n(join(r[1], r[2]), n)),
+        Some(&0) => out.extend((0..n).map(|rank| join(r[1 + 2 * rank], r[2 + 2 * rank]))),
+        Some(&h) => {
+            let [hb, hm, lb, lm] = [r[1], r[2], r[3], r[4]];
+            let (hw, lw) = (hm.count_ones() as usize, lm.count_ones() as usize);
+            let (h, bits) = (h as usize, index_bits(h as usize));
+            let packed = &r[SPLIT_HEAD..];
+            let hr = Runs::new(hm);
+            let highs: Vec<u32> = (0..h).map(|k| hb ^ hr.scatter(get_bits(packed, k * hw, hw) as u32)).collect();
+            let keys = &packed[(h * hw).div_ceil(32)..];
+            let lr = Runs::new(lm);
+            out.extend((0..n).map(|rank| {
+                let v = get_bits(keys, rank * (bits + lw), bits + lw);
+                join(lb ^ lr.scatter((v >> bits) as u32), highs[(v & ((1 << bits) - 1)) as usize])
+            }));
+        }
+    }
+}
+
+/// [`ColdBlock`]'s first word: the block keeps a mask of zero-filled
+/// pages,
 const HAS_ZEROS: u32 = 1;
+/// and a mask of the written-back keys taken out since it was built.
+const HAS_GONE: u32 = 2;
+/// Heap bytes of a mask of a cold block's places.
+const MASK_BYTES: u64 = (MASK_WORDS * 4) as u64;
+/// A cold block keeps the ids of keys taken out while they are under one
+/// in this many of its ids; the key past that rebuilds it without them.
+const GONE_SHARE: usize = 8;
+
+fn ones(m: &[u32]) -> usize {
+    m.iter().map(|w| w.count_ones() as usize).sum()
+}
 
 /// The written-back keys and zero-filled pages of [`COLD`] consecutive
 /// keys (sixteen blocks; see the module notes), in one allocation of just
-/// their size: `[flags, the written-back keys' mask, the zero-filled
-/// pages' mask (if flags has HAS_ZEROS), each written-back key's record id
-/// by its rank among them (encode_ids)]`. Places are a key's low 8 bits.
-/// A key taken out rebuilds it (a few hundred bytes copied), so it holds
-/// only what it names.
+/// their size: `[flags, the ranked keys' mask, the zero-filled pages' mask
+/// (if flags has HAS_ZEROS), the gone keys' mask (if flags has HAS_GONE),
+/// each ranked key's record id by its rank among them (encode_ids)]`.
+/// Places are a key's low 8 bits. The ranked keys are the written-back
+/// keys when the block was built; a key taken out since is gone (its id
+/// stays, unread), so a load of a written-back page flips a bit where a
+/// rebuild would decode and encode every id. Adding keys, renaming a
+/// record, or gone keys past one in [`GONE_SHARE`] of the ids rebuild
+/// it with just what it names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct ColdBlock(Box<[u32]>);
 
@@ -377,12 +448,12 @@ impl ColdBlock {
         // (Either form of the ids takes at most 1 + 2 words a key.)
         let mut v = Vec::with_capacity(1 + 2 * MASK_WORDS + 1 + 2 * keys.len());
         v.push(if has_zeros { HAS_ZEROS } else { 0 });
-        let mut members = [0u32; MASK_WORDS];
+        let mut ranked = [0u32; MASK_WORDS];
         for &(i, _) in keys {
-            debug_assert!(i < COLD && !bit(&members, i));
-            members[i / 32] |= 1 << (i % 32);
+            debug_assert!(i < COLD && !bit(&ranked, i));
+            ranked[i / 32] |= 1 << (i % 32);
         }
-        v.extend_from_slice(&members);
+        v.extend_from_slice(&ranked);
         if has_zeros {
             v.extend_from_slice(zeros);
         }
@@ -390,11 +461,23 @@ impl ColdBlock {
         encode_ids(&ids, &mut v);
         ColdBlock(v.into_boxed_slice())
     }
-    fn members(&self) -> &[u32] {
+    fn has(&self, flag: u32) -> bool {
+        self.0[0] & flag != 0
+    }
+    /// The keys the ids are ranked by (written back when it was built).
+    fn ranked(&self) -> &[u32] {
         &self.0[1..1 + MASK_WORDS]
     }
     fn zeros(&self) -> Option<&[u32]> {
-        (self.0[0] & HAS_ZEROS != 0).then(|| &self.0[1 + MASK_WORDS..1 + 2 * MASK_WORDS])
+        self.has(HAS_ZEROS).then(|| &self.0[1 + MASK_WORDS..1 + 2 * MASK_WORDS])
+    }
+    /// Where the gone keys' mask is (or would go).
+    fn gone_at(&self) -> usize {
+        1 + if self.has(HAS_ZEROS) { 2 } else { 1 } * MASK_WORDS
+    }
+    fn gone(&self) -> Option<&[u32]> {
+        let at = self.gone_at();
+        self.has(HAS_GONE).then(|| &self.0[at..at + MASK_WORDS])
     }
     fn zero_mask(&self) -> Mask {
         let mut m = [0; MASK_WORDS];
@@ -403,16 +486,25 @@ impl ColdBlock {
         }
         m
     }
+    /// The written-back keys: ranked and not gone.
+    fn member_mask(&self) -> Mask {
+        let mut m = [0; MASK_WORDS];
+        m.copy_from_slice(self.ranked());
+        if let Some(g) = self.gone() {
+            m.iter_mut().zip(g).for_each(|(a, b)| *a &= !b);
+        }
+        m
+    }
     fn ids(&self) -> &[u32] {
-        &self.0[if self.zeros().is_some() { 1 + 2 * MASK_WORDS } else { 1 + MASK_WORDS }..]
+        &self.0[self.gone_at() + if self.has(HAS_GONE) { MASK_WORDS } else { 0 }..]
     }
     fn is_member(&self, i: usize) -> bool {
-        bit(self.members(), i)
+        bit(self.ranked(), i) && !self.gone().is_some_and(|g| bit(g, i))
     }
-    /// Key `i`'s rank among the written-back keys.
+    /// Key `i`'s rank among the ranked keys.
     fn rank(&self, i: usize) -> usize {
-        let m = self.members();
-        m[..i / 32].iter().map(|w| w.count_ones() as usize).sum::<usize>() + (m[i / 32] & ((1u32 << (i % 32)) - 1)).count_ones() as usize
+        let m = self.ranked();
+        ones(&m[..i / 32]) + (m[i / 32] & ((1u32 << (i % 32)) - 1)).count_ones() as usize
     }
     fn rec(&self, i: usize) -> u64 {
         decode_id(self.ids(), self.rank(i))
@@ -428,8 +520,11 @@ impl ColdBlock {
     }
     /// Every written-back key's place and record, by place.
     fn keys(&self) -> Vec<(usize, u64)> {
-        let ids = self.ids();
-        places(self.members()).enumerate().map(|(rank, i)| (i, decode_id(ids, rank))).collect()
+        let ranked = self.ranked();
+        let mut ids = Vec::with_capacity(ones(ranked));
+        decode_ids(self.ids(), ones(ranked), &mut ids);
+        let gone = self.gone();
+        places(ranked).zip(ids).filter(|&(i, _)| !gone.is_some_and(|g| bit(g, i))).collect()
     }
     /// Every key's place and entry.
     fn entries(&self) -> impl Iterator<Item = (usize, Entry)> + '_ {
@@ -445,7 +540,7 @@ impl ColdBlock {
         self.members_in(span).any(|i| self.rec(i) == rec)
     }
     fn is_empty(&self) -> bool {
-        self.zeros().is_none() && self.members().iter().all(|&w| w == 0)
+        self.member_mask().iter().chain(self.zeros().unwrap_or(&[])).all(|&w| w == 0)
     }
     /// Heap bytes beyond its slot in the map (with malloc's header).
     fn heap_bytes(&self) -> u64 {
@@ -462,35 +557,54 @@ impl ColdBlock {
         z.iter_mut().zip(zeros).for_each(|(a, b)| *a |= b);
         ColdBlock::new(&keys, &z)
     }
-    /// Take the keys of `mask` out (if any is here, the block is rebuilt
-    /// without them), handing each to `out` with its place. Returns the
+    /// Take the keys of `mask` out, handing each to `out` with its place.
+    /// Zero-filled pages and the written-back keys of a block with a gone
+    /// mask leave in place; a block without one gets one if `grow` (its
+    /// size more: the caller pays), else it is rebuilt without them, as it
+    /// is when they would make too many gone or all. Returns the
     /// written-back keys and zero-filled pages taken.
-    fn take(&mut self, mask: &Mask, mut out: impl FnMut(usize, Entry)) -> (u64, u64) {
+    fn take(&mut self, mask: &Mask, grow: bool, mut out: impl FnMut(usize, Entry)) -> (u64, u64) {
+        let (members, z) = (self.member_mask(), self.zero_mask());
+        let (mut hit, mut zhit) = ([0u32; MASK_WORDS], [0u32; MASK_WORDS]);
+        for w in 0..MASK_WORDS {
+            hit[w] = mask[w] & members[w];
+            zhit[w] = mask[w] & z[w];
+        }
         // A store's new key in RAM asks here first: a key that is not in
-        // the block costs no decoding.
-        let z = self.zero_mask();
-        if mask.iter().zip(self.members()).zip(&z).all(|((m, a), b)| m & (a | b) == 0) {
+        // the block costs nothing more.
+        let (taken, zeros) = (ones(&hit), ones(&zhit));
+        if taken + zeros == 0 {
             return (0, 0);
         }
-        let (mut members, mut zeros) = (0, 0);
-        let keys = self.keys();
-        let mut kept = Vec::with_capacity(keys.len());
-        for (i, rec) in keys {
-            if bit(mask, i) {
-                out(i, Entry::backed(rec, ObjInfo::in_extent()));
-                members += 1;
+        for i in places(&hit) {
+            out(i, Entry::backed(self.rec(i), ObjInfo::in_extent()));
+        }
+        for i in places(&zhit) {
+            out(i, Entry::same(0));
+        }
+        if zeros > 0 {
+            let at = 1 + MASK_WORDS;
+            self.0[at..at + MASK_WORDS].iter_mut().zip(&zhit).for_each(|(a, b)| *a &= !b);
+        }
+        if taken > 0 {
+            let (ranked, gone) = (ones(self.ranked()), ones(self.gone().unwrap_or(&[])) + taken);
+            if gone == ranked || gone * GONE_SHARE > ranked || !(grow || self.has(HAS_GONE)) {
+                let kept: Vec<(usize, u64)> = self.keys().into_iter().filter(|&(i, _)| !bit(&hit, i)).collect();
+                *self = ColdBlock::new(&kept, &self.zero_mask());
+            } else if self.has(HAS_GONE) {
+                let at = self.gone_at();
+                self.0[at..at + MASK_WORDS].iter_mut().zip(&hit).for_each(|(a, b)| *a |= b);
             } else {
-                kept.push((i, rec));
+                let at = self.gone_at();
+                let mut v = Vec::with_capacity(self.0.len() + MASK_WORDS);
+                v.extend_from_slice(&self.0[..at]);
+                v.extend_from_slice(&hit);
+                v.extend_from_slice(&self.0[at..]);
+                v[0] |= HAS_GONE;
+                self.0 = v.into_boxed_slice();
             }
         }
-        let mut z = z;
-        for i in places(mask).filter(|&i| bit(&z, i)).collect::<Vec<_>>() {
-            out(i, Entry::same(0));
-            z[i / 32] &= !(1 << (i % 32));
-            zeros += 1;
-        }
-        *self = ColdBlock::new(&kept, &z);
-        (members, zeros)
+        (taken as u64, zeros as u64)
     }
     /// The id form of the block's records, for the tests.
     #[cfg(test)]
@@ -504,7 +618,7 @@ impl ColdBlock {
     }
     #[cfg(test)]
     fn member_places(&self) -> Vec<usize> {
-        places(self.members()).collect()
+        places(&self.member_mask()).collect()
     }
 }
 
@@ -531,7 +645,7 @@ fn take_keys(id: u64, mut hot: Option<&mut Block>, mut cold: Option<&mut ColdBlo
     }
     if let Some(c) = cold.as_deref_mut() {
         let before = c.heap_bytes();
-        (t.members, t.zeros) = c.take(&span_mask(id, mask), |_, e| out.push(e));
+        (t.members, t.zeros) = c.take(&span_mask(id, mask), false, |_, e| out.push(e));
         t.cold_freed = before - c.heap_bytes();
     }
     for j in first..out.len() {
@@ -642,50 +756,73 @@ impl BlockIndex {
         hot.chain(cold)
     }
 
-    /// Move the keys of `key`'s block that are written back without a
-    /// dictionary, with its zero-filled pages, to the cold block that
-    /// covers them (see the module notes); a block left empty is freed. A
-    /// cold block is made only if that takes no more bytes than the keys
-    /// free in RAM (a few written-back keys among many in RAM cost less
-    /// where they are); once made, it takes every such key of its four
-    /// blocks. Returns whether any moved: none if none is written back, if
-    /// a new cold block would cost more, or if the budget cannot pay for
-    /// the cold block's growth (the keys then stay).
+    /// Move the keys of the blocks of `keys` (any order) that are written
+    /// back without a dictionary, with their zero-filled pages, to the
+    /// cold blocks that cover them (see the module notes); a block left
+    /// empty is freed. The blocks of one cold block go together (one
+    /// rebuild for all). A cold block is made only if that takes no more
+    /// bytes than the keys free in RAM (a few written-back keys among many
+    /// in RAM cost less where they are); once made, it takes every such key
+    /// of its sixteen blocks that comes. Returns the blocks whose keys
+    /// moved: none if none is written back, if a new cold block would cost
+    /// more, or if the budget cannot pay for the cold block's growth (the
+    /// keys then stay).
+    pub fn make_cold_all(&mut self, keys: &[u64], budget: &Budget) -> usize {
+        let mut ids: Vec<u64> = keys.iter().map(|k| k >> BLOCK_SHIFT).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.chunk_by(|a, b| a >> (COLD_SHIFT - BLOCK_SHIFT) == b >> (COLD_SHIFT - BLOCK_SHIFT)).map(|g| self.make_cold_group(g, budget)).sum()
+    }
+
+    /// [`make_cold_all`](Self::make_cold_all) for `key`'s block alone.
+    #[cfg(test)]
     pub fn make_cold(&mut self, key: u64, budget: &Budget) -> bool {
-        let id = key >> BLOCK_SHIFT;
-        let Some(b) = self.blocks.get(&id) else { return false };
-        let (backed, zeros) = b.cold_keys();
-        if backed == 0 {
-            return false;
+        self.make_cold_all(&[key], budget) > 0
+    }
+
+    /// [`make_cold_all`](Self::make_cold_all) for blocks `ids` of one cold block.
+    fn make_cold_group(&mut self, ids: &[u64], budget: &Budget) -> usize {
+        let (mut adds, mut zero_mask, mut freed_in_ram, mut moved) = (Vec::new(), [0u32; MASK_WORDS], 0, Vec::new());
+        for &id in ids {
+            let Some(b) = self.blocks.get(&id) else { continue };
+            let (backed, zeros) = b.cold_keys();
+            if backed == 0 {
+                continue;
+            }
+            let span = cold_span(id);
+            adds.extend(b.iter().filter(|&(i, _)| backed >> i & 1 == 1).filter_map(|(i, k)| Some((span.start + i, k.e.record()?))));
+            zero_mask.iter_mut().zip(span_mask(id, zeros)).for_each(|(a, b)| *a |= b);
+            freed_in_ram += b.bytes() - kept_bytes(b.len() - (backed | zeros).count_ones() as usize);
+            moved.push((id, backed | zeros));
         }
-        let span = cold_span(id);
-        let adds: Vec<(usize, u64)> = b.iter().filter(|&(i, _)| backed >> i & 1 == 1).filter_map(|(i, k)| Some((span.start + i, k.e.record()?))).collect();
-        let cid = key >> COLD_SHIFT;
+        let Some(&(first, _)) = moved.first() else { return 0 };
+        let cid = first >> (COLD_SHIFT - BLOCK_SHIFT);
         let old = self.cold.get(&cid);
-        let c = ColdBlock::with(old, &adds, &span_mask(id, zeros));
+        let c = ColdBlock::with(old, &adds, &zero_mask);
         let (before, after) = (old.map_or(0, ColdBlock::heap_bytes), c.heap_bytes());
-        let freed_in_ram = b.bytes() - kept_bytes(b.len() - (backed | zeros).count_ones() as usize);
         if old.is_none() && slot_bytes::<ColdBlock>() + after > freed_in_ram {
-            return false;
+            return 0;
         }
         if after > before && budget.try_charge(after - before).is_err() {
-            return false;
+            return 0;
         }
         match self.cold.get_mut(&cid) {
             Some(slot) => *slot = c,
             None => {
                 if map_insert_new(&mut self.cold, cid, c, budget).is_err() {
                     budget.uncharge(after.saturating_sub(before));
-                    return false;
+                    return 0;
                 }
             }
         }
         budget.uncharge(before.saturating_sub(after));
         self.cold_bytes = self.cold_bytes + after - before;
-        self.cold_members += u64::from(backed.count_ones());
-        self.cold_zeros += u64::from(zeros.count_ones());
-        self.take_from_block(id, backed | zeros, budget, |_, _| {});
-        true
+        self.cold_members += adds.len() as u64;
+        self.cold_zeros += ones(&zero_mask) as u64;
+        for &(id, m) in &moved {
+            self.take_from_block(id, m, budget, |_, _| {});
+        }
+        moved.len()
     }
 
     /// Take the keys of `mask` out of block `id` in RAM (handing each to
@@ -711,19 +848,24 @@ impl BlockIndex {
         let before = c.heap_bytes();
         let mut one = [0; MASK_WORDS];
         one[ci / 32] = 1 << (ci % 32);
+        // A written-back key leaves its block a gone mark, which costs a
+        // block without a gone mask one (else it is rebuilt).
+        let had_gone = c.gone().is_some();
+        let grow = had_gone || (c.is_member(ci) && budget.try_charge(MASK_BYTES).is_ok());
+        let charged = if grow && !had_gone { MASK_BYTES } else { 0 };
         let mut old = None;
-        let (members, zeros) = c.take(&one, |_, e| old = Some(e));
+        let (members, zeros) = c.take(&one, grow, |_, e| old = Some(e));
         self.cold_members -= members;
         self.cold_zeros -= zeros;
-        let mut freed = before - c.heap_bytes();
+        let mut after = c.heap_bytes();
         if c.is_empty() {
-            if let Some(c) = self.cold.remove(&cid) {
-                freed += c.heap_bytes();
-            }
+            self.cold.remove(&cid);
+            after = 0;
         }
-        self.cold_bytes -= freed;
-        budget.uncharge(freed);
-        if freed > 0 {
+        // (A take grows a block by its gone mask at most: the charge.)
+        self.cold_bytes = self.cold_bytes + after - before;
+        budget.uncharge(before + charged - after);
+        if after < before {
             map_shrink(&mut self.cold, budget);
         }
         old
@@ -1269,6 +1411,8 @@ mod tests {
         /// halves: every form of a cold block's ids).
         Backed(u64, u64),
         Cold(u64),
+        /// Make the blocks of `n` keys from `k` on cold at once.
+        ColdAll(u64, u64),
         Remove(u64),
         Range(u64, u64),
         /// The cold store copied the record key `k`'s entry names to `r`.
@@ -1285,7 +1429,8 @@ mod tests {
         prop_oneof![
             2 => (key.clone(), 0..3u64).prop_map(|(k, w)| Op::Same(k, w)),
             6 => (key.clone(), rec.clone()).prop_map(|(k, r)| Op::Backed(k, r)),
-            3 => key.clone().prop_map(Op::Cold),
+            2 => key.clone().prop_map(Op::Cold),
+            1 => (key.clone(), 0..300u64).prop_map(|(k, n)| Op::ColdAll(k, n)),
             2 => key.clone().prop_map(Op::Remove),
             1 => (key.clone(), 0..300u64).prop_map(|(k, n)| Op::Range(k, n)),
             1 => (key, rec).prop_map(|(k, r)| Op::Rename(k, r)),
@@ -1330,6 +1475,10 @@ mod tests {
                     }
                     Op::Cold(k) => {
                         ix.make_cold(k, &b);
+                    }
+                    Op::ColdAll(k, n) => {
+                        let keys: Vec<u64> = (k..k + n).rev().step_by(5).collect();
+                        ix.make_cold_all(&keys, &b);
                     }
                     Op::Remove(k) => {
                         let old = ix.remove(k, &b);
@@ -1379,6 +1528,68 @@ mod tests {
             all.sort_unstable();
             proptest::prop_assert_eq!(all, model.into_iter().collect::<Vec<_>>());
         }
+    }
+
+    /// A key taken out of a cold block (a load of a written-back page)
+    /// leaves a bit in its gone mask, which the block gets the first time
+    /// (its 32 bytes charged) and the ids stay as they are; past one in
+    /// eight of its ids gone, the block is rebuilt with just its keys. A
+    /// budget that cannot pay for the mask has the block rebuilt at once.
+    #[test]
+    fn keys_taken_out_of_a_cold_block_are_marked_gone_until_one_in_eight() {
+        let b = Budget::new(None);
+        let mut ix = BlockIndex::new();
+        // Records from three segments, a page each, every key of a cold block.
+        let rec = |k: u64| 1 << 56 | (k % 3) << 32 | k << 12 | 100;
+        for k in 0..COLD as u64 {
+            ix.insert(k, backed(rec(k)), &b).unwrap();
+        }
+        let keys: Vec<u64> = (0..COLD as u64).collect();
+        assert_eq!(ix.make_cold_all(&keys, &b), COLD / BLOCK);
+        assert!(ix.blocks.is_empty());
+        let built = ix.cold[&0].clone();
+        let (full, ids) = (built.heap_bytes(), built.ids().to_vec());
+        let check = |ix: &BlockIndex, gone: &[u64]| {
+            for k in 0..COLD as u64 {
+                let want = (!gone.contains(&k)).then(|| rec(k));
+                assert_eq!(ix.get(k).and_then(|e| e.record()), want, "key {k}");
+            }
+            assert_eq!(b.used(), ix.heap_bytes());
+            assert_eq!(ix.cold_members, (COLD - gone.len()) as u64);
+        };
+        let mut gone = Vec::new();
+        for k in (0..COLD as u64).step_by(7).take(COLD / GONE_SHARE) {
+            assert!(ix.remove(k, &b).is_some());
+            gone.push(k);
+            let c = &ix.cold[&0];
+            assert_eq!((c.heap_bytes(), c.ids()), (full + MASK_BYTES, &ids[..]), "{} gone", gone.len());
+            check(&ix, &gone);
+        }
+        // One more: rebuilt without them.
+        assert!(ix.remove(3, &b).is_some());
+        gone.push(3);
+        let c = &ix.cold[&0];
+        assert!(c.gone().is_none() && c.heap_bytes() < full, "{} bytes, {full} before", c.heap_bytes());
+        assert_eq!(c.member_places().len(), COLD - gone.len());
+        check(&ix, &gone);
+
+        // With no room for a mask, a take rebuilds the block.
+        let before = ix.cold[&0].heap_bytes();
+        b.set_limit(Some(b.used()));
+        assert!(ix.remove(5, &b).is_some());
+        gone.push(5);
+        let c = &ix.cold[&0];
+        assert!(c.gone().is_none() && c.heap_bytes() <= before, "{} bytes, {before} before", c.heap_bytes());
+        check(&ix, &gone);
+        // And a key stored again leaves the block as a load's does.
+        b.set_limit(None);
+        ix.insert(10, backed(rec(10)), &b).unwrap();
+        assert!(ix.cold[&0].gone().is_some() && !ix.cold[&0].is_member(10) && ix.blocks[&0].len() == 1);
+        for k in 0..COLD as u64 {
+            let want = (!gone.contains(&k)).then(|| rec(k));
+            assert_eq!(ix.get(k).and_then(|e| e.record()), want, "key {k}");
+        }
+        assert_eq!(b.used(), ix.heap_bytes());
     }
 
     #[test]

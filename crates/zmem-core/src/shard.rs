@@ -248,12 +248,12 @@ impl Shard {
         }
     }
 
-    /// Move the written-back keys of `key`'s index block (and its
-    /// zero-filled pages) to their cold block when that takes less RAM
-    /// (`index.rs`); the counts do not change (the same pages, held in
-    /// less RAM).
-    pub fn make_cold(&mut self, key: u64, b: &Budget) -> bool {
-        self.index.make_cold(key, b)
+    /// Move the written-back keys of the index blocks of `keys` (and their
+    /// zero-filled pages) to their cold blocks when that takes less RAM
+    /// (`index.rs`: one rebuild a cold block); the counts do not change
+    /// (the same pages, held in less RAM).
+    pub fn make_cold(&mut self, keys: &[u64], b: &Budget) -> usize {
+        self.index.make_cold_all(keys, b)
     }
 
     /// Make the keys of `key`'s block that name record `from` name `to`

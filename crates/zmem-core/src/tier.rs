@@ -1491,9 +1491,7 @@ fn settle_keys<'v>(
             }
         }
     }
-    for block in blocks {
-        s.make_cold(block, b);
-    }
+    s.make_cold(&blocks, b);
     lru.return_out(out);
     // The victims' places are free now: give the room back once it is
     // most of the queue's.

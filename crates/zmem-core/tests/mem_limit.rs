@@ -21,12 +21,15 @@ use zmem_core::{Pool, PoolConfig, ZmemError};
 /// back: the limit leaves room for pages too.
 const LIMIT: u64 = 6 << 20;
 
+/// Pages a pool with a tier is offered until it refuses.
+const TIER_PAGES: u64 = 300_000;
+
 /// How keys are chosen: a dense run, one key per index block (the
 /// index's worst case: a whole block and a map slot per page), or a dense
-/// run stored in stride, one key of each block in turn (a tier's worst
-/// case: each page is written back without its block's neighbours, in an
-/// extent of its own, and a block goes cold only to be turned back into a
-/// block by the next store into it).
+/// run stored in stride, one key of each 256-key cold block in turn (a
+/// tier's worst case: each page is written back without its neighbours,
+/// in an extent of its own, and its block goes cold alone, if at all,
+/// only to be turned back into a block by the next store into it).
 #[derive(Clone, Copy, Debug)]
 enum Keys {
     Dense,
@@ -35,11 +38,12 @@ enum Keys {
 }
 
 fn key(keys: Keys, i: u64) -> u64 {
-    const BLOCKS: u64 = 240_000 / 16;
+    // (Fewer than 256 keys in each.)
+    const COLD_BLOCKS: u64 = TIER_PAGES.div_ceil(256);
     match keys {
         Keys::Dense => i,
         Keys::Sparse => i.wrapping_mul(0x9E37_79B9_7F4A_7C15) << 4,
-        Keys::Strided => (i % BLOCKS) * 16 + i / BLOCKS,
+        Keys::Strided => (i % COLD_BLOCKS) * 256 + i / COLD_BLOCKS,
     }
 }
 
@@ -115,7 +119,7 @@ fn verify(p: &Pool, stored: &HashMap<u64, Vec<u8>>) {
 
 fn run(dedup: bool, tier: bool, keys: Keys) {
     let p = pool(dedup, tier, LIMIT);
-    let max = if tier { 240_000 } else { 20_000 };
+    let max = if tier { TIER_PAGES } else { 20_000 };
     let stored = fill(&p, keys, LIMIT, max);
     check_books(&p, LIMIT);
     if tier {
@@ -161,9 +165,9 @@ fn sparse_keys_with_dedup() {
 fn dense_keys_in_stride_with_a_tier() {
     // (In key order, a written-back page costs the tables a few bytes:
     // tier.rs's tests bound that; 120,000 pages do not reach the limit.
-    // In stride, a block goes cold once its pages are all written back
-    // and comes back with the next store into it: since cold blocks keep
-    // single-page records, 240,000 pages reach it.)
+    // In stride, a writeback batch holds one page of each of its cold
+    // blocks, too few to make a cold block of, and a block made cold
+    // comes back with the next store into it: 300,000 pages reach it.)
     run(false, true, Keys::Strided);
 }
 
