@@ -184,6 +184,9 @@ pub struct Config {
     pub disks: Vec<DiskKind>,
     /// The `zmem` binary (for `zmem swap on|off|status`).
     pub zmem: PathBuf,
+    /// The `zmem` binary of the zmem-b runs, if not `zmem` (two builds in
+    /// one set).
+    pub zmem_b: Option<PathBuf>,
     /// Compressor for every system (kernel name: lzo, lzo-rle, lz4, ...).
     pub compressor: String,
     /// Size of the swap file and of zmem's swap device.
@@ -511,6 +514,9 @@ pub struct Report {
     pub zmem_args: Vec<String>,
     /// And the `zmem-b` runs' own.
     pub zmem_b_args: Vec<String>,
+    /// The `zmem-b` runs' binary, if not the zmem runs'.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zmem_b_bin: Option<PathBuf>,
     pub notes: Vec<String>,
     pub runs: Vec<RunResult>,
 }
@@ -543,6 +549,7 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
         zswap_max_pool_percent: 0,
         zmem_args: cfg.zmem_args.clone(),
         zmem_b_args: cfg.zmem_b_args.clone(),
+        zmem_b_bin: cfg.zmem_b.clone(),
         notes: Vec::new(),
         runs: Vec::new(),
     };
@@ -751,12 +758,13 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
             let args = if sys == System::ZmemB { with_b_args(&cfg.zmem_args, &cfg.zmem_b_args) } else { cfg.zmem_args.clone() };
             let run_dir = cfg.scratch.join("run");
             let backing = disk.mnt().join("zmem.backing");
-            let z = ZmemSwap { zmem: cfg.zmem.clone(), run_dir: run_dir.clone(), backing: backing.clone() };
+            let zmem = cfg.zmem_b.as_ref().filter(|_| sys == System::ZmemB).unwrap_or(&cfg.zmem).clone();
+            let z = ZmemSwap { zmem: zmem.clone(), run_dir: run_dir.clone(), backing: backing.clone() };
             if wants_fuse_uring(&args) {
                 s.fuse_uring = Some(host::FuseUringOn::new()?);
             }
             host::run_tool(
-                Command::new(&cfg.zmem)
+                Command::new(&zmem)
                     .args(["swap", "on", "--name", ZMEM_NAME, "--size"])
                     .arg(cfg.swap_size.to_string())
                     .args(zmem_compressor(&cfg.compressor, &args))
@@ -969,7 +977,7 @@ impl Trial<'_> {
         let server_pid = zstatus.as_ref().and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
         let dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().map(|v| zmem_areas(&v["state"]))) {
             (Some(z), Some(areas)) if !areas.is_empty() => Some(DeadSampler {
-                zmem: cfg.zmem.clone(),
+                zmem: z.zmem.clone(),
                 control: z.run_dir.join(ZMEM_NAME).join("control.sock"),
                 areas,
                 cgroup: cg.path().to_path_buf(),
@@ -1203,6 +1211,9 @@ pub fn render(report: &Report) -> String {
     if !report.zmem_b_args.is_empty() {
         out += &format!("zmem-b adds: {}\n", report.zmem_b_args.join(" "));
     }
+    if let Some(bin) = &report.zmem_b_bin {
+        out += &format!("zmem-b runs: {}\n", bin.display());
+    }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
         "mem MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap",
@@ -1301,6 +1312,7 @@ pub(crate) fn test_report(runs: Vec<RunResult>) -> Report {
         zswap_max_pool_percent: 1,
         zmem_args: vec![],
         zmem_b_args: vec![],
+        zmem_b_bin: None,
         notes: vec![],
         runs,
     }

@@ -53,6 +53,10 @@ pub struct Args {
     /// this binary]
     #[arg(long, value_name = "PATH")]
     pub zmem_bin: Option<std::path::PathBuf>,
+    /// The zmem binary of the `zmem-b` runs alone (two builds in one set:
+    /// `--systems zmem,zmem-b --zmem-b-bin NEW`) [default: --zmem-bin's]
+    #[arg(long, value_name = "PATH")]
+    pub zmem_b_bin: Option<std::path::PathBuf>,
     /// zram's disksize as a multiple of the pool cap.
     #[arg(long, default_value_t = 3.0)]
     pub zram_ratio: f64,
@@ -151,11 +155,17 @@ fn parse_amount(s: &str) -> anyhow::Result<Amount> {
 }
 
 fn config(a: &Args) -> anyhow::Result<Config> {
+    let bin = |flag: &str, p: &std::path::Path| -> anyhow::Result<std::path::PathBuf> {
+        if !p.is_file() {
+            bail!("{flag} {}: no such file", p.display());
+        }
+        std::fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display()))
+    };
     let zmem = match &a.zmem_bin {
-        Some(p) if !p.is_file() => bail!("--zmem-bin {}: no such file", p.display()),
-        Some(p) => std::fs::canonicalize(p).with_context(|| format!("--zmem-bin {}", p.display()))?,
+        Some(p) => bin("--zmem-bin", p)?,
         None => std::env::current_exe().context("cannot find the zmem binary")?,
     };
+    let zmem_b = a.zmem_b_bin.as_deref().map(|p| bin("--zmem-b-bin", p)).transpose()?;
     if a.zram_ratio < 1.0 || !a.zram_ratio.is_finite() {
         bail!("--zram-ratio must be at least 1");
     }
@@ -206,6 +216,7 @@ fn config(a: &Args) -> anyhow::Result<Config> {
         systems: a.systems.clone(),
         disks: a.disks.clone(),
         zmem,
+        zmem_b,
         compressor: a.compressor.clone(),
         swap_size: a.swap_size / 4096 * 4096,
         scratch: a.scratch.clone(),
