@@ -606,7 +606,7 @@ impl DedupTable {
     fn share_shard(&self, s: &mut Shard, objects: &Objects, counters: &Counters, now: u32) -> Vec<Handle> {
         let mut page = vec![0u8; PAGE_SIZE];
         let mut frees = Vec::new();
-        let objs: Vec<(u64, Entry)> = s.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)).collect();
+        let objs: Vec<(u64, Entry)> = s.iter_in_ram().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)).collect();
         for (key, e) in objs {
             let Slot::Obj(h, info) = e.slot() else { continue };
             if objects.read_object(key, h, info, &mut page).is_err() {
@@ -642,7 +642,7 @@ impl DedupTable {
     /// are not in the sample) back into plain objects.
     fn unshare_shard(&self, s: &mut Shard) {
         let shared: Vec<(u64, Entry)> =
-            s.iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Dedup(hash, _) if !hash.is_multiple_of(SAMPLE))).map(|(k, e, _)| (k, e)).collect();
+            s.iter_in_ram().filter(|(_, e, _)| matches!(e.slot(), Slot::Dedup(hash, _) if !hash.is_multiple_of(SAMPLE))).map(|(k, e, _)| (k, e)).collect();
         for (key, e) in shared {
             let Slot::Dedup(hash, _) = e.slot() else { continue };
             let Some((h, info)) = self.lock_under(s, hash).take_sole(hash) else { continue };

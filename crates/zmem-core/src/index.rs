@@ -527,6 +527,7 @@ impl ColdBlock {
         places(ranked).zip(ids).filter(|&(i, _)| !gone.is_some_and(|g| bit(g, i))).collect()
     }
     /// Every key's place and entry.
+    #[cfg(test)]
     fn entries(&self) -> impl Iterator<Item = (usize, Entry)> + '_ {
         let backed = self.keys().into_iter().map(|(i, rec)| (i, Entry::backed(rec, ObjInfo::in_extent())));
         backed.chain(self.zeros().into_iter().flat_map(places).map(|i| (i, Entry::same(0))))
@@ -750,10 +751,17 @@ impl BlockIndex {
     }
 
     /// Every entry with its key and last access time (0 in a cold block).
+    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
-        let hot = self.blocks.iter().flat_map(|(&id, b)| b.iter().map(move |(i, k)| (id << BLOCK_SHIFT | i as u64, k.e, k.ac)));
         let cold = self.cold.iter().flat_map(|(&id, c)| c.entries().map(move |(i, e)| (id << COLD_SHIFT | i as u64, e, 0)));
-        hot.chain(cold)
+        self.iter_in_ram().chain(cold)
+    }
+
+    /// [`iter`](Self::iter) without the cold blocks, none of whose keys
+    /// is in RAM (written back, or zero-filled): every object and shared
+    /// object, and no cold block decoded.
+    pub fn iter_in_ram(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
+        self.blocks.iter().flat_map(|(&id, b)| b.iter().map(move |(i, k)| (id << BLOCK_SHIFT | i as u64, k.e, k.ac)))
     }
 
     /// Move the keys of the blocks of `keys` (any order) that are written
@@ -1677,6 +1685,11 @@ mod tests {
         let mut ext = Vec::new();
         ix.extents(&mut ext);
         assert_eq!(ext.len() as u64, N / 2);
+        // The keys in RAM alone: the objects.
+        let mut in_ram: Vec<(u64, Entry)> = ix.iter_in_ram().map(|(k, e, _)| (k, e)).collect();
+        in_ram.sort_unstable_by_key(|&(k, _)| k);
+        assert_eq!(in_ram, (0..N).step_by(2).map(|k| (k, obj(k))).collect::<Vec<_>>());
+        assert_eq!(ix.iter().count() as u64, N);
         // Stores to written-back keys bring them back one by one; the last
         // of a block's cold keys takes its cold block with it.
         for k in (0..16).filter(|k| k % 2 == 1) {

@@ -279,7 +279,7 @@ impl Pool {
         let mut items = Vec::new();
         if self.e.tier.is_some() {
             for sh in self.e.index.shards() {
-                items.extend(sh.lock().iter().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)));
+                items.extend(sh.lock().iter_in_ram().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)));
             }
         }
         Resident::new(items)

@@ -197,7 +197,7 @@ impl Pass<'_> {
     /// The objects in RAM of a shard that `req` picks (not marked, below
     /// the priority asked).
     fn candidates(&self, s: &Shard, req: &Recompress, top: u8, now: u32) -> Vec<(u64, Entry)> {
-        s.iter()
+        s.iter_in_ram()
             .filter(|&(_, e, ac)| match e.slot() {
                 Slot::Obj(_, info) => !e.no_recomp() && e.prio() < req.prio.unwrap_or(top) && req.picks(info, ac, now),
                 _ => false,

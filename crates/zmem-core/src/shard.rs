@@ -182,9 +182,11 @@ impl Shard {
         self.index.len()
     }
 
-    /// Every entry, with its last access time.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
-        self.index.iter()
+    /// The entries of the keys in RAM (every object and shared object),
+    /// with their last access times; the written-back keys of cold blocks
+    /// are not decoded.
+    pub fn iter_in_ram(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
+        self.index.iter_in_ram()
     }
 
     /// The entry under `key`, its access time now `now` (zram's ac_time).

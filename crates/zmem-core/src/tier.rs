@@ -1161,7 +1161,7 @@ impl Tier {
             let picked: Vec<(u64, Entry)> = {
                 let s = shard.lock();
                 let obj = |e: Entry, ac| matches!(e.slot(), Slot::Obj(_, info) if mode.picks(info, ac, now));
-                s.iter().filter(|&(_, e, ac)| obj(e, ac)).map(|(k, e, _)| (k, e)).take(cap(budget)).collect()
+                s.iter_in_ram().filter(|&(_, e, ac)| obj(e, ac)).map(|(k, e, _)| (k, e)).take(cap(budget)).collect()
             };
             total += self.writeback_in_batches(h, Source::Index(shard, self.queues.of_index(i)), &picked, &mut budget, |chunk, victims, buf| {
                 let s = shard.lock();
