@@ -757,9 +757,9 @@ impl BlockIndex {
         self.iter_in_ram().chain(cold)
     }
 
-    /// [`iter`](Self::iter) without the cold blocks, none of whose keys
-    /// is in RAM (written back, or zero-filled): every object and shared
-    /// object, and no cold block decoded.
+    /// The entries of the keys in RAM, with their keys and last access
+    /// times: every object and shared object. No cold block is decoded:
+    /// none of their keys is in RAM (written back, or zero-filled).
     pub fn iter_in_ram(&self) -> impl Iterator<Item = (u64, Entry, u32)> + '_ {
         self.blocks.iter().flat_map(|(&id, b)| b.iter().map(move |(i, k)| (id << BLOCK_SHIFT | i as u64, k.e, k.ac)))
     }
