@@ -239,8 +239,8 @@ fn index_bits(h: usize) -> usize {
 }
 
 /// The runs of ones of a mask (a 32-bit one has at most 16), each as its
-/// lowest bit and its ones shifted down: [`gather`] and [`scatter`]
-/// through one mask, many values at a time.
+/// lowest bit and its ones shifted down: x86's `pext` (`gather`) and
+/// `pdep` (`scatter`) through one mask, many values at a time.
 struct Runs {
     n: usize,
     run: [(u32, u32); 16],
@@ -286,6 +286,7 @@ fn gather(v: u32, mask: u32) -> u32 {
 
 /// [`gather`]'s inverse: the low bits of `x` put back where `mask` has
 /// ones (x86's `pdep`).
+#[cfg(test)]
 fn scatter(x: u32, mask: u32) -> u32 {
     Runs::new(mask).scatter(x)
 }
@@ -365,47 +366,69 @@ fn get_bits(words: &[u32], pos: usize, n: usize) -> u64 {
     (x >> (pos % 32)) as u64 & ((1u64 << n) - 1)
 }
 
+fn join(low: u32, high: u32) -> u64 {
+    u64::from(high) << 32 | u64::from(low)
+}
+
+/// The split form of [`encode_ids`], its head read once.
+struct Split<'a> {
+    h: usize,
+    hb: u32,
+    lb: u32,
+    hw: usize,
+    lw: usize,
+    /// Bits of a key's index into the high halves (none with one).
+    bits: usize,
+    hr: Runs,
+    lr: Runs,
+    highs: &'a [u32],
+    keys: &'a [u32],
+}
+
+impl<'a> Split<'a> {
+    fn new(r: &'a [u32]) -> Split<'a> {
+        let (h, [hb, hm, lb, lm]) = (r[0] as usize, [r[1], r[2], r[3], r[4]]);
+        let (hw, lw) = (hm.count_ones() as usize, lm.count_ones() as usize);
+        let (highs, keys) = r[SPLIT_HEAD..].split_at((h * hw).div_ceil(32));
+        Split { h, hb, lb, hw, lw, bits: index_bits(h), hr: Runs::new(hm), lr: Runs::new(lm), highs, keys }
+    }
+    /// High half `k`.
+    fn high(&self, k: usize) -> u32 {
+        self.hb ^ self.hr.scatter(get_bits(self.highs, k * self.hw, self.hw) as u32)
+    }
+    /// Rank `rank`'s index into the high halves, and its low half.
+    fn key(&self, rank: usize) -> (usize, u32) {
+        let v = get_bits(self.keys, rank * (self.bits + self.lw), self.bits + self.lw);
+        ((v & ((1 << self.bits) - 1)) as usize, self.lb ^ self.lr.scatter((v >> self.bits) as u32))
+    }
+}
+
 /// The id of rank `rank` in ids made by [`encode_ids`].
 fn decode_id(r: &[u32], rank: usize) -> u64 {
-    let join = |low: u32, high: u32| u64::from(high) << 32 | u64::from(low);
     match r[0] {
         ONE => join(r[1], r[2]),
         0 => join(r[1 + 2 * rank], r[2 + 2 * rank]),
-        h => {
-            let [hb, hm, lb, lm] = [r[1], r[2], r[3], r[4]];
-            let (hw, lw) = (hm.count_ones() as usize, lm.count_ones() as usize);
-            // (With one high half there is no index: 0 bits.)
-            let (h, bits) = (h as usize, index_bits(h as usize));
-            let packed = &r[SPLIT_HEAD..];
-            let keys = &packed[(h * hw).div_ceil(32)..];
-            let v = get_bits(keys, rank * (bits + lw), bits + lw);
-            let k = (v & ((1 << bits) - 1)) as usize;
-            let high = hb ^ scatter(get_bits(packed, k * hw, hw) as u32, hm);
-            join(lb ^ scatter((v >> bits) as u32, lm), high)
+        _ => {
+            let s = Split::new(r);
+            let (k, low) = s.key(rank);
+            join(low, s.high(k))
         }
     }
 }
 
 /// The `n` ids made by [`encode_ids`], by rank, pushed to `out`: each
-/// high half and mask's runs decoded once.
+/// high half decoded once.
 fn decode_ids(r: &[u32], n: usize, out: &mut Vec<u64>) {
-    let join = |low: u32, high: u32| u64::from(high) << 32 | u64::from(low);
     match r.first() {
         None => {}
         Some(&ONE) => out.extend(std::iter::repeat_n(join(r[1], r[2]), n)),
         Some(&0) => out.extend((0..n).map(|rank| join(r[1 + 2 * rank], r[2 + 2 * rank]))),
-        Some(&h) => {
-            let [hb, hm, lb, lm] = [r[1], r[2], r[3], r[4]];
-            let (hw, lw) = (hm.count_ones() as usize, lm.count_ones() as usize);
-            let (h, bits) = (h as usize, index_bits(h as usize));
-            let packed = &r[SPLIT_HEAD..];
-            let hr = Runs::new(hm);
-            let highs: Vec<u32> = (0..h).map(|k| hb ^ hr.scatter(get_bits(packed, k * hw, hw) as u32)).collect();
-            let keys = &packed[(h * hw).div_ceil(32)..];
-            let lr = Runs::new(lm);
+        Some(_) => {
+            let s = Split::new(r);
+            let highs: Vec<u32> = (0..s.h).map(|k| s.high(k)).collect();
             out.extend((0..n).map(|rank| {
-                let v = get_bits(keys, rank * (bits + lw), bits + lw);
-                join(lb ^ lr.scatter((v >> bits) as u32), highs[(v & ((1 << bits) - 1)) as usize])
+                let (k, low) = s.key(rank);
+                join(low, highs[k])
             }));
         }
     }
@@ -473,7 +496,7 @@ impl ColdBlock {
     }
     /// Where the gone keys' mask is (or would go).
     fn gone_at(&self) -> usize {
-        1 + if self.has(HAS_ZEROS) { 2 } else { 1 } * MASK_WORDS
+        1 + MASK_WORDS + if self.has(HAS_ZEROS) { MASK_WORDS } else { 0 }
     }
     fn gone(&self) -> Option<&[u32]> {
         let at = self.gone_at();
