@@ -23,7 +23,7 @@ pub mod origin;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
-use zmem_core::{Pool, ZmemError, PAGE_SIZE};
+use zmem_core::{Pool, Residency, ZmemError, PAGE_SIZE};
 
 pub use cached::OriginStats;
 pub use origin::{FileOrigin, Origin};
@@ -155,17 +155,25 @@ impl Export {
         self.origin.is_some()
     }
 
-    /// Whether reading `[offset, offset + len)` may wait for the origin: a
-    /// page it touches is not in the pool. Always false without an origin
-    /// (and for a range out of bounds, which fails at once). A frontend
-    /// that runs cheap requests on the thread reading them (the NBD
-    /// server) hands these to a worker instead, so that a miss does not
-    /// hold up the hits queued behind it.
+    /// Whether reading `[offset, offset + len)` may wait for a disk: with an
+    /// origin, a page it touches is not in the pool; without one, a page it
+    /// touches is written back to the pool's cold store. False for a range
+    /// out of bounds, which fails at once. A frontend that runs cheap
+    /// requests on the thread reading them (the NBD server, the FUSE
+    /// image's `/dev/fuse` threads) hands these to a worker instead, so
+    /// that a miss does not hold up the hits queued behind it. A hint: the
+    /// answer may be stale by the time the read runs, and either thread
+    /// reads the same bytes.
     pub fn read_may_wait(&self, offset: u64, len: u64) -> bool {
-        if self.origin.is_none() || len == 0 || self.check(offset, len).is_err() {
+        if len == 0 || self.check(offset, len).is_err() {
             return false;
         }
-        (offset / PAGE..(offset + len).div_ceil(PAGE)).any(|k| !self.pool.contains(k))
+        let mut keys = offset / PAGE..(offset + len).div_ceil(PAGE);
+        if self.origin.is_some() {
+            keys.any(|k| !self.pool.contains(k))
+        } else {
+            keys.any(|k| self.pool.residency(k) == Some(Residency::Backed))
+        }
     }
 
     /// What the origin is, if any (a path or URI, and how it is opened).
@@ -403,6 +411,28 @@ mod tests {
 
     fn pattern(n: usize, seed: u8) -> Vec<u8> {
         (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
+    }
+
+    #[test]
+    fn reads_of_written_back_pages_may_wait_and_others_do_not() {
+        let store = zmem_backing::BackingStore::new(Box::new(zmem_backing::MemFile::new(true)), None);
+        let pool = Pool::with_cold_store(PoolConfig { max_pool: Some(64 << 20), ..Default::default() }, Box::new(store)).unwrap();
+        let e = Export::new(Arc::new(pool), 16 * PAGE);
+        let data = pattern(4 * PAGE as usize, 7);
+        e.write(0, &data).unwrap();
+        assert!(!e.read_may_wait(0, 4 * PAGE), "pages in RAM");
+        assert_eq!(e.pool().writeback(zmem_core::WritebackMode::All, None).unwrap(), 4);
+        e.write(2 * PAGE, &data[2 * PAGE as usize..3 * PAGE as usize]).unwrap();
+        assert!(e.read_may_wait(0, PAGE), "a written-back page");
+        assert!(e.read_may_wait(100, 10), "part of one");
+        assert!(!e.read_may_wait(2 * PAGE, PAGE), "a page stored again is in RAM");
+        assert!(e.read_may_wait(2 * PAGE, 2 * PAGE), "one of two written back");
+        assert!(!e.read_may_wait(8 * PAGE, PAGE), "never written");
+        assert!(!e.read_may_wait(15 * PAGE, 2 * PAGE), "out of bounds fails at once");
+        assert!(!e.read_may_wait(0, 0));
+        let mut back = vec![0; 4 * PAGE as usize];
+        e.read(0, &mut back).unwrap();
+        assert_eq!(back, data);
     }
 
     #[test]

@@ -85,11 +85,20 @@ pub struct FuseConfig {
     /// needs its module parameter `enable_uring`). The `threads` workers on
     /// `/dev/fuse` still serve INIT, forgets and interrupts.
     pub uring: bool,
+    /// Threads that serve, off the `/dev/fuse` workers, the reads that may
+    /// wait for a disk (a page written back to the pool's cold store, or
+    /// one a cache must fetch from its origin: `Export::read_may_wait`) of
+    /// at most [`HANDED_OFF_MAX`] bytes: the workers go on to the requests
+    /// the pool answers from RAM, and the disk gets as many reads at once
+    /// as there are threads here, not as there are workers. 0 serves every
+    /// read on the worker that read it. (Over io_uring, reads are served
+    /// on their queue's threads.)
+    pub read_threads: usize,
 }
 
 impl Default for FuseConfig {
     fn default() -> Self {
-        FuseConfig { file_name: "image".into(), threads: 2, allow_other: false, uring: false }
+        FuseConfig { file_name: "image".into(), threads: 2, allow_other: false, uring: false, read_threads: 0 }
     }
 }
 
@@ -104,6 +113,8 @@ pub struct FuseStats {
     pub errors: AtomicU64,
     /// Requests answered over io_uring ([`FuseConfig::uring`]).
     pub uring_requests: AtomicU64,
+    /// Reads served by the read threads ([`FuseConfig::read_threads`]).
+    pub reads_handed_off: AtomicU64,
     /// How long reads and writes take to run.
     pub latency: zmem_core::LatencyHistogram,
 }
@@ -205,6 +216,12 @@ impl FileOps {
         }
     }
 
+    /// Whether a read of `size` bytes at `offset` may wait for a disk
+    /// (`Export::read_may_wait`).
+    fn read_may_wait(&self, ino: u64, offset: u64, size: u32) -> bool {
+        ino == FILE.0 && self.export.read_may_wait(offset, size.into())
+    }
+
     /// Read into `buf` from `offset`; returns the bytes read (short at the
     /// end of the file).
     fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
@@ -300,6 +317,74 @@ struct ImageFs {
     bufs: std::sync::Mutex<Vec<Vec<u8>>>,
     /// Ask for FUSE over io_uring at INIT (the rings are ready to register).
     uring: bool,
+    /// The read threads' queue ([`FuseConfig::read_threads`]); dropped
+    /// with the session, which ends them.
+    readers: Option<crossbeam_channel::Sender<ReadJob>>,
+}
+
+/// The largest read handed to a read thread ([`FuseConfig::read_threads`]):
+/// a swap-in and the kernel's read-ahead around it. Larger reads are
+/// served where they were read, so a read thread's buffer stays small.
+pub const HANDED_OFF_MAX: u32 = 128 << 10;
+
+/// Reads waiting for a read thread at most (the kernel's
+/// `max_background`: as many as it sends at once); past it a read is
+/// served where it was read.
+const HANDED_OFF_QUEUE: usize = 256;
+
+/// A read handed to a read thread.
+struct ReadJob {
+    ino: u64,
+    offset: u64,
+    size: u32,
+    reply: ReplyData,
+}
+
+/// Serve `job` into `buf` (grown to its size if short) and answer it.
+fn answer_read(ops: &FileOps, job: ReadJob, buf: &mut Vec<u8>) {
+    let size = job.size as usize;
+    if buf.len() < size {
+        buf.resize(size, 0);
+    }
+    match ops.read(job.ino, job.offset, &mut buf[..size]) {
+        Ok(n) => job.reply.data(&buf[..n]),
+        Err(e) => job.reply.error(e),
+    }
+}
+
+/// Start `n` read threads, each with its buffer written now (a read
+/// faults in no new memory, as [`ImageFs::bufs`]); they end once the
+/// returned queue is dropped and drained.
+fn start_readers(ops: &Arc<FileOps>, n: usize) -> io::Result<(crossbeam_channel::Sender<ReadJob>, Vec<std::thread::JoinHandle<()>>)> {
+    let (tx, rx) = crossbeam_channel::bounded::<ReadJob>(HANDED_OFF_QUEUE);
+    let mut threads = Vec::with_capacity(n);
+    for i in 0..n {
+        let (ops, rx) = (Arc::clone(ops), rx.clone());
+        threads.push(std::thread::Builder::new().name(format!("zmem-fuse-rd{i}")).spawn(move || {
+            let mut buf = vec![0xa5u8; HANDED_OFF_MAX as usize];
+            for job in rx {
+                ops.stats.reads_handed_off.fetch_add(1, Relaxed);
+                answer_read(&ops, job, &mut buf);
+            }
+        })?);
+    }
+    Ok((tx, threads))
+}
+
+/// Join `threads`, waiting at most `limit` in all: one still running then
+/// (`what`) is left to the process's exit.
+fn join_within(threads: Vec<std::thread::JoinHandle<()>>, limit: Duration, what: &str) {
+    let end = std::time::Instant::now() + limit;
+    for t in threads {
+        while !t.is_finished() && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if t.is_finished() {
+            let _ = t.join();
+        } else {
+            tracing::warn!("{what} did not end at unmount; leaving it");
+        }
+    }
 }
 
 fn file_attr(a: &Attr) -> FileAttr {
@@ -387,14 +472,17 @@ impl Filesystem for ImageFs {
     }
 
     fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<LockOwner>, reply: ReplyData) {
+        let job = ReadJob { ino: ino.0, offset, size, reply };
+        let job = match &self.readers {
+            Some(tx) if size <= HANDED_OFF_MAX && self.ops.read_may_wait(ino.0, offset, size) => match tx.try_send(job) {
+                Ok(()) => return,
+                // The queue is full (or the threads are gone): serve it here.
+                Err(e) => e.into_inner(),
+            },
+            _ => job,
+        };
         let mut buf = self.bufs.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-        if buf.len() < size as usize {
-            buf.resize(size as usize, 0);
-        }
-        match self.ops.read(ino.0, offset, &mut buf[..size as usize]) {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(e),
-        }
+        answer_read(&self.ops, job, &mut buf);
         self.bufs.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
     }
 
@@ -481,6 +569,7 @@ pub struct Mounted {
     session: Option<BackgroundSession>,
     stats: Arc<FuseStats>,
     rings: Option<uring::Threads>,
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Mounted {
@@ -505,9 +594,12 @@ impl Mounted {
         };
         // The unmount ended the rings' entries (or failed, and then the
         // threads are left to the process's exit).
+        let limit = if r.is_ok() { Duration::from_secs(5) } else { Duration::ZERO };
         if let Some(t) = self.rings.take() {
-            t.join(if r.is_ok() { Duration::from_secs(5) } else { Duration::ZERO });
+            t.join(limit);
         }
+        // The session's end dropped the read threads' queue.
+        join_within(std::mem::take(&mut self.readers), limit, "a FUSE read thread");
         r
     }
 }
@@ -551,11 +643,12 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
         born: (born.as_secs(), born.subsec_nanos()),
         stats: Arc::clone(&stats),
     });
-    let fs = ImageFs {
+    let mut fs = ImageFs {
         ops: Arc::clone(&ops),
         // Not zero: calloc would leave the pages untouched.
         bufs: std::sync::Mutex::new((0..threads).map(|_| vec![0xa5u8; MAX_IO as usize]).collect()),
         uring: queues.is_some(),
+        readers: None,
     };
     let mut config = Config::default();
     config.mount_options = vec![
@@ -570,9 +663,17 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
     config.n_threads = Some(threads);
     config.clone_fd = true;
+    let mut readers = Vec::new();
+    if cfg.read_threads > 0 && queues.is_none() {
+        let (tx, threads) = start_readers(&ops, cfg.read_threads.min(64))?;
+        fs.readers = Some(tx);
+        readers = threads;
+    }
+    // (On an error below the filesystem, and with it the read threads'
+    // queue, is dropped: the threads end on their own.)
     let session = fuser::Session::new(fs, mountpoint, &config)?;
     let fd = queues.as_ref().map(|_| std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()).transpose()?;
-    let mut mounted = Mounted { session: Some(session.spawn()?), stats, rings: None };
+    let mut mounted = Mounted { session: Some(session.spawn()?), stats, rings: None, readers };
     if let (Some(queues), Some(fd)) = (queues, fd) {
         // (Dropping `mounted` on an error unmounts.)
         mounted.rings = Some(uring::start(queues, fd, ops)?);

@@ -59,7 +59,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
@@ -238,17 +238,7 @@ impl Threads {
     /// ended their entries at unmount; a thread still running is left (and
     /// keeps its buffers).
     pub(crate) fn join(self, limit: Duration) {
-        let end = Instant::now() + limit;
-        for t in self.0 {
-            while !t.is_finished() && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if t.is_finished() {
-                let _ = t.join();
-            } else {
-                tracing::warn!("a FUSE io_uring thread did not end at unmount; leaving it");
-            }
-        }
+        crate::join_within(self.0, limit, "a FUSE io_uring thread");
     }
 }
 

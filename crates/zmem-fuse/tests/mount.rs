@@ -82,14 +82,22 @@ struct Fixture {
 
 impl Fixture {
     fn new(uring: bool) -> Fixture {
-        let on = uring.then(UringOn::new);
-        let pool = Arc::new(Pool::new(PoolConfig::default()).unwrap());
+        Fixture::with(Pool::new(PoolConfig::default()).unwrap(), FuseConfig { uring, ..FuseConfig::default() })
+    }
+
+    fn with(pool: Pool, cfg: FuseConfig) -> Fixture {
+        let on = cfg.uring.then(UringOn::new);
+        let pool = Arc::new(pool);
         let export = Arc::new(Export::new(Arc::clone(&pool), SIZE));
         let dir = tempfile::tempdir().unwrap();
-        let cfg = FuseConfig { uring, ..FuseConfig::default() };
         let mounted = mount(export, dir.path(), &cfg).expect("mount the image");
-        assert_eq!(mounted.uring(), uring);
+        assert_eq!(mounted.uring(), cfg.uring);
         Fixture { pool, mounted: Some(mounted), dir, _uring: on }
+    }
+
+    /// Reads the read threads served so far.
+    fn handed_off(&self) -> u64 {
+        self.mounted.as_ref().map_or(0, |m| m.stats().reads_handed_off.load(Relaxed))
     }
 
     /// Requests answered over io_uring so far.
@@ -169,6 +177,50 @@ fn a_loop_device_with_direct_io_over_it_over_io_uring() {
     if uring_usable() {
         loop_io(true);
     }
+}
+
+/// With read threads, a read of a page written back to the cold store is
+/// served by one of them and a read of a page in RAM where it was read;
+/// either way the bytes are the ones written, also with reads from several
+/// threads at once.
+#[test]
+fn reads_of_written_back_pages_go_to_the_read_threads() {
+    if !usable() {
+        return;
+    }
+    const PAGES: u64 = 64;
+    let store = zmem_backing::BackingStore::new(Box::new(zmem_backing::MemFile::new(true)), None);
+    let pool = Pool::with_cold_store(PoolConfig { max_pool: Some(32 << 20), ..PoolConfig::default() }, Box::new(store)).unwrap();
+    let fx = Fixture::with(pool, FuseConfig { read_threads: 2, ..FuseConfig::default() });
+    let f = OpenOptions::new().read(true).write(true).open(fx.file()).unwrap();
+    let data = pattern(9, (PAGES * 4096) as usize);
+    f.write_all_at(&data, 0).unwrap();
+    let page = |k: u64| &data[(k * 4096) as usize..((k + 1) * 4096) as usize];
+    let read_page = |k: u64| {
+        let mut got = vec![0u8; 4096];
+        f.read_exact_at(&mut got, k * 4096).unwrap();
+        assert!(got == page(k), "page {k} read back wrong");
+    };
+    // In RAM: every read on the workers.
+    (0..PAGES).for_each(read_page);
+    assert_eq!(fx.handed_off(), 0, "pages in RAM are read where they were read");
+    assert_eq!(fx.pool.writeback(zmem_core::WritebackMode::All, None).unwrap(), PAGES);
+    // All on the file: every read handed off, each a page.
+    (0..PAGES).for_each(read_page);
+    assert_eq!(fx.handed_off(), PAGES);
+    // A load may have brought a page back to RAM: only those still on the
+    // file are handed off.
+    let backed = (0..PAGES).filter(|&k| fx.pool.residency(k) == Some(zmem_core::Residency::Backed)).count() as u64;
+    (0..PAGES).for_each(read_page);
+    assert_eq!(fx.handed_off(), PAGES + backed);
+    // Several readers at once, over pages on the file and in RAM.
+    fx.pool.writeback(zmem_core::WritebackMode::All, None).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            s.spawn(move || (0..PAGES).map(|i| (i * 7 + t * 13) % PAGES).for_each(read_page));
+        }
+    });
+    assert!(fx.handed_off() > PAGES + backed);
 }
 
 fn file_io(uring: bool) {

@@ -119,6 +119,7 @@ fn fuse_reply(fs: &FuseStats) -> FuseReply {
         discards: n(&fs.discards),
         errors: n(&fs.errors),
         uring_requests: n(&fs.uring_requests),
+        reads_handed_off: n(&fs.reads_handed_off),
         latency: fs.latency.snapshot(),
     }
 }

@@ -141,6 +141,7 @@ pub const COUNTERS: &[&str] = &[
     "fuse_discards",
     "fuse_errors",
     "fuse_uring_requests",
+    "fuse_reads_handed_off",
     "shared_budget_updates",
     "shared_budget_refused",
     "shared_budget_floor_ticks",

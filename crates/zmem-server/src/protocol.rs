@@ -182,6 +182,9 @@ pub struct FuseReply {
     pub errors: u64,
     /// Requests answered over io_uring.
     pub uring_requests: u64,
+    /// Reads served by the read threads (`--read-threads`).
+    #[serde(default)]
+    pub reads_handed_off: u64,
     /// How long reads and writes took to run.
     #[serde(default)]
     pub latency: zmem_core::Latencies,

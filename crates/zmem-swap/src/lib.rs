@@ -125,6 +125,9 @@ pub struct ServerConfig {
     /// Threads serving the FUSE image, and whether over io_uring.
     pub threads: u16,
     pub fuse_uring: bool,
+    /// Threads reading written-back pages off the FUSE threads
+    /// (`zmem_fuse::FuseConfig::read_threads`).
+    pub read_threads: u16,
     /// The device's directory (mountpoint, control socket, ready file).
     pub dir: PathBuf,
     /// Join this cgroup before allocating anything.
@@ -719,7 +722,13 @@ pub fn serve(
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
     std::fs::create_dir_all(&mnt).map_err(|e| SwapError::file("create", &mnt, e))?;
-    let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false, uring: a.fuse_uring };
+    let cfg = zmem_fuse::FuseConfig {
+        file_name: IMAGE.into(),
+        threads: a.threads.into(),
+        allow_other: false,
+        uring: a.fuse_uring,
+        read_threads: a.read_threads.into(),
+    };
     let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).map_err(|source| SwapError::Mount { mnt: mnt.clone(), source })?;
     // The workers' stacks and fuser's receive buffers are locked as they
     // are touched (MCL_ONFAULT), not faulted in whole: fuser sizes each

@@ -99,6 +99,11 @@ pub struct Args {
     /// Threads serving the FUSE file.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64), requires = "fuse")]
     pub fuse_threads: u16,
+    /// Threads that read the pages the FUSE file's reads must fetch from a
+    /// disk (written back, or from `--origin`), off the threads serving
+    /// it (as `zmem swap on --read-threads`); 0 reads them there.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64), requires = "fuse")]
+    pub fuse_read_threads: u16,
     /// Serve the FUSE file over io_uring (as `zmem swap on --fuse-uring`).
     #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set, requires = "fuse")]
     pub fuse_uring: bool,
@@ -214,7 +219,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
         nbd,
         // The file is `image`, as for `zmem swap`.
-        fuse: a.fuse.clone().map(|dir| (dir, zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), uring: a.fuse_uring, ..Default::default() })),
+        fuse: a.fuse.clone().map(|dir| {
+            (dir, zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), uring: a.fuse_uring, read_threads: a.fuse_read_threads.into(), ..Default::default() })
+        }),
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&serve_device(&a.export_name)),

@@ -188,14 +188,15 @@ origin: {}: {} reads ({}), {} writes ({}), {} flushes, {} trims, {} zeroings, {}
 fn fuse_line(v: &StatsReply) -> Option<String> {
     let f = v.fuse.as_ref()?;
     Some(format!(
-        "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}\n",
+        "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}{}\n",
         f.reads,
         human(f.bytes_read),
         f.writes,
         human(f.bytes_written),
         f.discards,
         f.errors,
-        if f.uring_requests > 0 { format!("; {} requests over io_uring", f.uring_requests) } else { String::new() }
+        if f.uring_requests > 0 { format!("; {} requests over io_uring", f.uring_requests) } else { String::new() },
+        if f.reads_handed_off > 0 { format!("; {} reads on the read threads", f.reads_handed_off) } else { String::new() }
     ))
 }
 

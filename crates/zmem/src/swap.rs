@@ -64,6 +64,12 @@ pub struct OnArgs {
     /// Threads serving the FUSE image.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
+    /// Threads that read the pages written back to the backing file (or
+    /// the remote tier), so that the threads serving the image go on to
+    /// the pages in RAM meanwhile and the disk gets that many reads at
+    /// once; 0 reads them on the serving threads.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub read_threads: u16,
     /// Serve the image over io_uring: the kernel's FUSE-over-io_uring
     /// transport, with a queue and a thread per CPU, so that a request is
     /// answered on the CPU that issued it (Linux 6.14+; needs
@@ -149,6 +155,8 @@ pub struct ServeArgs {
     pub pool: PoolArgs,
     #[arg(long, default_value_t = 2)]
     pub threads: u16,
+    #[arg(long, default_value_t = 0)]
+    pub read_threads: u16,
     #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
     pub fuse_uring: bool,
     #[arg(long, default_value = "on")]
@@ -221,6 +229,7 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
     let size = a.size.unwrap_or(0);
     let mut server: Vec<std::ffi::OsString> = vec![exe.into()];
     server.extend(["swap", "serve", "--size", &size.to_string(), "--threads", &a.threads.to_string()].map(Into::into));
+    server.extend(["--read-threads".into(), a.read_threads.to_string().into()]);
     server.extend(["--fuse-uring", if a.fuse_uring { "on" } else { "off" }].map(Into::into));
     server.extend(["--unmapped-first", a.unmapped_first.name()].map(Into::into));
     server.extend(a.pool.to_args().into_iter().map(Into::into));
@@ -262,6 +271,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let cfg = ServerConfig {
         size: a.size,
         threads: a.threads,
+        read_threads: a.read_threads,
         fuse_uring: a.fuse_uring,
         dir: a.dir.clone(),
         cgroup: a.cgroup.clone(),
@@ -399,6 +409,7 @@ mod tests {
             "exclusive-loads",
             "dict",
             "threads",
+            "read-threads",
             "fuse-uring",
             "recompress-idle",
             "name",
