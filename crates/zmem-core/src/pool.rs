@@ -259,6 +259,13 @@ impl Pool {
         self.e.load(key, buf)
     }
 
+    /// Whether the pool writes pages back to a cold store (a backing
+    /// file, a cluster, or a cache's dropping store): without one no page
+    /// is ever [`Residency::Backed`].
+    pub fn has_cold_store(&self) -> bool {
+        self.e.tier.is_some()
+    }
+
     /// Where the page under `key` lives, if there is one.
     pub fn residency(&self, key: u64) -> Option<Residency> {
         self.e.residency(key)

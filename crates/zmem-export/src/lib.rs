@@ -172,7 +172,8 @@ impl Export {
         if self.origin.is_some() {
             keys.any(|k| !self.pool.contains(k))
         } else {
-            keys.any(|k| self.pool.residency(k) == Some(Residency::Backed))
+            // Without a cold store no page is looked up (a RAM disk's reads).
+            self.pool.has_cold_store() && keys.any(|k| self.pool.residency(k) == Some(Residency::Backed))
         }
     }
 

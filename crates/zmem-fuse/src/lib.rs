@@ -643,12 +643,21 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
         born: (born.as_secs(), born.subsec_nanos()),
         stats: Arc::clone(&stats),
     });
-    let mut fs = ImageFs {
+    // (On an error below, the filesystem, and with it the read threads'
+    // queue, is dropped: the threads end on their own.)
+    let (queue, readers) = match cfg.read_threads {
+        n if n > 0 && queues.is_none() => {
+            let (tx, threads) = start_readers(&ops, n.min(64))?;
+            (Some(tx), threads)
+        }
+        _ => (None, Vec::new()),
+    };
+    let fs = ImageFs {
         ops: Arc::clone(&ops),
         // Not zero: calloc would leave the pages untouched.
         bufs: std::sync::Mutex::new((0..threads).map(|_| vec![0xa5u8; MAX_IO as usize]).collect()),
         uring: queues.is_some(),
-        readers: None,
+        readers: queue,
     };
     let mut config = Config::default();
     config.mount_options = vec![
@@ -663,14 +672,6 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
     config.n_threads = Some(threads);
     config.clone_fd = true;
-    let mut readers = Vec::new();
-    if cfg.read_threads > 0 && queues.is_none() {
-        let (tx, threads) = start_readers(&ops, cfg.read_threads.min(64))?;
-        fs.readers = Some(tx);
-        readers = threads;
-    }
-    // (On an error below the filesystem, and with it the read threads'
-    // queue, is dropped: the threads end on their own.)
     let session = fuser::Session::new(fs, mountpoint, &config)?;
     let fd = queues.as_ref().map(|_| std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()).transpose()?;
     let mut mounted = Mounted { session: Some(session.spawn()?), stats, rings: None, readers };
