@@ -75,7 +75,8 @@ const MAX_IO: u32 = 1 << 20;
 pub struct FuseConfig {
     /// Name of the one file in the filesystem's root.
     pub file_name: String,
-    /// Threads reading `/dev/fuse` (each with its own cloned descriptor).
+    /// Threads reading `/dev/fuse` (each with its own cloned descriptor;
+    /// 1 to 64, others are brought into that range).
     pub threads: usize,
     /// Let users other than the mounter open the file (`allow_other`). The
     /// file's mode is 0600 either way.
@@ -91,8 +92,8 @@ pub struct FuseConfig {
     /// at most [`HANDED_OFF_MAX`] bytes: the workers go on to the requests
     /// the pool answers from RAM, and the disk gets as many reads at once
     /// as there are threads here, not as there are workers. 0 serves every
-    /// read on the worker that read it. (Over io_uring, reads are served
-    /// on their queue's threads.)
+    /// read on the worker that read it; more than 64 are 64. (Over
+    /// io_uring, reads are served on their queue's threads.)
     pub read_threads: usize,
 }
 
