@@ -30,6 +30,11 @@
 //! cgroup's limit at B − pool, every 10 ms, where pool is zswap's
 //! `pool_total_size`, zram's `mem_used_total`, and the zmem server's whole
 //! resident memory (pool, tables, buffers, binary: everything it holds).
+//! The zmem server runs from a copy of its binary in the scratch
+//! directory: the bench and the `kv` workload run the same binary, and
+//! the kernel reclaims no page two processes map, so the start-up code a
+//! server gives back once running would stay resident here and nowhere
+//! else (where it runs for real, no other process maps its binary).
 //! Each pool is also capped at P: zram's `mem_limit`, zmem's
 //! `--max-pool`, and zswap's `max_pool_percent`, which is whole percents
 //! of RAM, so on a machine with much RAM its smallest cap is above P; then
@@ -333,6 +338,14 @@ pub struct DeadShare {
     pub ram_unmapped_share_mean: f64,
     pub ram_unmapped_samples: u64,
     pub written_first: u64,
+    /// The server's resident memory beside its pool (its whole RSS less
+    /// the pool's `mem_used_total`: code, I/O buffers, stacks, malloc's
+    /// free memory), in bytes: mean and highest over the samples, and
+    /// the most malloc held free.
+    pub beside_pool_mean: f64,
+    pub beside_pool_max: u64,
+    pub malloc_free_max: u64,
+    pub server_samples: u64,
 }
 
 impl DeadShare {
@@ -364,6 +377,17 @@ impl DeadShare {
             let per_block = st.cold_index_pages as f64 / st.cold_index_blocks.max(1) as f64;
             self.keys_per_cold_block_mean += (per_block - self.keys_per_cold_block_mean) / self.backed_samples as f64;
         }
+    }
+
+    /// Add a sample of the server's memory: `rss` resident bytes, `pool`
+    /// of them the pool's (`mem_used_total`), `malloc_free` held free by
+    /// malloc.
+    pub fn add_server(&mut self, rss: u64, pool: u64, malloc_free: u64) {
+        let beside = rss.saturating_sub(pool);
+        self.server_samples += 1;
+        self.beside_pool_mean += (beside as f64 - self.beside_pool_mean) / self.server_samples as f64;
+        self.beside_pool_max = self.beside_pool_max.max(beside);
+        self.malloc_free_max = self.malloc_free_max.max(malloc_free);
     }
 
     /// Add a sample: `held` pages in the pool, `used` slots on its device,
@@ -423,6 +447,10 @@ impl DeadSampler {
         let (Some(ram), Some(file)) = (n("stored_pages"), n("bd_count")) else { return };
         if let Ok(pool) = serde_json::from_value::<zmem_core::Stats>(st["stats"].clone()) {
             self.share.add_pool(&pool);
+            let m = |k: &str| st["server_memory"][k].as_u64();
+            if let (Some(anon), Some(file)) = (m("rss_anon_bytes"), m("rss_file_bytes")) {
+                self.share.add_server(anon + file, pool.mem_used_total, m("malloc_free_bytes").unwrap_or(0));
+            }
         }
         let swaps = host::swap_areas();
         let Some(areas) = self.areas.iter().map(|dev| host::loop_swap_area(&swaps, dev)).collect::<Option<Vec<_>>>() else { return };
@@ -712,6 +740,8 @@ impl Drop for Setup {
 
 /// `zmem swap on`, undone with `zmem swap off` on drop.
 struct ZmemSwap {
+    /// The server's own copy of the binary (see the module doc), removed
+    /// on drop.
     zmem: PathBuf,
     run_dir: PathBuf,
     backing: PathBuf,
@@ -731,6 +761,7 @@ impl Drop for ZmemSwap {
             eprintln!("zmem: `zmem swap off` failed: {e:#}; finish it by hand: zmem swap off --all --run-dir {}", self.run_dir.display());
         }
         let _ = std::fs::remove_file(&self.backing);
+        let _ = std::fs::remove_file(&self.zmem);
     }
 }
 
@@ -758,7 +789,9 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
             let args = if sys == System::ZmemB { with_b_args(&cfg.zmem_args, &cfg.zmem_b_args) } else { cfg.zmem_args.clone() };
             let run_dir = cfg.scratch.join("run");
             let backing = disk.mnt().join("zmem.backing");
-            let zmem = cfg.zmem_b.as_ref().filter(|_| sys == System::ZmemB).unwrap_or(&cfg.zmem).clone();
+            let bin = cfg.zmem_b.as_ref().filter(|_| sys == System::ZmemB).unwrap_or(&cfg.zmem);
+            let zmem = cfg.scratch.join("zmem-server");
+            std::fs::copy(bin, &zmem).with_context(|| format!("cannot copy {} to {}", bin.display(), zmem.display()))?;
             let z = ZmemSwap { zmem: zmem.clone(), run_dir: run_dir.clone(), backing: backing.clone() };
             if wants_fuse_uring(&args) {
                 s.fuse_uring = Some(host::FuseUringOn::new()?);
@@ -1217,7 +1250,7 @@ pub fn render(report: &Report) -> String {
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
         "mem MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap",
-        "io/disk", "io/zswap",
+        "io/disk", "io/zswap", "side MB",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -1254,6 +1287,7 @@ pub fn render(report: &Report) -> String {
             f2(q.wall_vs_zswap),
             f2(q.disk_bytes_vs_disk),
             f2(q.disk_bytes_vs_zswap),
+            r.dead.filter(|d| d.server_samples > 0).map_or("-".to_string(), |d| mb(d.beside_pool_max)),
         ]);
     }
     let widths: Vec<usize> = (0..head.len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();

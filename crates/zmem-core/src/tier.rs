@@ -231,8 +231,12 @@ pub(crate) struct Tier {
     /// other costs a second chance or an early writeback, never data.
     exclusive: AtomicBool,
     seq: AtomicU32,
-    /// Held by whoever writes back: a shrinker round or an explicit writeback.
-    writing: Mutex<()>,
+    /// Held by whoever writes back: a shrinker round or an explicit
+    /// writeback. It holds a batch's buffer of compressed objects, kept
+    /// from batch to batch: one allocated per batch was a fresh mapping
+    /// of up to [`BATCH`] pages, faulted in and unmapped again, hundreds
+    /// of times a second.
+    writing: Mutex<Vec<u8>>,
     ctl: Mutex<Ctl>,
     /// Wakes the shrinker.
     wake: Condvar,
@@ -391,7 +395,7 @@ impl Tier {
             read_busy: BusyClock::default(),
             exclusive: AtomicBool::new(exclusive),
             seq: AtomicU32::new(0),
-            writing: Mutex::new(()),
+            writing: Mutex::new(Vec::new()),
             ctl: Mutex::new(Ctl::default()),
             wake: Condvar::new(),
             progress: Condvar::new(),
@@ -729,7 +733,7 @@ impl Tier {
     /// the pool is under its target. Returns (pages written back, whether
     /// the LRUs ran out of candidates).
     fn shrink_round(&self, h: &impl TierHost) -> Result<(u64, bool)> {
-        let _writing = self.writing.lock();
+        let mut buf = self.writing.lock();
         let target = h.admission().shrink_target();
         let mut total = 0;
         let mut exhausted = false;
@@ -749,7 +753,7 @@ impl Tier {
             let need = h.held_pages().saturating_sub(target).max(1);
             // A batch writes no more than the pages it must free: a small
             // pool may hold fewer objects than a full batch.
-            let r = self.writeback_lru_batch(h, need.saturating_mul(PAGE_SIZE as u64) as usize);
+            let r = self.writeback_lru_batch(h, need.saturating_mul(PAGE_SIZE as u64) as usize, &mut buf);
             self.note_progress();
             let (written, examined) = match r {
                 Ok(r) => r,
@@ -851,9 +855,10 @@ impl Tier {
     /// shards and dedup shards), merged by sequence number, up to [`BATCH`]
     /// objects or `max_bytes` of compressed data. Queue heads are
     /// read once into a heap; the coldest queue gives items until its next
-    /// one is younger than the next queue's head. Returns (pages written
-    /// back, LRU items examined).
-    fn writeback_lru_batch(&self, h: &impl TierHost, max_bytes: usize) -> Result<(u64, usize)> {
+    /// one is younger than the next queue's head. The objects are copied
+    /// into `buf` (emptied first). Returns (pages written back, LRU items
+    /// examined).
+    fn writeback_lru_batch(&self, h: &impl TierHost, max_bytes: usize, buf: &mut Vec<u8>) -> Result<(u64, usize)> {
         // Ages count from a point ahead of now, so items re-queued during
         // this batch (newer sequence numbers) are the youngest, not wrapped.
         let now = self.seq.load(Relaxed).wrapping_add(1 << 30);
@@ -876,13 +881,13 @@ impl Tier {
                 heads.push((a, i));
             }
         }
-        let mut buf = Vec::with_capacity(BATCH * 2048);
+        buf.clear();
         let mut victims = Vec::with_capacity(BATCH);
-        let mut examined = self.pick_first(h, &mut victims, &mut buf, max_bytes);
+        let mut examined = self.pick_first(h, &mut victims, buf, max_bytes);
         while victims.len() < BATCH && buf.len() < max_bytes && examined < 16 * BATCH {
             let Some((_, i)) = heads.pop() else { break };
             let bound = heads.peek().map(|&(a, _)| a);
-            let mut pick = Pick { t: self, now, bound, src: i, victims: &mut victims, buf: &mut buf, max_bytes, examined: 0 };
+            let mut pick = Pick { t: self, now, bound, src: i, victims: &mut victims, buf, max_bytes, examined: 0 };
             let front = match sources[i] {
                 Source::Index(sh, q) => {
                     let mut s = sh.lock();
@@ -905,7 +910,7 @@ impl Tier {
         if victims.is_empty() {
             return Ok((0, examined));
         }
-        Ok((self.commit(h, &sources, victims, &buf)?, examined))
+        Ok((self.commit(h, &sources, victims, buf)?, examined))
     }
 
     /// Write back now every page the last hint named ([`FirstOut`]) that
@@ -917,8 +922,8 @@ impl Tier {
         let sources: Vec<Source<'_>> = h.index().shards().iter().enumerate().map(|(i, sh)| Source::Index(sh, self.queues.of_index(i))).collect();
         let mut total = 0;
         while !self.stopping() {
-            let _writing = self.writing.lock();
-            let mut buf = Vec::with_capacity(BATCH * 2048);
+            let mut buf = self.writing.lock();
+            buf.clear();
             let mut victims = Vec::with_capacity(BATCH);
             if self.pick_first(h, &mut victims, &mut buf, BATCH * PAGE_SIZE) == 0 {
                 break;

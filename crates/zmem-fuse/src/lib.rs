@@ -312,9 +312,12 @@ impl FileOps {
 struct ImageFs {
     ops: Arc<FileOps>,
     /// Read buffers, one per worker, allocated and written when the image
-    /// is mounted: a read faults in no new memory. (A swap server whose
-    /// page faults land in a full memory cgroup can end up waiting on its
-    /// own swap-out.)
+    /// is mounted for a swap-in and the kernel's read-ahead around it
+    /// ([`HANDED_OFF_MAX`]): such a read faults in no new memory. (A swap
+    /// server whose page faults land in a full memory cgroup can end up
+    /// waiting on its own swap-out.) A larger read grows its buffer once;
+    /// buffers of the largest request ([`MAX_IO`]) held a swap server's
+    /// memory for reads a swap device is not sent.
     bufs: std::sync::Mutex<Vec<Vec<u8>>>,
     /// Ask for FUSE over io_uring at INIT (the rings are ready to register).
     uring: bool,
@@ -656,7 +659,7 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     let fs = ImageFs {
         ops: Arc::clone(&ops),
         // Not zero: calloc would leave the pages untouched.
-        bufs: std::sync::Mutex::new((0..threads).map(|_| vec![0xa5u8; MAX_IO as usize]).collect()),
+        bufs: std::sync::Mutex::new((0..threads).map(|_| vec![0xa5u8; HANDED_OFF_MAX as usize]).collect()),
         uring: queues.is_some(),
         readers: queue,
     };

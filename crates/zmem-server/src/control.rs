@@ -64,6 +64,7 @@ impl Info {
             io_stat: st.io_stat(),
             stats: st,
             origin,
+            server_memory: crate::memory::now(),
             ..StatsReply::default()
         };
         match &self.frontend {

@@ -20,9 +20,12 @@
 //! * [`side`] — starting those threads beside a frontend's main loop, and
 //!   stopping them when it returns: one start-up and one stop rule for
 //!   every server.
-//! * [`reclaim`] — `mlockall`, `PR_SET_IO_FLUSHER`, `oom_score_adj` and
-//!   malloc's tuning under `mlockall` (the crate's only `unsafe`, in
-//!   `malloc.rs`).
+//! * [`reclaim`] — `mlockall`, `PR_SET_IO_FLUSHER`, `oom_score_adj`,
+//!   malloc's tuning under `mlockall`, and giving back the start-up code's
+//!   locked pages (the crate's only `unsafe`, in `malloc.rs` and
+//!   `pageout.rs`).
+//! * [`memory`] — the server process's resident memory beside its pool
+//!   (code, buffers, stacks, malloc's free memory), in every stats reply.
 //!
 //! The frontends themselves are crates of their own (`zmem-nbd`,
 //! `zmem-fuse`, `zmem-swap`); this crate links no benchmark code.
@@ -30,8 +33,10 @@
 pub mod control;
 pub mod device;
 mod malloc;
+pub mod memory;
 pub mod metrics;
 pub mod notify;
+mod pageout;
 pub mod policy;
 pub mod protocol;
 pub mod reclaim;

@@ -1,5 +1,6 @@
-//! malloc's tuning for a process under `mlockall`: the crate's only
-//! `unsafe` (libc has no safe wrapper for `mallopt`).
+//! malloc's tuning for a process under `mlockall`, and malloc's own view
+//! of its memory: the crate's only `unsafe` (libc has no safe wrappers
+//! for `mallopt` and `mallinfo2`).
 
 #![allow(unsafe_code)]
 
@@ -24,4 +25,20 @@ pub fn for_mlock() -> bool {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn for_mlock() -> bool {
     false
+}
+
+/// What malloc holds in its arenas: `(in use, free)` bytes (glibc's
+/// `mallinfo2`, summed over its arenas; its own mappings of large
+/// buffers are not in either).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn arenas() -> Option<(u64, u64)> {
+    // SAFETY: mallinfo2 takes no arguments and returns a plain struct by
+    // value; it only reads malloc's state under malloc's own locks.
+    let m = unsafe { libc::mallinfo2() };
+    Some((m.uordblks as u64, m.fordblks as u64))
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn arenas() -> Option<(u64, u64)> {
+    None
 }

@@ -229,6 +229,9 @@ fn fields(reply: &StatsReply) -> Vec<(String, f64)> {
     if let Some(r) = &reply.reclaim_safety {
         section("reclaim", serde_json::to_value(r));
     }
+    if let Some(m) = &reply.server_memory {
+        section("server_memory", serde_json::to_value(m));
+    }
     out
 }
 
@@ -426,6 +429,7 @@ mod tests {
             nbd: Some(Default::default()),
             fuse: Some(Default::default()),
             shared_budget: Some(Default::default()),
+            server_memory: Some(Default::default()),
             ..StatsReply::default()
         };
         r.reclaim_safety = Some(crate::reclaim::ReclaimSafety { mlockall: true, malloc_tuned: false, io_flusher: None, oom_score_adj: "-1000".into() });
@@ -442,6 +446,7 @@ mod tests {
         families.dedup();
         assert_eq!(families.len(), n, "a metric name appears twice");
         assert!(text.contains("zmem_stores_total{device=\"zmem0\"} 0"), "{text}");
+        assert!(text.contains("zmem_server_memory_rss_anon_bytes{device=\"zmem0\"} 0"), "{text}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use zmem_core::{Compressor, Recompress, RecompressReport, Stats, WritebackMode};
 use zmem_export::OriginStats;
 use zmem_host::shared_budget::BudgetStats;
 
+use crate::memory::ServerMemory;
 use crate::reclaim::ReclaimSafety;
 
 /// Longest request line the server reads.
@@ -132,6 +133,9 @@ pub struct StatsReply {
     /// The budget a swap server shares with a memory cgroup, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_budget: Option<BudgetStats>,
+    /// The server process's resident memory, its pool included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_memory: Option<ServerMemory>,
 }
 
 /// A caching device's counters and its origin.

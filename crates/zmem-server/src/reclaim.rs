@@ -64,3 +64,40 @@ pub fn protect() -> Result<ReclaimSafety, LockError> {
     };
     Ok(ReclaimSafety { mlockall: true, malloc_tuned, io_flusher, oom_score_adj })
 }
+
+/// Gives back the pages of code and read-only data the server ran only
+/// to start (argument parsing, the pool's set-up, the mount), which
+/// `mlockall` would otherwise hold for its life, once the process that
+/// started the server has exited: until then it maps the same binary, and
+/// the kernel reclaims no page two processes map. What runs from then on
+/// comes back from the page cache or the binary's file and is locked
+/// again as it is touched.
+pub struct StartupCode {
+    /// The parent the server was started by, until its code is given back.
+    parent: Option<rustix::process::Pid>,
+}
+
+impl StartupCode {
+    /// Remember the parent now (after [`protect`]).
+    pub fn new() -> Self {
+        Self { parent: rustix::process::getppid() }
+    }
+
+    /// Give the start-up code back if the parent has exited since and it
+    /// was not given back yet: `Some` with the bytes of the mappings gone
+    /// over when it did now.
+    pub fn tick(&mut self) -> Option<std::io::Result<u64>> {
+        let parent = self.parent?;
+        if rustix::process::getppid() == Some(parent) {
+            return None;
+        }
+        self.parent = None;
+        Some(crate::pageout::startup_code())
+    }
+}
+
+impl Default for StartupCode {
+    fn default() -> Self {
+        Self::new()
+    }
+}

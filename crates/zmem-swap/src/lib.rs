@@ -760,6 +760,7 @@ pub fn serve(
     // on answering.
     let side = SideThreads { control: Some(control), metrics, policies: a.policies.clone(), jobs };
     let ready_line = format!("serving {} bytes as {}", a.size, info.endpoint);
+    let mut startup_code = zmem_server::reclaim::StartupCode::new();
     side.run(
         &info,
         || {
@@ -768,6 +769,11 @@ pub fn serve(
         },
         || loop {
             while !stop.load(Ordering::Relaxed) {
+                match startup_code.tick() {
+                    Some(Ok(n)) => eprintln!("zmem: start-up code given back ({} of read-only file mappings gone over)", human(n)),
+                    Some(Err(e)) => eprintln!("zmem: warning: could not give back the start-up code ({e}): it stays locked"),
+                    None => {}
+                }
                 std::thread::sleep(Duration::from_millis(100));
             }
             // A stray SIGTERM must not take the pages of an active swap

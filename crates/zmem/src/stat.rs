@@ -115,7 +115,7 @@ use zmem_host::human_size as human;
 pub fn render(v: &StatsReply) -> String {
     let mut out = table(v);
     out += &format!("mm_stat: {}\nio_stat: {}\n", v.mm_stat, v.io_stat);
-    for line in [origin_lines(v), fuse_line(v), pool_lines(v), writeback_lines(v)].into_iter().flatten() {
+    for line in [origin_lines(v), fuse_line(v), pool_lines(v), memory_line(v), writeback_lines(v)].into_iter().flatten() {
         out += &line;
     }
     out
@@ -197,6 +197,22 @@ fn fuse_line(v: &StatsReply) -> Option<String> {
         f.errors,
         if f.uring_requests > 0 { format!("; {} requests over io_uring", f.uring_requests) } else { String::new() },
         if f.reads_handed_off > 0 { format!("; {} reads on the read threads", f.reads_handed_off) } else { String::new() }
+    ))
+}
+
+/// The server process's `server:` line: its resident memory, and how
+/// much of it is not the pool's (`mem_used_total`).
+fn memory_line(v: &StatsReply) -> Option<String> {
+    let m = v.server_memory.as_ref()?;
+    Some(format!(
+        "server: {} resident ({} anonymous, {} code and files; at most {}), {} of it beside the pool's {}; malloc holds {} free\n",
+        human(m.rss()),
+        human(m.rss_anon_bytes),
+        human(m.rss_file_bytes),
+        human(m.rss_max_bytes),
+        human(m.rss().saturating_sub(v.stats.mem_used_total)),
+        human(v.stats.mem_used_total),
+        human(m.malloc_free_bytes)
     ))
 }
 
@@ -369,5 +385,17 @@ mod tests {
         assert!(lines[1].contains("1G") && lines[1].contains("2.00") && lines[1].contains("lz4"));
         assert_eq!(lines[2], "mm_stat: 1 2 3");
         assert_eq!(lines[3], "io_stat: 0 1 2 3");
+        assert!(!out.contains("server:"), "no server line without a report");
+        v.server_memory = Some(zmem_server::memory::ServerMemory {
+            rss_anon_bytes: 10 << 20,
+            rss_file_bytes: 6 << 20,
+            rss_max_bytes: 20 << 20,
+            malloc_free_bytes: 1 << 20,
+            ..Default::default()
+        });
+        v.stats.mem_used_total = 8 << 20;
+        let out = render(&v);
+        let line = out.lines().find(|l| l.starts_with("server:")).unwrap();
+        assert_eq!(line, "server: 16M resident (10M anonymous, 6M code and files; at most 20M), 8M of it beside the pool's 8M; malloc holds 1M free");
     }
 }

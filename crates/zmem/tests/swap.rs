@@ -190,6 +190,15 @@ fn swap_on_a_workload_then_off() {
     let pid = run.server_pid("t0");
     assert!(swap_active(&lo));
     assert_eq!(rotational(&lo), "1", "by default the device is declared rotational");
+    // `on` has exited: the server gives back the code it ran only to start
+    // (pages `on` mapped too could not be reclaimed before).
+    let log = run.device("t0").join("server.log");
+    let given_back = || std::fs::read_to_string(&log).unwrap_or_default().contains("start-up code given back");
+    let t0 = std::time::Instant::now();
+    while !given_back() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(given_back(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
     let status = run.ok(&["swap", "status"]);
     assert!(status.lines().nth(1).is_some_and(|l| l.starts_with("t0") && l.contains(&lo)), "{status}");
 
@@ -206,6 +215,10 @@ fn swap_on_a_workload_then_off() {
     assert!(stats["fuse"]["discards"].as_u64().unwrap() > 0, "{}", stats["fuse"]);
     assert!(st["notify_free"].as_u64().unwrap() >= 4096, "{st}");
     assert_eq!(stats["reclaim_safety"]["mlockall"], true);
+    // The server's own memory is reported, its pool part of it.
+    let mem = &stats["server_memory"];
+    let rss = mem["rss_anon_bytes"].as_u64().unwrap() + mem["rss_file_bytes"].as_u64().unwrap();
+    assert!(rss > st["mem_used_total"].as_u64().unwrap() && mem["rss_max_bytes"].as_u64().unwrap() >= rss, "{mem} {st}");
     // A scrape of the live device has every counter `zmem stat` shows.
     let (_, text) = scrape(&format!("http://{metrics}/metrics"));
     let got = samples(&text, "t0");
@@ -750,7 +763,8 @@ fn reclaim_under_pressure() {
     assert_eq!(n("floor_ticks"), 0, "{shared}");
     // What the server holds beyond its pool's own books (binary, stacks,
     // buffers, malloc's slack) stays small: under mlockall, memory freed
-    // into malloc's arenas could not be given back (see sys::malloc_for_mlock).
+    // into malloc's arenas could not be given back (see zmem-server's
+    // malloc.rs).
     let used_max = stats["stats"]["mem_used_max"].as_u64().unwrap();
     assert!(n("pool_peak") <= used_max + (32 << 20), "server RSS peak {} against a pool peak of {used_max}", n("pool_peak"));
     assert_eq!(stats["reclaim_safety"]["malloc_tuned"], true, "{}", stats["reclaim_safety"]);

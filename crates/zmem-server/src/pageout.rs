@@ -1,0 +1,93 @@
+//! Giving back the code a server ran only to start: the crate's other
+//! `unsafe` (libc's `munlock`, `madvise` and `mlock2` take raw ranges).
+//!
+//! Under `mlockall(MCL_ONFAULT)` every page of the binary and its
+//! libraries that has run stays locked and resident: argument parsing,
+//! the pool's set-up, the mount, code that never runs again, held for the
+//! server's life and taken from the memory of the processes whose pages
+//! it serves. [`startup_code`] unlocks the file-backed read-only mappings,
+//! asks the kernel to reclaim their pages (`MADV_PAGEOUT`; pages other
+//! processes map too are left alone), and locks the ranges again on fault:
+//! what the server runs from then on comes back, from the page cache or
+//! the file, and is locked once more. Its anonymous memory (pool, tables,
+//! buffers, stacks) is never touched here.
+
+#![allow(unsafe_code)]
+
+/// Drop the pages of this process's file-backed, read-only mappings (see
+/// the module doc). Returns the bytes of the ranges it went over; a range
+/// the kernel refuses is left as it was.
+pub fn startup_code() -> std::io::Result<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let mut bytes = 0;
+    for (start, end) in file_ranges(&maps) {
+        let (p, len) = (start as *mut libc::c_void, end - start);
+        // SAFETY: [start, end) is a whole mapping of this process, as
+        // /proc/self/maps gave it, file-backed and not writable: munlock
+        // and mlock2 change only whether its pages are locked, and
+        // MADV_PAGEOUT only whether its clean pages are resident (a page
+        // dropped is read back from its file on the next access, with the
+        // same bytes). Nothing here writes to or unmaps the range. Were
+        // the mapping gone since the read (no thread of the server maps
+        // or unmaps files), the calls fail with ENOMEM and change nothing.
+        unsafe {
+            if libc::munlock(p, len) != 0 {
+                continue;
+            }
+            libc::madvise(p, len, libc::MADV_PAGEOUT);
+            libc::mlock2(p, len, libc::MLOCK_ONFAULT);
+        }
+        bytes += len as u64;
+    }
+    Ok(bytes)
+}
+
+/// The `(start, end)` of each mapping in a `/proc/PID/maps` text that a
+/// file backs (its path is absolute) and that cannot be written.
+fn file_ranges(maps: &str) -> Vec<(usize, usize)> {
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, perms) = (f.next()?, f.next()?);
+            let path = f.nth(3)?;
+            if !path.starts_with('/') || perms.contains('w') {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
+            (a < b).then_some((a, b))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_read_only_file_mappings() {
+        let maps = "\
+55fca7bfb000-55fca7e03000 r--p 00000000 fe:01 123 /usr/bin/zmem
+55fca7e03000-55fca8544000 r-xp 00208000 fe:01 123 /usr/bin/zmem
+55fca8576000-55fca8578000 rw-p 00979000 fe:01 123 /usr/bin/zmem
+55fccdad3000-55fccdd9b000 rw-p 00000000 00:00 0   [heap]
+7fe7a4000000-7fe7a4294000 rw-p 00000000 00:00 0
+7fe7aa823000-7fe7aa979000 r-xp 00026000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+7fff74661000-7fff74682000 r-xp 00000000 00:00 0   [vdso]
+zz-1 r--p 0 0 0 /x
+";
+        assert_eq!(file_ranges(maps), vec![(0x55fca7bfb000, 0x55fca7e03000), (0x55fca7e03000, 0x55fca8544000), (0x7fe7aa823000, 0x7fe7aa979000)]);
+    }
+
+    #[test]
+    fn file_pages_leave_and_the_code_runs_on() {
+        // This test binary's code that has run is dropped (no other
+        // process maps it); the test goes on running, its pages coming
+        // back on fault, far fewer than were there.
+        let rss_file = || crate::memory::now().expect("/proc/self/status").rss_file_bytes;
+        let before = rss_file();
+        assert!(startup_code().unwrap() > 0);
+        let after = rss_file();
+        assert!(after < before, "file-backed RSS {before} before, {after} after");
+    }
+}
