@@ -696,6 +696,8 @@ pub fn serve(
     stop: &AtomicBool,
 ) -> Result<()> {
     let safety = zmem_server::reclaim::protect()?;
+    // (`on` is waiting for this server to be ready: it is the parent now.)
+    let mut startup_code = zmem_server::reclaim::StartupCode::new();
     if let (Some(cg), Some(why)) = (&a.cgroup, &safety.io_flusher) {
         // Seen here: with the server charged to the same memory cgroup as
         // the processes that swap to it, a page fault of the server at the
@@ -760,7 +762,6 @@ pub fn serve(
     // on answering.
     let side = SideThreads { control: Some(control), metrics, policies: a.policies.clone(), jobs };
     let ready_line = format!("serving {} bytes as {}", a.size, info.endpoint);
-    let mut startup_code = zmem_server::reclaim::StartupCode::new();
     side.run(
         &info,
         || {
