@@ -326,6 +326,15 @@ fn vm_swap_is_zero(status: &str) -> bool {
     status.lines().find_map(|l| l.strip_prefix("VmSwap:")).is_none_or(|v| v.trim() == "0 kB")
 }
 
+/// The value, in bytes, of a `NAME:  N kB` line of a `/proc` text
+/// (`/proc/meminfo`, `/proc/PID/status`); `None` if there is no such line
+/// or its value is not in kB.
+pub fn proc_kb_field(text: &str, name: &str) -> Option<u64> {
+    let v = text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?;
+    let kb: u64 = v.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kb << 10)
+}
+
 /// Every process's pid but this one's (`/proc`).
 pub fn other_pids() -> Vec<u32> {
     let me = std::process::id();
@@ -780,11 +789,7 @@ impl ZswapParams {
 
     /// RAM in bytes (`MemTotal`), against which `max_pool_percent` counts.
     pub fn mem_total() -> u64 {
-        std::fs::read_to_string("/proc/meminfo")
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-            .map_or(0, |k| k * 1024)
+        proc_kb_field(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default(), "MemTotal").unwrap_or(0)
     }
 }
 

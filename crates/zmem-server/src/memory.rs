@@ -20,7 +20,9 @@ pub struct ServerMemory {
     pub rss_file_bytes: u64,
     /// The most resident memory so far (`VmHWM`).
     pub rss_max_bytes: u64,
-    /// Locked memory (`VmLck`; a swap server locks all it touches).
+    /// Locked memory as the kernel counts it (`VmLck`): the whole size of
+    /// every locked mapping, touched or not, so under `mlockall`'s
+    /// `MCL_ONFAULT` far more than is resident.
     pub locked_bytes: u64,
     /// malloc's arenas: bytes handed out, and bytes free but still
     /// resident (under `mlockall` malloc cannot give those back).
@@ -48,11 +50,7 @@ pub fn now() -> Option<ServerMemory> {
 
 /// The fields of a `/proc/PID/status` text (`NAME:  N kB` lines).
 fn parse_status(status: &str) -> Option<ServerMemory> {
-    let field = |name: &str| -> Option<u64> {
-        let line = status.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?;
-        let kb: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
-        Some(kb << 10)
-    };
+    let field = |name: &str| zmem_host::proc_kb_field(status, name);
     Some(ServerMemory {
         rss_anon_bytes: field("RssAnon")?,
         rss_file_bytes: field("RssFile")?,

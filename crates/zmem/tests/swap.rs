@@ -881,6 +881,5 @@ fn writeback_under_swap_on(run: &RunDir, name: &str, cold: &str) {
 /// A `/proc/PID/status` field in KiB ("RssAnon:", "VmLck:").
 fn status_kib(pid: u32, field: &str) -> u64 {
     let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = st.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field} in {st}"));
-    line[field.len()..].trim().trim_end_matches("kB").trim().parse().unwrap()
+    zmem_host::proc_kb_field(&st, field.trim_end_matches(':')).unwrap_or_else(|| panic!("no {field} in kB in {st}")) >> 10
 }
