@@ -10,7 +10,11 @@
 //! processes map too are left alone), and locks the ranges again on fault:
 //! what the server runs from then on comes back, from the page cache or
 //! the file, and is locked once more. Its anonymous memory (pool, tables,
-//! buffers, stacks) is never touched here.
+//! buffers, stacks) is never touched here, nor is a read-only mapping
+//! that holds anonymous pages (the binary's RELRO, written by the dynamic
+//! linker before it was made read-only): `MADV_PAGEOUT` would swap those
+//! out, onto the server's own swap device, and a swapoff of it then held
+//! the server's mm while waiting on I/O only the server could do.
 
 #![allow(unsafe_code)]
 
@@ -18,7 +22,7 @@
 /// the module doc). Returns the bytes of the ranges it went over; a range
 /// the kernel refuses is left as it was.
 pub fn startup_code() -> std::io::Result<u64> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let maps = std::fs::read_to_string("/proc/self/smaps")?;
     let mut bytes = 0;
     for (start, end) in file_ranges(&maps) {
         let (p, len) = (start as *mut libc::c_void, end - start);
@@ -42,22 +46,35 @@ pub fn startup_code() -> std::io::Result<u64> {
     Ok(bytes)
 }
 
-/// The `(start, end)` of each mapping in a `/proc/PID/maps` text that a
-/// file backs (its path is absolute) and that cannot be written.
-fn file_ranges(maps: &str) -> Vec<(usize, usize)> {
-    maps.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, perms) = (f.next()?, f.next()?);
-            let path = f.nth(3)?;
-            if !path.starts_with('/') || perms.contains('w') {
-                return None;
+/// The `(start, end)` of each mapping in a `/proc/PID/smaps` text that a
+/// file backs (its path is absolute), that cannot be written, and that
+/// holds no anonymous page (`Anonymous: 0 kB`; a mapping without the
+/// line is left alone too).
+fn file_ranges(smaps: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    // The mapping being read, while its fields follow; kept once its
+    // `Anonymous:` line says it holds none.
+    let mut current = None;
+    for l in smaps.lines() {
+        if let Some(v) = l.strip_prefix("Anonymous:") {
+            if let (Some(r), Some(0)) = (current.take(), v.trim().strip_suffix("kB").and_then(|k| k.trim().parse::<u64>().ok())) {
+                out.push(r);
             }
-            let (a, b) = range.split_once('-')?;
-            let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
-            (a < b).then_some((a, b))
-        })
-        .collect()
+            continue;
+        }
+        let mut f = l.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else { continue };
+        // A mapping's header line: range, perms, offset, device, inode, path.
+        current = None;
+        if let Some(path) = f.nth(3) {
+            if path.starts_with('/') && !perms.contains('w') && a < b {
+                current = Some((a, b));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -65,18 +82,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_read_only_file_mappings() {
-        let maps = "\
+    fn only_read_only_file_mappings_without_anonymous_pages() {
+        let smaps = "\
 55fca7bfb000-55fca7e03000 r--p 00000000 fe:01 123 /usr/bin/zmem
+Rss:                 976 kB
+Anonymous:             0 kB
 55fca7e03000-55fca8544000 r-xp 00208000 fe:01 123 /usr/bin/zmem
+Anonymous:             0 kB
+55fca8544000-55fca8576000 r--p 00948000 fe:01 123 /usr/bin/zmem
+Anonymous:           200 kB
 55fca8576000-55fca8578000 rw-p 00979000 fe:01 123 /usr/bin/zmem
+Anonymous:             8 kB
 55fccdad3000-55fccdd9b000 rw-p 00000000 00:00 0   [heap]
+Anonymous:          2820 kB
 7fe7a4000000-7fe7a4294000 rw-p 00000000 00:00 0
+Anonymous:          2640 kB
 7fe7aa823000-7fe7aa979000 r-xp 00026000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+Anonymous:             0 kB
+7fe7aa979000-7fe7aa9cc000 r--p 0017c000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+VmFlags: rd mr mw me
 7fff74661000-7fff74682000 r-xp 00000000 00:00 0   [vdso]
+Anonymous:             0 kB
 zz-1 r--p 0 0 0 /x
+Anonymous:             0 kB
 ";
-        assert_eq!(file_ranges(maps), vec![(0x55fca7bfb000, 0x55fca7e03000), (0x55fca7e03000, 0x55fca8544000), (0x7fe7aa823000, 0x7fe7aa979000)]);
+        // The RELRO (anonymous pages in a read-only mapping) and a mapping
+        // whose Anonymous line is missing are left alone.
+        assert_eq!(file_ranges(smaps), vec![(0x55fca7bfb000, 0x55fca7e03000), (0x55fca7e03000, 0x55fca8544000), (0x7fe7aa823000, 0x7fe7aa979000)]);
     }
 
     #[test]
