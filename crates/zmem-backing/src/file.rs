@@ -425,6 +425,8 @@ struct Faults {
     /// While set, reads (writes) wait at the door: a slow or stuck disk.
     hold_reads: bool,
     hold_writes: bool,
+    /// Every read takes at least this long: a slow disk.
+    read_delay: Option<std::time::Duration>,
     /// Calls waiting at the door now.
     held: u64,
 }
@@ -477,6 +479,11 @@ impl<F: BlockFile> FaultyFile<F> {
         self.faults.lock().hold_reads = on;
         self.door.notify_all();
     }
+    /// Every read from now on takes at least `delay` (a slow disk); `None`
+    /// for the inner file's own speed.
+    pub fn delay_reads(&self, delay: Option<std::time::Duration>) {
+        self.faults.lock().read_delay = delay;
+    }
     /// While `on`, every write waits inside `write_at` until released.
     pub fn hold_writes(&self, on: bool) {
         self.faults.lock().hold_writes = on;
@@ -525,10 +532,13 @@ impl<F: BlockFile> BlockFile for FaultyFile<F> {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         self.door(|f| f.hold_reads);
-        let (fail, flip) = {
+        let (fail, flip, delay) = {
             let f = self.faults.lock();
-            (f.fail_reads, f.flip)
+            (f.fail_reads, f.flip, f.read_delay)
         };
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
         if fail {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }

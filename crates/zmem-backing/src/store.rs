@@ -5,12 +5,13 @@ use std::io;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
 use crate::file::{BlockFile, Existing, OsFile};
 use crate::record::{header_len, parse, put_record, verify, MAX_PAYLOAD, RECORD_HEADER_SIZE};
-use zmem_core::{ColdStats, Moved, RecordId};
+use zmem_core::{BusyClock, ColdStats, Moved, RecordId};
 
 use crate::{BackingError, PAGE_SIZE};
 
@@ -400,13 +401,28 @@ struct Appender {
 /// `zmem bench swap`), and the disks a swap device meets run out of
 /// operations long before bandwidth (3,000 IOPS and 125 MB/s: 41 KB a
 /// read; an HDD's 150
-/// IOPS and 58 MB/s: 387 KB).
+/// IOPS and 58 MB/s: 387 KB). Where a disk's operations are cheap (it
+/// does not queue them), the floor costs more bytes than the reads it
+/// saves are worth, and [`BackingStore::set_read_ahead_auto`] drops it
+/// while reads cost less than [`FAST_READ`].
 /// The pages of one request are read together by
 /// [`BackingStore::prefetch`], whatever the read-ahead.
 const READAHEAD: usize = 64 << 10;
 /// The smallest read-ahead, unless the store is told otherwise
 /// ([`BackingStore::set_min_read_ahead`]).
 pub const MIN_READAHEAD: usize = 8 << 10;
+/// With the floor chosen by what a read costs
+/// ([`BackingStore::set_read_ahead_auto`]): a read of the file that costs
+/// less than this (the time with one in flight over the reads, however
+/// many overlap) is on a disk that does not queue its operations, where
+/// what the floor reads past each record costs more than the few reads
+/// it saves, and the floor is 0; from it on (a disk that counts its
+/// operations, or one that seeks) the floor is kept. The benchmark's
+/// real and throttled disks lie on either side of it
+/// (docs/MEASUREMENTS.md, "`--read-ahead 0` on kv, real disk").
+pub const FAST_READ: Duration = Duration::from_micros(200);
+/// The reads over which the floor's choice judges what one costs.
+const COST_READS: u64 = 1024;
 /// What a read-ahead at 0 grows to first when reads come in runs.
 const FIRST_GROWTH: usize = PAGE_SIZE;
 /// Read-ahead hits are counted by how far past the bytes their read
@@ -465,11 +481,44 @@ struct Windows {
     ahead: usize,
     /// The least of it ([`MIN_READAHEAD`] unless set).
     min: usize,
+    /// The least chosen by what a read costs, if it is.
+    auto: Option<AutoFloor>,
+}
+
+/// The floor chosen by what a read of the file costs ([`FAST_READ`]): the
+/// floor kept for a disk whose reads are dear, and the reads made and the
+/// time busy when the epoch being judged began.
+#[derive(Clone, Copy, Debug)]
+struct AutoFloor {
+    floor: usize,
+    ops: u64,
+    busy_ns: u64,
+}
+
+impl AutoFloor {
+    /// The floor for the reads since the epoch began, given the reads and
+    /// busy time so far, once [`COST_READS`] were made (and then a new
+    /// epoch begins); `None` before.
+    fn judge(&mut self, ops: u64, busy_ns: u64) -> Option<usize> {
+        let reads = ops.saturating_sub(self.ops);
+        if reads < COST_READS {
+            return None;
+        }
+        let cost = busy_ns.saturating_sub(self.busy_ns) / reads;
+        (self.ops, self.busy_ns) = (ops, busy_ns);
+        Some(if cost < FAST_READ.as_nanos() as u64 { 0 } else { self.floor })
+    }
 }
 
 impl Windows {
     fn new() -> Windows {
-        Windows { slots: [const { Window::EMPTY }; WINDOWS], clock: 0, ahead: READAHEAD, min: MIN_READAHEAD }
+        Windows { slots: [const { Window::EMPTY }; WINDOWS], clock: 0, ahead: READAHEAD, min: MIN_READAHEAD, auto: None }
+    }
+
+    /// A new floor: the read-ahead is at least it from now on.
+    fn set_min(&mut self, bytes: usize) {
+        self.min = bytes;
+        self.ahead = self.ahead.max(bytes);
     }
 
     /// A run of reads outgrew its window: twice the read-ahead (at least
@@ -598,6 +647,9 @@ pub struct BackingStore {
     /// What was read last, for the records next to it. Their buffers are
     /// made with the append buffers (a record is read only once written).
     windows: Mutex<Windows>,
+    /// The time with a read of a window in flight (what a read costs, for
+    /// [`BackingStore::set_read_ahead_auto`]).
+    read_busy: BusyClock,
     /// Bumped after a truncation of the file: a readahead window read at
     /// an older epoch is not trusted.
     epoch: AtomicU64,
@@ -639,6 +691,7 @@ impl BackingStore {
             app_made: std::sync::atomic::AtomicBool::new(false),
             c: Counters::default(),
             windows: Mutex::new(Windows::new()),
+            read_busy: BusyClock::default(),
             epoch: AtomicU64::new(1),
             seg_epochs: (0..SEG_EPOCHS).map(|_| AtomicU64::new(1)).collect(),
             read_align,
@@ -681,9 +734,26 @@ impl BackingStore {
             return Err(BackingError::ReadAhead { asked: bytes, most: READAHEAD });
         }
         let mut ws = self.windows.lock();
-        ws.min = bytes;
-        ws.ahead = ws.ahead.max(bytes);
+        ws.auto = None;
+        ws.set_min(bytes);
         Ok(())
+    }
+
+    /// The least a read of a record reads past it chosen by what a read
+    /// costs: `floor` (as [`set_min_read_ahead`](Self::set_min_read_ahead))
+    /// while the reads cost [`FAST_READ`] or more each, none while they
+    /// cost less, judged over every [`COST_READS`] reads. It starts at
+    /// `floor`.
+    pub fn set_read_ahead_auto(&self, floor: usize) -> Result<()> {
+        self.set_min_read_ahead(floor)?;
+        let auto = AutoFloor { floor, ops: self.c.read_ops.load(Relaxed), busy_ns: self.read_busy.busy_ns() };
+        self.windows.lock().auto = Some(auto);
+        Ok(())
+    }
+
+    /// The least a read of a record reads past it now.
+    pub fn min_read_ahead(&self) -> usize {
+        self.windows.lock().min
     }
 
     /// Whether the file does `O_DIRECT` I/O.
@@ -811,6 +881,11 @@ impl BackingStore {
                 }
                 return r;
             }
+            // (The busy clock's lock is a leaf: a read takes it with no
+            // other held.)
+            if let Some(min) = ws.auto.as_mut().and_then(|a| a.judge(self.c.read_ops.load(Relaxed), self.read_busy.busy_ns())) {
+                ws.set_min(min);
+            }
             if ws.continues(e.seg as u64, abs) {
                 ws.grow();
             }
@@ -853,7 +928,10 @@ impl BackingStore {
     ) -> Result<()> {
         READ_BUF.with_borrow_mut(|tb| {
             let buf = tb.get_or_insert_with(|| AlignedBuf::new(WINDOW_BUF));
-            let got = self.read_some(buf.get_mut((hi - lo) as usize), lo)?;
+            let got = {
+                let _busy = self.read_busy.start();
+                self.read_some(buf.get_mut((hi - lo) as usize), lo)?
+            };
             if (got as u64) < need - lo {
                 return Err(BackingError::ShortRead { expected: (need - lo) as usize, got });
             }
@@ -1052,6 +1130,7 @@ impl BackingStore {
             read_retries: self.c.read_retries.load(Relaxed),
             readahead_bytes: self.c.readahead_bytes.load(Relaxed),
             readahead_used_bytes: self.c.readahead_used_bytes.load(Relaxed),
+            readahead_floor_bytes: self.windows.lock().min as u64,
             readahead_hits: self.c.readahead_hits.each_ref().map(|h| h.load(Relaxed)),
             metadata_bytes,
             ..ColdStats::default()
@@ -1618,6 +1697,78 @@ mod window_tests {
         assert!(matches!(s.set_min_read_ahead(READAHEAD + 1), Err(BackingError::ReadAhead { .. })));
         s.set_min_read_ahead(READAHEAD).unwrap();
         assert_eq!(s.windows.lock().ahead, READAHEAD);
+    }
+
+    #[test]
+    fn the_chosen_floor_follows_what_a_read_costs() {
+        let mut a = AutoFloor { floor: MIN_READAHEAD, ops: 100, busy_ns: 5_000 };
+        let fast = FAST_READ.as_nanos() as u64 - 1;
+        // Too few reads for a verdict: none, and the epoch goes on.
+        assert_eq!(a.judge(100 + COST_READS - 1, 5_000 + (COST_READS - 1) * fast), None);
+        assert_eq!(a.judge(100 + COST_READS, 5_000 + COST_READS * fast), Some(0));
+        // A new epoch began there: its reads alone are judged.
+        let (ops, busy) = (a.ops, a.busy_ns);
+        let dear = FAST_READ.as_nanos() as u64;
+        assert_eq!(a.judge(ops + COST_READS, busy + COST_READS * dear), Some(MIN_READAHEAD));
+        assert_eq!(a.judge(ops + 2 * COST_READS, busy + COST_READS * dear + COST_READS * fast), Some(0));
+        // No time at all is fast; a clock that went nowhere is no panic.
+        assert_eq!(a.judge(ops + 3 * COST_READS, 0), Some(0));
+    }
+
+    #[test]
+    fn a_floor_chosen_by_cost_is_kept_on_a_slow_disk_and_dropped_on_a_fast_one() {
+        use std::sync::Arc;
+        let f = Arc::new(crate::FaultyFile::new(crate::MemFile::new(true)));
+        let s = BackingStore::new(Box::new(Arc::clone(&f)), None);
+        let data = vec![7u8; 1000];
+        let n = 2048u64;
+        let mut ids = Vec::new();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+            let batch: Vec<(u64, &[u8])> = chunk.iter().map(|&k| (k, &data[..])).collect();
+            ids.extend(s.write_batch(&batch).unwrap());
+        }
+        assert!(matches!(s.set_read_ahead_auto(READAHEAD + 1), Err(BackingError::ReadAhead { .. })));
+        s.set_read_ahead_auto(MIN_READAHEAD).unwrap();
+        assert_eq!(s.min_read_ahead(), MIN_READAHEAD, "it starts at the floor");
+        // Scattered reads (a stride that never lands in a window), each a
+        // read of the file.
+        let scattered: Vec<usize> = (0..n as usize).map(|i| (i * 997) % n as usize).collect();
+        let epoch = |s: &BackingStore| {
+            let before = s.stats().read_ops;
+            let b = bytes_read_by(s, &ids, &scattered[..COST_READS as usize + 64]);
+            let ops = s.stats().read_ops - before;
+            assert!(ops > COST_READS, "{ops} reads");
+            b / ops
+        };
+        // A disk whose reads cost more than FAST_READ: the floor stays.
+        f.delay_reads(Some(FAST_READ * 3 / 2));
+        for _ in 0..2 {
+            let per_read = epoch(&s);
+            assert_eq!(s.min_read_ahead(), MIN_READAHEAD, "a slow disk keeps the floor");
+            assert!(per_read >= MIN_READAHEAD as u64, "{per_read} bytes a read with the floor");
+        }
+        // The same reads at memory's speed: within a few epochs (a
+        // loaded machine may stretch one), the floor is 0 and a read
+        // reads its record's own blocks.
+        f.delay_reads(None);
+        let mut epochs = 0;
+        while s.min_read_ahead() != 0 {
+            epoch(&s);
+            epochs += 1;
+            assert!(epochs <= 20, "the floor stayed {} on a fast file", s.min_read_ahead());
+        }
+        let per_read = epoch(&s);
+        assert!(per_read <= 2 * PAGE_SIZE as u64, "{per_read} bytes a read without the floor");
+        // Slow again: back to the floor.
+        f.delay_reads(Some(FAST_READ * 3 / 2));
+        epoch(&s);
+        epoch(&s);
+        assert_eq!(s.min_read_ahead(), MIN_READAHEAD, "the floor comes back when reads are dear");
+        // A floor that is set stops the choosing.
+        s.set_min_read_ahead(0).unwrap();
+        epoch(&s);
+        epoch(&s);
+        assert_eq!(s.min_read_ahead(), 0, "a set floor stays");
     }
 
     #[test]

@@ -114,6 +114,9 @@ pub struct ColdStats {
     /// that later reads found there (read-ahead used).
     pub readahead_bytes: u64,
     pub readahead_used_bytes: u64,
+    /// The least a read reads past the records it wants, now (the
+    /// read-ahead's floor).
+    pub readahead_floor_bytes: u64,
     /// Records served from read-ahead, by how far past what their read
     /// wanted they end: within 1 KiB, 4 KiB, 8 KiB, beyond.
     pub readahead_hits: [u64; 4],

@@ -210,6 +210,9 @@ pub struct Stats {
     /// read-ahead read against read-ahead used.
     pub backing_readahead_bytes: u64,
     pub backing_readahead_used_bytes: u64,
+    /// The least those reads read past the records they want, now (`zmem
+    /// swap on --read-ahead`: fixed, or chosen by what a read costs).
+    pub backing_readahead_floor_bytes: u64,
     /// Records served from read-ahead, by how far past the bytes their
     /// read wanted they end: within 1 KiB, 4 KiB, 8 KiB, and beyond.
     pub backing_readahead_hits_1k: u64,

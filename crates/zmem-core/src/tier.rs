@@ -616,6 +616,7 @@ impl Tier {
         st.backing_scattered_reads = b.scattered_reads;
         st.backing_readahead_bytes = b.readahead_bytes;
         st.backing_readahead_used_bytes = b.readahead_used_bytes;
+        st.backing_readahead_floor_bytes = b.readahead_floor_bytes;
         [st.backing_readahead_hits_1k, st.backing_readahead_hits_4k, st.backing_readahead_hits_8k, st.backing_readahead_hits_far] = b.readahead_hits;
         st.backing_file_bytes = b.file_bytes;
         st.backing_live_bytes = b.live_bytes;

@@ -47,9 +47,11 @@ pub struct PoolArgs {
     pub backing_limit: Option<u64>,
     /// The least a read of the --backing file reads past the page it
     /// wants, for the pages written back next to it (0: the page's own
-    /// sectors alone); reads that come in runs grow it, up to 64K.
-    #[arg(long, value_name = "SIZE", default_value = "8K", value_parser = parse_size)]
-    pub read_ahead: u64,
+    /// sectors alone); reads that come in runs grow it, up to 64K. auto:
+    /// 8K while a read of the file costs 0.2 ms or more (a disk that
+    /// counts its operations or seeks), 0 while it costs less.
+    #[arg(long, value_name = "SIZE|auto", default_value = "8K", value_parser = parse_read_ahead)]
+    pub read_ahead: ReadAhead,
     /// Write cold pages back to a Redis Cluster (or Valkey) instead of a
     /// file: redis://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…], the cluster's
     /// seed nodes. A page leaves RAM once --remote-replicas replicas have
@@ -142,6 +144,31 @@ pub struct PoolArgs {
     /// or --cgroup; otherwise every process but the server.
     #[arg(long, value_name = "CGROUP")]
     pub workload_cgroup: Option<PathBuf>,
+}
+
+/// `--read-ahead`: a floor of so many bytes, or one chosen by what a read
+/// of the backing file costs (`BackingStore::set_read_ahead_auto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadAhead {
+    Bytes(u64),
+    Auto,
+}
+
+impl std::fmt::Display for ReadAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadAhead::Bytes(n) => write!(f, "{n}"),
+            ReadAhead::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+/// `--read-ahead`: `auto` or a size.
+pub fn parse_read_ahead(s: &str) -> anyhow::Result<ReadAhead> {
+    match s.trim() {
+        "auto" => Ok(ReadAhead::Auto),
+        size => Ok(ReadAhead::Bytes(parse_size(size).context("give a size (0, 4K, 8K, ... up to 64K) or auto")?)),
+    }
 }
 
 /// `--pool-size`.
@@ -238,7 +265,11 @@ impl PoolArgs {
                 let existing = if self.force { zmem_backing::Existing::Overwrite } else { zmem_backing::Existing::Refuse };
                 let (store, why) =
                     zmem_backing::BackingStore::open(path, self.backing_limit, existing).with_context(|| format!("opening backing file {}", path.display()))?;
-                store.set_min_read_ahead(usize::try_from(self.read_ahead).unwrap_or(usize::MAX)).context("--read-ahead")?;
+                match self.read_ahead {
+                    ReadAhead::Bytes(n) => store.set_min_read_ahead(usize::try_from(n).unwrap_or(usize::MAX)),
+                    ReadAhead::Auto => store.set_read_ahead_auto(zmem_backing::MIN_READAHEAD),
+                }
+                .context("--read-ahead")?;
                 if let Some(why) = why {
                     eprintln!("zmem: {why}");
                 }
@@ -481,7 +512,15 @@ mod tests {
         let c = Cli::try_parse_from(["zmem", "--backing", file.to_str().unwrap(), "--force", "--read-ahead", "1M"]).unwrap();
         let err = format!("{:#}", c.pool.build(ExclusiveLoads::Off, "t").err().expect("refused"));
         assert!(err.contains("--read-ahead") && err.contains("at most"), "{err}");
-        assert_eq!(Cli::try_parse_from(["zmem"]).unwrap().pool.read_ahead, zmem_backing::MIN_READAHEAD as u64, "the store's own default");
+        assert_eq!(Cli::try_parse_from(["zmem"]).unwrap().pool.read_ahead, ReadAhead::Bytes(zmem_backing::MIN_READAHEAD as u64), "the store's own default");
+        // auto goes to the server as itself, and is taken.
+        let c = Cli::try_parse_from(["zmem", "--backing", file.to_str().unwrap(), "--force", "--read-ahead", "auto"]).unwrap();
+        let words = c.pool.to_args();
+        let i = words.iter().position(|w| w == "--read-ahead").expect("passed on to the server");
+        assert_eq!(words[i + 1], "auto");
+        c.pool.build(ExclusiveLoads::Off, "t").expect("auto is taken");
+        let err = Cli::try_parse_from(["zmem", "--read-ahead", "sometimes"]).err().expect("refused").to_string();
+        assert!(err.contains("or auto"), "{err}");
     }
 
     #[test]

@@ -285,7 +285,7 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
     let st = &v.stats;
     (st.bd_writes > 0 || v.backing.is_some()).then(|| {
         format!(
-            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads ({} the records' bytes; {} a read), file {} ({} live), {} pages brought back\nread-ahead: {} read past the pages wanted, {} of it used ({})\nexclusive loads: {} now, {} loaded pages queued at the cold end\ntables: {} of RAM for the written-back pages ({} a page)\n",
+            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads ({} the records' bytes; {} a read), file {} ({} live), {} pages brought back\nread-ahead: {} read past the pages wanted, {} of it used ({}), floor {}\nexclusive loads: {} now, {} loaded pages queued at the cold end\ntables: {} of RAM for the written-back pages ({} a page)\n",
             st.bd_count,
             st.bd_reads,
             st.bd_writes,
@@ -301,6 +301,7 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
             human(st.backing_readahead_bytes),
             human(st.backing_readahead_used_bytes),
             st.readahead_used_share().map_or("-".into(), |u| format!("{:.0} %", u * 100.0)),
+            human(st.backing_readahead_floor_bytes),
             if st.exclusive_loads { "on" } else { "off" },
             st.cold_queued_pages,
             human(st.backed_table_bytes),
