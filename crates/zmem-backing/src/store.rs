@@ -417,9 +417,9 @@ pub const MIN_READAHEAD: usize = 8 << 10;
 /// many overlap) is on a disk that does not queue its operations, where
 /// what the floor reads past each record costs more than the few reads
 /// it saves, and the floor is 0; from it on (a disk that counts its
-/// operations, or one that seeks) the floor is kept. The benchmark's
-/// real and throttled disks lie on either side of it
-/// (docs/MEASUREMENTS.md, "`--read-ahead 0` on kv, real disk").
+/// operations, or one that seeks) the floor is kept. A heap swapping to
+/// the benchmark's real disk and to its throttled one lies on either
+/// side of it (docs/MEASUREMENTS.md, "`--read-ahead auto`").
 pub const FAST_READ: Duration = Duration::from_micros(200);
 /// The reads over which the floor's choice judges what one costs.
 const COST_READS: u64 = 1024;
