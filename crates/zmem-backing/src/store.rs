@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::io;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -498,12 +498,14 @@ struct AutoFloor {
 impl AutoFloor {
     /// The floor for the reads since the epoch began, given the reads and
     /// busy time so far, once [`COST_READS`] were made (and then a new
-    /// epoch begins); `None` before.
-    fn judge(&mut self, ops: u64, busy_ns: u64) -> Option<usize> {
+    /// epoch begins); `None` before. The busy time is asked for only then
+    /// (a lock and a clock read: not for every miss).
+    fn judge(&mut self, ops: u64, busy_ns: impl FnOnce() -> u64) -> Option<usize> {
         let reads = ops.saturating_sub(self.ops);
         if reads < COST_READS {
             return None;
         }
+        let busy_ns = busy_ns();
         let cost = busy_ns.saturating_sub(self.busy_ns) / reads;
         (self.ops, self.busy_ns) = (ops, busy_ns);
         Some(if cost < FAST_READ.as_nanos() as u64 { 0 } else { self.floor })
@@ -642,14 +644,17 @@ pub struct BackingStore {
     /// ([`take_moves`](Self::take_moves)).
     moves: Mutex<Vec<Moved>>,
     /// The buffers are made (counted in `metadata_bytes`).
-    app_made: std::sync::atomic::AtomicBool,
+    app_made: AtomicBool,
     c: Counters,
     /// What was read last, for the records next to it. Their buffers are
     /// made with the append buffers (a record is read only once written).
     windows: Mutex<Windows>,
     /// The time with a read of a window in flight (what a read costs, for
-    /// [`BackingStore::set_read_ahead_auto`]).
+    /// [`BackingStore::set_read_ahead_auto`]), kept only while `timed`
+    /// (the tier times every read of the store on its own: this clock is
+    /// for the store's choice alone).
     read_busy: BusyClock,
+    timed: AtomicBool,
     /// Bumped after a truncation of the file: a readahead window read at
     /// an older epoch is not trusted.
     epoch: AtomicU64,
@@ -688,10 +693,11 @@ impl BackingStore {
             state: RwLock::new(State::default()),
             app: Mutex::new(None),
             moves: Mutex::new(Vec::new()),
-            app_made: std::sync::atomic::AtomicBool::new(false),
+            app_made: AtomicBool::new(false),
             c: Counters::default(),
             windows: Mutex::new(Windows::new()),
             read_busy: BusyClock::default(),
+            timed: AtomicBool::new(false),
             epoch: AtomicU64::new(1),
             seg_epochs: (0..SEG_EPOCHS).map(|_| AtomicU64::new(1)).collect(),
             read_align,
@@ -735,6 +741,7 @@ impl BackingStore {
         }
         let mut ws = self.windows.lock();
         ws.auto = None;
+        self.timed.store(false, Relaxed);
         ws.set_min(bytes);
         Ok(())
     }
@@ -746,8 +753,9 @@ impl BackingStore {
     /// `floor`.
     pub fn set_read_ahead_auto(&self, floor: usize) -> Result<()> {
         self.set_min_read_ahead(floor)?;
-        let auto = AutoFloor { floor, ops: self.c.read_ops.load(Relaxed), busy_ns: self.read_busy.busy_ns() };
-        self.windows.lock().auto = Some(auto);
+        let mut ws = self.windows.lock();
+        self.timed.store(true, Relaxed);
+        ws.auto = Some(AutoFloor { floor, ops: self.c.read_ops.load(Relaxed), busy_ns: self.read_busy.busy_ns() });
         Ok(())
     }
 
@@ -883,7 +891,7 @@ impl BackingStore {
             }
             // (The busy clock's lock is a leaf: a read takes it with no
             // other held.)
-            if let Some(min) = ws.auto.as_mut().and_then(|a| a.judge(self.c.read_ops.load(Relaxed), self.read_busy.busy_ns())) {
+            if let Some(min) = ws.auto.as_mut().and_then(|a| a.judge(self.c.read_ops.load(Relaxed), || self.read_busy.busy_ns())) {
                 ws.set_min(min);
             }
             if ws.continues(e.seg as u64, abs) {
@@ -929,7 +937,7 @@ impl BackingStore {
         READ_BUF.with_borrow_mut(|tb| {
             let buf = tb.get_or_insert_with(|| AlignedBuf::new(WINDOW_BUF));
             let got = {
-                let _busy = self.read_busy.start();
+                let _busy = self.timed.load(Relaxed).then(|| self.read_busy.start());
                 self.read_some(buf.get_mut((hi - lo) as usize), lo)?
             };
             if (got as u64) < need - lo {
@@ -1703,16 +1711,17 @@ mod window_tests {
     fn the_chosen_floor_follows_what_a_read_costs() {
         let mut a = AutoFloor { floor: MIN_READAHEAD, ops: 100, busy_ns: 5_000 };
         let fast = FAST_READ.as_nanos() as u64 - 1;
-        // Too few reads for a verdict: none, and the epoch goes on.
-        assert_eq!(a.judge(100 + COST_READS - 1, 5_000 + (COST_READS - 1) * fast), None);
-        assert_eq!(a.judge(100 + COST_READS, 5_000 + COST_READS * fast), Some(0));
+        // Too few reads for a verdict: none, the clock not even read, and
+        // the epoch goes on.
+        assert_eq!(a.judge(100 + COST_READS - 1, || unreachable!("the clock is read only for a verdict")), None);
+        assert_eq!(a.judge(100 + COST_READS, || 5_000 + COST_READS * fast), Some(0));
         // A new epoch began there: its reads alone are judged.
         let (ops, busy) = (a.ops, a.busy_ns);
         let dear = FAST_READ.as_nanos() as u64;
-        assert_eq!(a.judge(ops + COST_READS, busy + COST_READS * dear), Some(MIN_READAHEAD));
-        assert_eq!(a.judge(ops + 2 * COST_READS, busy + COST_READS * dear + COST_READS * fast), Some(0));
+        assert_eq!(a.judge(ops + COST_READS, || busy + COST_READS * dear), Some(MIN_READAHEAD));
+        assert_eq!(a.judge(ops + 2 * COST_READS, || busy + COST_READS * dear + COST_READS * fast), Some(0));
         // No time at all is fast; a clock that went nowhere is no panic.
-        assert_eq!(a.judge(ops + 3 * COST_READS, 0), Some(0));
+        assert_eq!(a.judge(ops + 3 * COST_READS, || 0), Some(0));
     }
 
     #[test]
