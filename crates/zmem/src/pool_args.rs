@@ -50,7 +50,7 @@ pub struct PoolArgs {
     /// sectors alone); reads that come in runs grow it, up to 64K. auto:
     /// 8K while a read of the file costs 0.2 ms or more (a disk that
     /// counts its operations or seeks), 0 while it costs less.
-    #[arg(long, value_name = "SIZE|auto", default_value = "8K", value_parser = parse_read_ahead)]
+    #[arg(long, value_name = "SIZE|auto", default_value = "auto", value_parser = parse_read_ahead)]
     pub read_ahead: ReadAhead,
     /// Write cold pages back to a Redis Cluster (or Valkey) instead of a
     /// file: redis://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…], the cluster's
@@ -512,7 +512,7 @@ mod tests {
         let c = Cli::try_parse_from(["zmem", "--backing", file.to_str().unwrap(), "--force", "--read-ahead", "1M"]).unwrap();
         let err = format!("{:#}", c.pool.build(ExclusiveLoads::Off, "t").err().expect("refused"));
         assert!(err.contains("--read-ahead") && err.contains("at most"), "{err}");
-        assert_eq!(Cli::try_parse_from(["zmem"]).unwrap().pool.read_ahead, ReadAhead::Bytes(zmem_backing::MIN_READAHEAD as u64), "the store's own default");
+        assert_eq!(Cli::try_parse_from(["zmem"]).unwrap().pool.read_ahead, ReadAhead::Auto, "chosen by what a read costs unless set");
         // auto goes to the server as itself, and is taken.
         let c = Cli::try_parse_from(["zmem", "--backing", file.to_str().unwrap(), "--force", "--read-ahead", "auto"]).unwrap();
         let words = c.pool.to_args();
