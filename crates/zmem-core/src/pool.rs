@@ -180,14 +180,16 @@ impl Pool {
 
     /// zram's `recompress type=idle` as a policy (`zmem serve
     /// --recompress-idle`): until `stop`, recompress objects idle for
-    /// `idle_secs`, using at most `cpu_percent` of one CPU. After each
-    /// shard it sleeps long enough to keep that share of the time it
-    /// worked; after each pass over the pool it waits a quarter of
-    /// `idle_secs` (1 to 60 s), since pages grow idle in the meantime.
-    /// Returns the totals, or the first error (a pool with no
+    /// `idle_secs`, using at most the share of one CPU that `share`
+    /// answers (0.0 to 1.0; asked before each shard, so it may follow the
+    /// machine's load). After each shard it sleeps long enough to keep
+    /// that share of the time it worked; while the share is (next to)
+    /// none it does no work; after each pass over the pool it waits a
+    /// quarter of `idle_secs` (1 to 60 s), since pages grow idle in the
+    /// meantime. Returns the totals, or the first error (a pool with no
     /// recompression algorithm).
-    pub fn recompress_idle_until(&self, idle_secs: u32, cpu_percent: u8, stop: &AtomicBool) -> Result<RecompressReport> {
-        self.e.recompression().idle_until(idle_secs, cpu_percent, stop)
+    pub fn recompress_idle_until(&self, idle_secs: u32, share: impl FnMut() -> f64, stop: &AtomicBool) -> Result<RecompressReport> {
+        self.e.recompression().idle_until(idle_secs, share, stop)
     }
 
     /// Switch exclusive loads on or off ([`PoolConfig::exclusive_loads`]),

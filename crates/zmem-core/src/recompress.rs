@@ -57,6 +57,11 @@ use crate::stats::Counters;
 /// with the primary).
 pub const MAX_RECOMP_ALGORITHMS: usize = 3;
 
+/// Below this share of a CPU, idle recompression does no work: it waits
+/// [`NO_SHARE_NAP`] and asks again.
+const MIN_SHARE: f64 = 0.01;
+const NO_SHARE_NAP: Duration = Duration::from_millis(200);
+
 /// Which objects [`Pool::recompress`](crate::Pool::recompress) rewrites,
 /// and with what. Every condition given must hold (zram's `type=idle`,
 /// `type=huge`, `type=huge_idle`, `threshold=`); none given picks every
@@ -269,8 +274,7 @@ impl Pass<'_> {
     }
 
     /// [`Pool::recompress_idle_until`](crate::Pool::recompress_idle_until).
-    pub fn idle_until(&self, idle_secs: u32, cpu_percent: u8, stop: &AtomicBool) -> Result<RecompressReport> {
-        let share = f64::from(cpu_percent.clamp(1, 100)) / 100.0;
+    pub fn idle_until(&self, idle_secs: u32, mut share: impl FnMut() -> f64, stop: &AtomicBool) -> Result<RecompressReport> {
         let mut total = RecompressReport::default();
         let nap = |d: Duration| {
             let until = Instant::now() + d;
@@ -278,10 +282,20 @@ impl Pass<'_> {
                 std::thread::sleep(until.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
             }
         };
+        // The share now; while it is (next to) none, wait for one.
+        let mut share_now = || loop {
+            let s = share();
+            if s >= MIN_SHARE || stop.load(Relaxed) {
+                return s.clamp(MIN_SHARE, 1.0);
+            }
+            nap(NO_SHARE_NAP);
+        };
         while !stop.load(Relaxed) {
             let req = Recompress { idle_secs: Some(idle_secs), ..Recompress::default() };
+            share_now();
             let mut since = Instant::now();
             let r = self.run(&req, || {
+                let share = share_now();
                 nap(since.elapsed().mul_f64((1.0 - share) / share));
                 since = Instant::now();
                 !stop.load(Relaxed)

@@ -223,7 +223,7 @@ fn the_idle_policy_recompresses_in_the_background_until_stopped() {
     let stop = Arc::new(AtomicBool::new(false));
     let worker = {
         let (p, stop) = (Arc::clone(&p), Arc::clone(&stop));
-        std::thread::spawn(move || p.recompress_idle_until(0, 50, &stop))
+        std::thread::spawn(move || p.recompress_idle_until(0, || 0.5, &stop))
     };
     let t = std::time::Instant::now();
     while p.stats().recompressed_pages < 400 && t.elapsed() < Duration::from_secs(30) {
@@ -236,5 +236,50 @@ fn the_idle_policy_recompresses_in_the_background_until_stopped() {
     check_all(&p, (0..400).map(|k| (k, six_bit(k))));
     // Without an algorithm it stops at once with the reason.
     let none = pool(vec![], false);
-    assert!(none.recompress_idle_until(0, 10, &AtomicBool::new(false)).is_err());
+    assert!(none.recompress_idle_until(0, || 0.1, &AtomicBool::new(false)).is_err());
+}
+
+/// A share that follows the machine (`--recompress-cpu auto`): while it is
+/// none, nothing is rewritten; once there is one, the work goes on; and
+/// `stop` ends a policy that is waiting for a share.
+#[test]
+fn the_idle_policy_waits_while_it_has_no_share_of_a_cpu() {
+    let p = Arc::new(pool(vec![zstd(3)], false));
+    for k in 0..200u64 {
+        p.store(k, &six_bit(k)).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let share = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let worker = {
+        let (p, stop, share, asked) = (Arc::clone(&p), Arc::clone(&stop), Arc::clone(&share), Arc::clone(&asked));
+        std::thread::spawn(move || {
+            p.recompress_idle_until(
+                0,
+                || {
+                    asked.fetch_add(1, Ordering::Relaxed);
+                    f64::from_bits(share.load(Ordering::Relaxed))
+                },
+                &stop,
+            )
+        })
+    };
+    let t = std::time::Instant::now();
+    while asked.load(Ordering::Relaxed) < 3 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(asked.load(Ordering::Relaxed) >= 3, "it asks again while it has no share");
+    assert_eq!(p.stats().recompressed_pages, 0, "no work without a share");
+    share.store(1.0f64.to_bits(), Ordering::Relaxed);
+    while p.stats().recompressed_pages < 200 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(p.stats().recompressed_pages, 200);
+    // Back to none: stop ends the wait.
+    share.store(0, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let total = worker.join().unwrap().unwrap();
+    assert_eq!(total.recompressed, 200, "{total:?}");
+    check_all(&p, (0..200).map(|k| (k, six_bit(k))));
 }

@@ -205,15 +205,34 @@ pub fn children_cpu_secs() -> f64 {
     cpu_times("self").map_or(0.0, |t| t.children_user + t.children_system)
 }
 
-/// The whole machine's CPU seconds since boot (`/proc/stat`'s first line):
-/// user (with nice), and system.
-pub fn machine_cpu_secs() -> Option<(f64, f64)> {
+/// The whole machine's CPU ticks since boot by kind (`/proc/stat`'s first
+/// line: user, nice, system, idle, iowait, ...).
+fn machine_ticks() -> Option<Vec<u64>> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let mut cpu = stat.lines().next()?.split_whitespace();
     (cpu.next()? == "cpu").then_some(())?;
-    let mut next = || cpu.next()?.parse::<u64>().ok();
-    let (user, nice, system) = (next()?, next()?, next()?);
+    cpu.map(|t| t.parse().ok()).collect()
+}
+
+/// The whole machine's CPU seconds since boot (`/proc/stat`'s first line):
+/// user (with nice), and system.
+pub fn machine_cpu_secs() -> Option<(f64, f64)> {
+    let t = machine_ticks()?;
+    let (user, nice, system) = (*t.first()?, *t.get(1)?, *t.get(2)?);
     Some(((user + nice) as f64 / USER_HZ, system as f64 / USER_HZ))
+}
+
+/// The CPU seconds the machine's CPUs have spent idle since boot, the time
+/// they waited for I/O included (`/proc/stat`'s idle and iowait).
+pub fn machine_idle_secs() -> Option<f64> {
+    let t = machine_ticks()?;
+    Some((*t.get(3)? + *t.get(4)?) as f64 / USER_HZ)
+}
+
+/// CPU seconds (user + system) the calling thread has used
+/// (`/proc/thread-self/stat`, in ticks of 10 ms).
+pub fn thread_cpu_secs() -> Option<f64> {
+    cpu_times("thread-self").map(|t| t.user + t.system)
 }
 
 /// CPU seconds of all kswapd threads (reclaim done in the background).
@@ -841,6 +860,30 @@ mod tests {
         std::hint::black_box(x);
         let t1 = cpu_secs(std::process::id()).unwrap();
         assert!(t1 - t0 >= 0.1, "300 ms of spinning counted as {} s", t1 - t0);
+    }
+
+    /// A thread's own CPU time counts its spinning and not the sleep of
+    /// another; the machine's idle time is there and never runs back.
+    #[test]
+    fn a_threads_cpu_time_and_the_machines_idle_time_are_readable() {
+        let idle0 = machine_idle_secs().expect("/proc/stat");
+        let sleeper = std::thread::spawn(|| {
+            let t0 = thread_cpu_secs().expect("/proc/thread-self/stat");
+            std::thread::sleep(Duration::from_millis(300));
+            thread_cpu_secs().unwrap() - t0
+        });
+        let t0 = thread_cpu_secs().expect("/proc/thread-self/stat");
+        let end = std::time::Instant::now() + Duration::from_millis(300);
+        let mut x = 0u64;
+        while std::time::Instant::now() < end {
+            x = x.wrapping_mul(31).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let spun = thread_cpu_secs().unwrap() - t0;
+        let slept = sleeper.join().unwrap();
+        assert!(spun >= 0.1, "300 ms of spinning counted as {spun} s");
+        assert!(slept < 0.1, "300 ms of sleep counted as {slept} s of CPU");
+        assert!(machine_idle_secs().unwrap() >= idle0);
     }
 
     #[test]

@@ -8,11 +8,15 @@
 //!   machine gets the most work done (`sizing.rs`).
 //! * Idle recompression (`--recompress-idle`): pages idle this long are
 //!   rewritten with the pool's recompression algorithms, within a share
-//!   of one CPU.
+//!   of one CPU: a set one, or (`--recompress-cpu auto`) half of what the
+//!   machine's CPUs leave idle, so that a workload that keeps the CPUs
+//!   busy (a build on two cores) gets them and one that waits on its disk
+//!   (a heap swapping) lends them. The thread runs at nice 19 either way:
+//!   the CPU it takes is what nobody else asked for.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Scope;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use zmem_core::Pool;
 
@@ -43,8 +47,67 @@ pub struct SizePool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdleRecompress {
     pub idle_secs: u32,
-    /// The share of one CPU it may use, in percent.
-    pub cpu_percent: u8,
+    pub cpu: RecompressCpu,
+}
+
+/// The share of one CPU idle recompression may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecompressCpu {
+    /// This many percent (1 to 100).
+    Percent(u8),
+    /// Half of what the machine's CPUs leave idle, up to one CPU
+    /// ([`SpareCpu`]).
+    Spare,
+}
+
+/// How often [`SpareCpu`] looks at the machine's idle time.
+const SPARE_EVERY: Duration = Duration::from_millis(500);
+
+/// The share of the idle CPU that `--recompress-cpu auto` takes: half,
+/// leaving the rest for the bursts of whatever runs beside it.
+const SPARE_TAKEN: f64 = 0.5;
+
+/// What the machine's CPUs left idle over the last [`SPARE_EVERY`], with
+/// the calling thread's own time counted as idle (what would have been
+/// idle had it not run), as a share of one CPU to take.
+struct SpareCpu {
+    at: Instant,
+    idle: f64,
+    mine: f64,
+    share: f64,
+}
+
+impl SpareCpu {
+    fn new() -> SpareCpu {
+        let (idle, mine) = Self::times();
+        SpareCpu { at: Instant::now(), idle, mine, share: 0.0 }
+    }
+
+    /// The machine's idle CPU seconds and this thread's CPU seconds
+    /// (none readable: none, and so no share).
+    fn times() -> (f64, f64) {
+        (zmem_host::machine_idle_secs().unwrap_or(0.0), zmem_host::thread_cpu_secs().unwrap_or(0.0))
+    }
+
+    /// The share now (sampled anew once [`SPARE_EVERY`] has passed).
+    fn share(&mut self) -> f64 {
+        let dt = self.at.elapsed();
+        if dt >= SPARE_EVERY {
+            let (idle, mine) = Self::times();
+            self.share = spare_share(idle - self.idle, mine - self.mine, dt.as_secs_f64());
+            (self.at, self.idle, self.mine) = (Instant::now(), idle, mine);
+        }
+        self.share
+    }
+}
+
+/// The share of one CPU to take, given the machine's idle CPU seconds
+/// and this thread's CPU seconds over `secs` of wall time.
+fn spare_share(idle: f64, mine: f64, secs: f64) -> f64 {
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    ((idle.max(0.0) + mine.max(0.0)) / secs * SPARE_TAKEN).clamp(0.0, 1.0)
 }
 
 impl Policies {
@@ -80,7 +143,16 @@ pub fn swap_over_half_full() -> bool {
 /// Idle recompression until `stop` (an error, such as no algorithm, is
 /// logged and ends it).
 fn recompress_idle(pool: &Pool, r: IdleRecompress, stop: &AtomicBool) {
-    match pool.recompress_idle_until(r.idle_secs, r.cpu_percent, stop) {
+    // (This thread alone: Linux keeps a nice value per thread.)
+    if let Err(e) = rustix::process::setpriority_process(None, 19) {
+        tracing::warn!("idle recompression runs at the server's priority: nice 19 refused ({e})");
+    }
+    let mut spare = SpareCpu::new();
+    let share = move || match r.cpu {
+        RecompressCpu::Percent(p) => f64::from(p.clamp(1, 100)) / 100.0,
+        RecompressCpu::Spare => spare.share(),
+    };
+    match pool.recompress_idle_until(r.idle_secs, share, stop) {
         Ok(r) => tracing::info!("idle recompression: {} pages rewritten, {} bytes saved", r.recompressed, r.saved_bytes),
         Err(e) => tracing::warn!("idle recompression stopped: {e}"),
     }
@@ -99,6 +171,38 @@ fn follow_swap_fullness(pool: &Pool, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spare_share_is_half_the_idle_cpu_up_to_one() {
+        assert_eq!(spare_share(0.0, 0.0, 1.0), 0.0, "no CPU idle: none");
+        assert_eq!(spare_share(1.0, 0.0, 1.0), 0.5, "one CPU idle: half of it");
+        assert_eq!(spare_share(0.4, 0.6, 1.0), 0.5, "its own time counts as idle");
+        assert_eq!(spare_share(4.0, 0.0, 1.0), 1.0, "at most one CPU");
+        assert_eq!(spare_share(0.5, 0.0, 0.5), 0.5);
+        assert_eq!(spare_share(1.0, 0.0, 0.0), 0.0, "no time passed: none");
+        assert_eq!(spare_share(-1.0, -1.0, 1.0), 0.0, "counters that ran back: none");
+    }
+
+    /// The share is read from the machine: none before a reading, and
+    /// this thread's own work counts as idle (it is what the thread would
+    /// give back), so a thread that spun has a share whatever else the
+    /// machine runs.
+    #[test]
+    fn the_spare_share_is_read_from_the_machine() {
+        let mut s = SpareCpu::new();
+        assert_eq!(s.share(), 0.0, "no reading yet");
+        let (at0, mine0) = (s.at, s.mine);
+        let end = Instant::now() + SPARE_EVERY + Duration::from_millis(100);
+        let mut x = 0u64;
+        while Instant::now() < end {
+            x = x.wrapping_mul(31).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let share = s.share();
+        assert!(s.at > at0, "a new reading");
+        assert!(s.mine - mine0 >= 0.01, "the spinning counted: {} s", s.mine - mine0);
+        assert!(share > 0.0 && share <= 1.0, "{share}");
+    }
 
     #[test]
     fn half_full_is_the_kernels_vm_swap_full() {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use zmem_compress::Compressor;
 use zmem_core::{DictConfig, DictSource, Pool, PoolConfig};
-use zmem_server::policy::{IdleRecompress, Policies, SizePool};
+use zmem_server::policy::{IdleRecompress, Policies, RecompressCpu, SizePool};
 use zmem_server::sizing::Work;
 
 use crate::util::{parse_on_off, parse_pool_limit, parse_size};
@@ -110,9 +110,11 @@ pub struct PoolArgs {
     /// does it only when told, `zmem recompress`).
     #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_secs)]
     pub recompress_idle: Option<u32>,
-    /// The share of one CPU --recompress-idle may use, in percent.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=100), requires = "recompress_idle")]
-    pub recompress_cpu: u8,
+    /// The share of one CPU --recompress-idle may use, in percent; auto:
+    /// half of what the machine's CPUs leave idle (up to one CPU), so a
+    /// workload that keeps them busy keeps them.
+    #[arg(long, value_name = "PERCENT|auto", default_value = "10", value_parser = parse_recompress_cpu, requires = "recompress_idle")]
+    pub recompress_cpu: RecompressCpu,
     /// Compression dictionary: auto (the pool trains one from a sample of
     /// its pages, and a new one when the data drifts), off, or the path of
     /// a zstd dictionary (`zstd --train` output).
@@ -160,6 +162,25 @@ impl std::fmt::Display for ReadAhead {
             ReadAhead::Bytes(n) => write!(f, "{n}"),
             ReadAhead::Auto => f.write_str("auto"),
         }
+    }
+}
+
+/// `--recompress-cpu`: `auto` or a percent (1-100, `%` optional).
+pub fn parse_recompress_cpu(s: &str) -> anyhow::Result<RecompressCpu> {
+    match s {
+        "auto" => Ok(RecompressCpu::Spare),
+        p => match p.trim_end_matches('%').parse::<u8>() {
+            Ok(n @ 1..=100) => Ok(RecompressCpu::Percent(n)),
+            _ => anyhow::bail!("{s:?} is not a share of a CPU: give a percent from 1 to 100, or auto"),
+        },
+    }
+}
+
+/// `--recompress-cpu` as the server takes it.
+fn recompress_cpu_arg(c: RecompressCpu) -> String {
+    match c {
+        RecompressCpu::Percent(p) => p.to_string(),
+        RecompressCpu::Spare => "auto".into(),
     }
 }
 
@@ -366,7 +387,7 @@ impl PoolArgs {
     pub fn policies(&self, default: ExclusiveLoads, default_size: PoolSize) -> Policies {
         Policies {
             follow_swap_fullness: self.exclusive_mode(default) == ExclusiveLoads::Auto,
-            recompress_idle: self.recompress_idle.map(|idle_secs| IdleRecompress { idle_secs, cpu_percent: self.recompress_cpu }),
+            recompress_idle: self.recompress_idle.map(|idle_secs| IdleRecompress { idle_secs, cpu: self.recompress_cpu }),
             size_pool: self
                 .sizes_pool(default_size)
                 .then(|| SizePool { max: self.max_pool, work: self.workload_cgroup.clone().map_or(Work::Machine, Work::Cgroup) }),
@@ -414,7 +435,7 @@ impl PoolArgs {
             v.extend(["--recomp-algo".into(), a.clone()]);
         }
         if let Some(s) = self.recompress_idle {
-            v.extend(["--recompress-idle".into(), s.to_string(), "--recompress-cpu".into(), self.recompress_cpu.to_string()]);
+            v.extend(["--recompress-idle".into(), s.to_string(), "--recompress-cpu".into(), recompress_cpu_arg(self.recompress_cpu)]);
         }
         v.extend(["--dict".into(), self.dict.clone(), "--dict-lz4".into(), if self.dict_lz4 { "on" } else { "off" }.into()]);
         v.extend(["--extents".into(), if self.extents { "on" } else { "off" }.into()]);
@@ -521,6 +542,29 @@ mod tests {
         c.pool.build(ExclusiveLoads::Off, "t").expect("auto is taken");
         let err = Cli::try_parse_from(["zmem", "--read-ahead", "sometimes"]).err().expect("refused").to_string();
         assert!(err.contains("or auto"), "{err}");
+    }
+
+    #[test]
+    fn the_recompression_cpu_share_is_a_percent_or_auto_and_reaches_the_server() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            pool: PoolArgs,
+        }
+        let share = |v: &str| Cli::try_parse_from(["zmem", "--recompress-idle", "1s", "--recompress-cpu", v]).map(|c| c.pool);
+        for (v, want) in [("auto", RecompressCpu::Spare), ("50", RecompressCpu::Percent(50)), ("100%", RecompressCpu::Percent(100))] {
+            let p = share(v).unwrap_or_else(|e| panic!("{v}: {e}"));
+            assert_eq!(p.recompress_cpu, want, "{v}");
+            let words = p.to_args();
+            let i = words.iter().position(|w| w == "--recompress-cpu").expect("passed on to the server");
+            assert_eq!(parse_recompress_cpu(&words[i + 1]).unwrap(), want, "{v} as the server reads it");
+        }
+        for bad in ["0", "101", "half", ""] {
+            let err = share(bad).err().unwrap_or_else(|| panic!("{bad:?} taken")).to_string();
+            assert!(err.contains("1 to 100, or auto"), "{bad:?}: {err}");
+        }
+        assert_eq!(Cli::try_parse_from(["zmem", "--recompress-idle", "1s"]).unwrap().pool.recompress_cpu, RecompressCpu::Percent(10), "zram-like default");
     }
 
     #[test]
