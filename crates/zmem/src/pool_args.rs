@@ -103,18 +103,20 @@ pub struct PoolArgs {
     #[arg(long, value_enum)]
     pub exclusive_loads: Option<ExclusiveLoads>,
     /// zram's recomp_algorithm: an algorithm for `zmem recompress` and
-    /// --recompress-idle, repeated for up to three, by priority.
-    #[arg(long = "recomp-algo", value_name = "ALGO", default_value = "zstd:9", action = clap::ArgAction::Append)]
+    /// --recompress-idle, repeated for up to three, by priority [default:
+    /// zstd:9].
+    #[arg(long = "recomp-algo", value_name = "ALGO", action = clap::ArgAction::Append)]
     pub recomp_algo: Vec<String>,
-    /// Recompress pages idle this long in the background (300s, 5m; zram
-    /// does it only when told, `zmem recompress`).
-    #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_secs)]
-    pub recompress_idle: Option<u32>,
+    /// Recompress pages idle this long in the background (300s, 5m), or
+    /// off [default: off, as zram, which does it only when told (`zmem
+    /// recompress`)].
+    #[arg(long, value_name = "DURATION|off", value_parser = parse_recompress_idle)]
+    pub recompress_idle: Option<RecompressIdle>,
     /// The share of one CPU --recompress-idle may use, in percent; auto:
     /// half of what the machine's CPUs leave idle (up to one CPU), so a
-    /// workload that keeps them busy keeps them.
-    #[arg(long, value_name = "PERCENT|auto", default_value = "10", value_parser = parse_recompress_cpu, requires = "recompress_idle")]
-    pub recompress_cpu: RecompressCpu,
+    /// workload that keeps them busy keeps them [default: 10].
+    #[arg(long, value_name = "PERCENT|auto", value_parser = parse_recompress_cpu, requires = "recompress_idle")]
+    pub recompress_cpu: Option<RecompressCpu>,
     /// Compression dictionary: auto (the pool trains one from a sample of
     /// its pages, and a new one when the data drifts), off, or the path of
     /// a zstd dictionary (`zstd --train` output).
@@ -165,6 +167,44 @@ impl std::fmt::Display for ReadAhead {
     }
 }
 
+/// What a command's pool does unless its options say otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    pub exclusive_loads: ExclusiveLoads,
+    pub pool_size: PoolSize,
+    pub recompress_idle: RecompressIdle,
+    pub recompress_cpu: RecompressCpu,
+    /// The recompression algorithm (`--recomp-algo`).
+    pub recomp_algo: &'static str,
+}
+
+impl Defaults {
+    /// `zmem serve`: zram's ways (recompression only when asked, zstd:9).
+    pub const SERVE: Defaults = Defaults {
+        exclusive_loads: ExclusiveLoads::Off,
+        pool_size: PoolSize::Fixed,
+        recompress_idle: RecompressIdle::Off,
+        recompress_cpu: RecompressCpu::Percent(10),
+        recomp_algo: "zstd:9",
+    };
+}
+
+/// `--recompress-idle`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecompressIdle {
+    Off,
+    /// Pages idle this many seconds.
+    After(u32),
+}
+
+/// `--recompress-idle`: `off` or a duration.
+pub fn parse_recompress_idle(s: &str) -> anyhow::Result<RecompressIdle> {
+    match s {
+        "off" => Ok(RecompressIdle::Off),
+        d => crate::util::parse_secs(d).map(RecompressIdle::After).map_err(|e| anyhow::anyhow!("{e} (give a duration such as 1s or 5m, or off)")),
+    }
+}
+
 /// `--recompress-cpu`: `auto` or a percent (1-100, `%` optional).
 pub fn parse_recompress_cpu(s: &str) -> anyhow::Result<RecompressCpu> {
     match s {
@@ -181,6 +221,14 @@ fn recompress_cpu_arg(c: RecompressCpu) -> String {
     match c {
         RecompressCpu::Percent(p) => p.to_string(),
         RecompressCpu::Spare => "auto".into(),
+    }
+}
+
+/// `--recompress-idle` as the server takes it.
+fn recompress_idle_arg(i: RecompressIdle) -> String {
+    match i {
+        RecompressIdle::Off => "off".into(),
+        RecompressIdle::After(s) => format!("{s}s"),
     }
 }
 
@@ -267,7 +315,7 @@ impl PoolArgs {
     /// `default` is the command's default for --exclusive-loads; with
     /// auto, the caller runs [`PoolArgs::policies`].
     /// `device` names the device in the remote tier's default namespace.
-    pub fn build(&self, default: ExclusiveLoads, device: &str) -> anyhow::Result<(Pool, Compressor)> {
+    pub fn build(&self, default: &Defaults, device: &str) -> anyhow::Result<(Pool, Compressor)> {
         if self.pool_size == Some(PoolSize::Auto) && !self.has_cold_store() {
             anyhow::bail!(
                 "--pool-size auto needs --backing or --remote: without a place to write pages back, a smaller cap would refuse stores instead of making room"
@@ -349,16 +397,17 @@ impl PoolArgs {
     }
 
     /// The pool's configuration from these options, and its compressor.
-    fn config(&self, default: ExclusiveLoads) -> anyhow::Result<(PoolConfig, Compressor)> {
+    fn config(&self, default: &Defaults) -> anyhow::Result<(PoolConfig, Compressor)> {
         let comp: Compressor = self.compressor.parse()?;
+        let algos: Vec<&str> = if self.recomp_algo.is_empty() { vec![default.recomp_algo] } else { self.recomp_algo.iter().map(String::as_str).collect() };
         let cfg = PoolConfig {
-            exclusive_loads: self.exclusive_mode(default).now(),
+            exclusive_loads: self.exclusive_mode(default.exclusive_loads).now(),
             compressor: comp,
             dedup: self.dedup,
             mem_limit: self.mem_limit,
             max_pool: Some(self.max_pool),
             accept_threshold_percent: self.accept_threshold,
-            recomp_algorithms: self.recomp_algo.iter().map(|a| a.parse()).collect::<Result<_, _>>().context("--recomp-algo")?,
+            recomp_algorithms: algos.iter().map(|a| a.parse()).collect::<Result<_, _>>().context("--recomp-algo")?,
             dict: DictConfig { source: parse_dict(&self.dict)?, lz4: self.dict_lz4, ..DictConfig::default() },
             extents: self.extents,
             ..Default::default()
@@ -374,7 +423,7 @@ impl PoolArgs {
         if self.backing.is_some() || self.remote.is_some() {
             anyhow::bail!("--backing and --remote exclude --origin: a cache of an origin drops its cold pages, it writes none back");
         }
-        let (mut cfg, comp) = self.config(ExclusiveLoads::Off)?;
+        let (mut cfg, comp) = self.config(&Defaults::SERVE)?;
         if max_compressed < zmem_core::PAGE_SIZE {
             cfg.huge_threshold = max_compressed + 1;
             cfg.store_incompressible = false;
@@ -382,14 +431,18 @@ impl PoolArgs {
         Ok((Pool::with_cold_store(cfg, Box::new(zmem_core::DropCold))?, comp))
     }
 
-    /// The policy threads these options ask of a server's pool, with
-    /// `default` as the command's default for --exclusive-loads.
-    pub fn policies(&self, default: ExclusiveLoads, default_size: PoolSize) -> Policies {
+    /// The policy threads these options ask of a server's pool, with the
+    /// command's defaults for the options not given.
+    pub fn policies(&self, default: &Defaults) -> Policies {
+        let cpu = self.recompress_cpu.unwrap_or(default.recompress_cpu);
         Policies {
-            follow_swap_fullness: self.exclusive_mode(default) == ExclusiveLoads::Auto,
-            recompress_idle: self.recompress_idle.map(|idle_secs| IdleRecompress { idle_secs, cpu: self.recompress_cpu }),
+            follow_swap_fullness: self.exclusive_mode(default.exclusive_loads) == ExclusiveLoads::Auto,
+            recompress_idle: match self.recompress_idle.unwrap_or(default.recompress_idle) {
+                RecompressIdle::Off => None,
+                RecompressIdle::After(idle_secs) => Some(IdleRecompress { idle_secs, cpu }),
+            },
             size_pool: self
-                .sizes_pool(default_size)
+                .sizes_pool(default.pool_size)
                 .then(|| SizePool { max: self.max_pool, work: self.workload_cgroup.clone().map_or(Work::Machine, Work::Cgroup) }),
         }
     }
@@ -434,8 +487,11 @@ impl PoolArgs {
         for a in &self.recomp_algo {
             v.extend(["--recomp-algo".into(), a.clone()]);
         }
-        if let Some(s) = self.recompress_idle {
-            v.extend(["--recompress-idle".into(), s.to_string(), "--recompress-cpu".into(), recompress_cpu_arg(self.recompress_cpu)]);
+        if let Some(i) = self.recompress_idle {
+            v.extend(["--recompress-idle".into(), recompress_idle_arg(i)]);
+        }
+        if let Some(c) = self.recompress_cpu {
+            v.extend(["--recompress-cpu".into(), recompress_cpu_arg(c)]);
         }
         v.extend(["--dict".into(), self.dict.clone(), "--dict-lz4".into(), if self.dict_lz4 { "on" } else { "off" }.into()]);
         v.extend(["--extents".into(), if self.extents { "on" } else { "off" }.into()]);
@@ -471,6 +527,9 @@ impl PoolArgs {
 mod tests {
     use super::*;
 
+    /// The serve defaults with a cap that sizes itself.
+    const AUTO_SIZE: Defaults = Defaults { pool_size: PoolSize::Auto, ..Defaults::SERVE };
+
     #[test]
     fn exclusive_loads_parse_and_round_trip() {
         use clap::Parser;
@@ -489,28 +548,28 @@ mod tests {
         assert!(err.contains("on") && err.contains("auto"), "names the choices: {err}");
         let c = Cli::try_parse_from(["zmem"]).unwrap();
         assert_eq!(c.pool.exclusive_mode(ExclusiveLoads::Auto), ExclusiveLoads::Auto);
-        assert_eq!(c.pool.policies(ExclusiveLoads::Off, PoolSize::Fixed).size_pool, None, "the cap is fixed unless asked");
-        assert_eq!(c.pool.policies(ExclusiveLoads::Off, PoolSize::Auto).size_pool, None, "no cold store: nowhere to shrink to");
+        assert_eq!(c.pool.policies(&Defaults::SERVE).size_pool, None, "the cap is fixed unless asked");
+        assert_eq!(c.pool.policies(&AUTO_SIZE).size_pool, None, "no cold store: nowhere to shrink to");
         let c = Cli::try_parse_from(["zmem", "--backing", "/var/tmp/x"]).unwrap();
-        let auto = c.pool.policies(ExclusiveLoads::Off, PoolSize::Auto).size_pool;
+        let auto = c.pool.policies(&AUTO_SIZE).size_pool;
         assert_eq!(auto, Some(SizePool { max: c.pool.max_pool, work: Work::Machine }), "or unless the command's default is auto");
         let fixed = Cli::try_parse_from(["zmem", "--pool-size", "fixed", "--backing", "/var/tmp/x"]).unwrap();
-        assert_eq!(fixed.pool.policies(ExclusiveLoads::Off, PoolSize::Auto).size_pool, None, "--pool-size fixed overrides it");
+        assert_eq!(fixed.pool.policies(&AUTO_SIZE).size_pool, None, "--pool-size fixed overrides it");
         // --pool-size auto sizes up to --max-pool, and reaches the server.
         let c = Cli::try_parse_from(["zmem", "--pool-size", "auto", "--max-pool", "64M"]).unwrap();
-        assert_eq!(c.pool.policies(ExclusiveLoads::Off, PoolSize::Fixed).size_pool, Some(SizePool { max: 64 << 20, work: Work::Machine }));
+        assert_eq!(c.pool.policies(&Defaults::SERVE).size_pool, Some(SizePool { max: 64 << 20, work: Work::Machine }));
         let words = c.pool.to_args();
         let i = words.iter().position(|w| w == "--pool-size").expect("passed on to the server");
         assert_eq!(words[i + 1], "auto");
         // --workload-cgroup names whose work counts, and reaches the server.
         let c = Cli::try_parse_from(["zmem", "--pool-size", "auto", "--max-pool", "64M", "--workload-cgroup", "/cg/build"]).unwrap();
         let work = Work::Cgroup("/cg/build".into());
-        assert_eq!(c.pool.policies(ExclusiveLoads::Off, PoolSize::Fixed).size_pool, Some(SizePool { max: 64 << 20, work }));
+        assert_eq!(c.pool.policies(&Defaults::SERVE).size_pool, Some(SizePool { max: 64 << 20, work }));
         let words = c.pool.to_args();
         let i = words.iter().position(|w| w == "--workload-cgroup").expect("passed on to the server");
         assert_eq!(words[i + 1], "/cg/build");
         // Asked for without a cold store: refused, with the reason.
-        let err = c.pool.build(ExclusiveLoads::Off, "t").err().expect("refused").to_string();
+        let err = c.pool.build(&Defaults::SERVE, "t").err().expect("refused").to_string();
         assert!(err.contains("needs --backing or --remote"), "{err}");
         assert!(Cli::try_parse_from(["zmem", "--pool-size", "big"]).is_err());
     }
@@ -529,9 +588,9 @@ mod tests {
         let words = c.pool.to_args();
         let i = words.iter().position(|w| w == "--read-ahead").expect("passed on to the server");
         assert_eq!(words[i + 1], "0");
-        c.pool.build(ExclusiveLoads::Off, "t").expect("a floor of 0 is taken");
+        c.pool.build(&Defaults::SERVE, "t").expect("a floor of 0 is taken");
         let c = Cli::try_parse_from(["zmem", "--backing", file.to_str().unwrap(), "--force", "--read-ahead", "1M"]).unwrap();
-        let err = format!("{:#}", c.pool.build(ExclusiveLoads::Off, "t").err().expect("refused"));
+        let err = format!("{:#}", c.pool.build(&Defaults::SERVE, "t").err().expect("refused"));
         assert!(err.contains("--read-ahead") && err.contains("at most"), "{err}");
         assert_eq!(Cli::try_parse_from(["zmem"]).unwrap().pool.read_ahead, ReadAhead::Auto, "chosen by what a read costs unless set");
         // auto goes to the server as itself, and is taken.
@@ -539,7 +598,7 @@ mod tests {
         let words = c.pool.to_args();
         let i = words.iter().position(|w| w == "--read-ahead").expect("passed on to the server");
         assert_eq!(words[i + 1], "auto");
-        c.pool.build(ExclusiveLoads::Off, "t").expect("auto is taken");
+        c.pool.build(&Defaults::SERVE, "t").expect("auto is taken");
         let err = Cli::try_parse_from(["zmem", "--read-ahead", "sometimes"]).err().expect("refused").to_string();
         assert!(err.contains("or auto"), "{err}");
     }
@@ -555,16 +614,54 @@ mod tests {
         let share = |v: &str| Cli::try_parse_from(["zmem", "--recompress-idle", "1s", "--recompress-cpu", v]).map(|c| c.pool);
         for (v, want) in [("auto", RecompressCpu::Spare), ("50", RecompressCpu::Percent(50)), ("100%", RecompressCpu::Percent(100))] {
             let p = share(v).unwrap_or_else(|e| panic!("{v}: {e}"));
-            assert_eq!(p.recompress_cpu, want, "{v}");
+            assert_eq!(p.recompress_cpu, Some(want), "{v}");
             let words = p.to_args();
             let i = words.iter().position(|w| w == "--recompress-cpu").expect("passed on to the server");
             assert_eq!(parse_recompress_cpu(&words[i + 1]).unwrap(), want, "{v} as the server reads it");
+            let c = Cli::try_parse_from(std::iter::once("zmem").chain(words.iter().map(String::as_str))).expect("the server takes its words");
+            assert_eq!(c.pool.policies(&Defaults::SERVE).recompress_idle, Some(IdleRecompress { idle_secs: 1, cpu: want }), "{v}");
         }
         for bad in ["0", "101", "half", ""] {
             let err = share(bad).err().unwrap_or_else(|| panic!("{bad:?} taken")).to_string();
             assert!(err.contains("1 to 100, or auto"), "{bad:?}: {err}");
         }
-        assert_eq!(Cli::try_parse_from(["zmem", "--recompress-idle", "1s"]).unwrap().pool.recompress_cpu, RecompressCpu::Percent(10), "zram-like default");
+        let err = Cli::try_parse_from(["zmem", "--recompress-idle", "soon"]).err().expect("refused").to_string();
+        assert!(err.contains("or off"), "{err}");
+    }
+
+    /// A command's defaults where an option is not given: `zmem serve`
+    /// recompresses only when asked (zram's way), with zstd:9; a command
+    /// that recompresses by default (here one with swap's candidate: pages
+    /// idle 1 s, on the CPU the machine leaves idle, with zstd:3) does so
+    /// unless its options say otherwise, off included; and an option given
+    /// reaches a child server as itself.
+    #[test]
+    fn recompression_defaults_are_the_commands_and_options_override_them() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            pool: PoolArgs,
+        }
+        let swap = Defaults { recompress_idle: RecompressIdle::After(1), recompress_cpu: RecompressCpu::Spare, recomp_algo: "zstd:3", ..crate::swap::DEFAULTS };
+        assert_eq!(Cli::try_parse_from(["zmem"]).unwrap().pool.policies(&crate::swap::DEFAULTS).recompress_idle, None, "swap: only when asked, for now");
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("zmem").chain(args.iter().copied())).unwrap().pool;
+        let none = parse(&[]);
+        assert_eq!(none.policies(&Defaults::SERVE).recompress_idle, None);
+        assert_eq!(none.policies(&swap).recompress_idle, Some(IdleRecompress { idle_secs: 1, cpu: RecompressCpu::Spare }));
+        let algos = |p: &PoolArgs, d: &Defaults| p.config(d).unwrap().0.recomp_algorithms.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        assert_eq!(algos(&none, &Defaults::SERVE), ["zstd:9"]);
+        assert_eq!(algos(&none, &swap), ["zstd:3"]);
+        assert!(!none.to_args().iter().any(|w| w.starts_with("--recomp")), "defaults are the server's own: {:?}", none.to_args());
+        let off = parse(&["--recompress-idle", "off"]);
+        assert_eq!(off.policies(&swap).recompress_idle, None);
+        let words = off.to_args();
+        assert_eq!(parse(&words.iter().map(String::as_str).collect::<Vec<_>>()).policies(&swap).recompress_idle, None, "off reaches the server");
+        let given = parse(&["--recompress-idle", "5m", "--recompress-cpu", "20", "--recomp-algo", "zstd:9", "--recomp-algo", "zstd:19"]);
+        assert_eq!(given.policies(&swap).recompress_idle, Some(IdleRecompress { idle_secs: 300, cpu: RecompressCpu::Percent(20) }));
+        assert_eq!(algos(&given, &swap), ["zstd:9", "zstd:19"]);
+        let again = parse(&given.to_args().iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!((again.policies(&swap).recompress_idle, algos(&again, &swap)), (given.policies(&swap).recompress_idle, algos(&given, &swap)));
     }
 
     #[test]

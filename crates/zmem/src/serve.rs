@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use zmem_nbd::{Export, ServerConfig};
 use zmem_server::device::{DeviceConfig, Endpoint};
 
-use crate::pool_args::{ExclusiveLoads, PoolArgs, PoolSize};
+use crate::pool_args::{Defaults, PoolArgs};
 use crate::util::parse_size;
 
 #[derive(clap::Args, Debug)]
@@ -184,7 +184,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if size > MAX_SIZE {
                 bail!("--size must be at most {MAX_SIZE} bytes (8 EiB): NBD clients read the size as a signed 64-bit number");
             }
-            let (pool, comp) = a.pool.build(ExclusiveLoads::Off, &serve_device(&a.export_name))?;
+            let (pool, comp) = a.pool.build(&Defaults::SERVE, &serve_device(&a.export_name))?;
             (Export::new(Arc::new(pool), size), comp)
         }
         (None, None) => bail!("give --size (a RAM device) or --origin (a cache of a device)"),
@@ -225,7 +225,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&serve_device(&a.export_name)),
-        policies: a.pool.policies(ExclusiveLoads::Off, PoolSize::Fixed),
+        policies: a.pool.policies(&Defaults::SERVE),
         metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;

@@ -7,17 +7,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use zmem_swap::{Device, Discard, ServerConfig};
 
-use crate::pool_args::{ExclusiveLoads, PoolArgs, PoolSize};
+use crate::pool_args::{Defaults, ExclusiveLoads, PoolArgs, PoolSize};
 use crate::util::parse_size;
 
-/// `--exclusive-loads` for a swap device unless given. Auto: the kernel's
-/// own rule, on while the system's swap is more than half full
-/// (docs/MEASUREMENTS.md, "Exclusive loads", gives the measurements behind it).
-const EXCLUSIVE_LOADS: ExclusiveLoads = ExclusiveLoads::Auto;
-/// `--pool-size` unless given: the pool's cap follows the workload's
-/// work (measured on both built-in workloads: docs/MEASUREMENTS.md, "Pool
-/// size").
-const POOL_SIZE: PoolSize = PoolSize::Auto;
+/// A swap device's pool options unless given (docs/MEASUREMENTS.md gives
+/// the measurements behind each):
+/// - `--exclusive-loads auto`: the kernel's own rule, on while the
+///   system's swap is more than half full ("Exclusive loads");
+/// - `--pool-size auto`: the pool's cap follows the workload's work
+///   ("Pool size");
+/// - recompression as `zmem serve`'s (only when asked): `--recompress-idle
+///   1s --recompress-cpu auto --recomp-algo zstd:3` took 6-7 % off kv's
+///   time and did not move the build at 50 %, but has not run on the build
+///   at 40 % ("Idle recompression on swap").
+pub(crate) const DEFAULTS: Defaults = Defaults { exclusive_loads: ExclusiveLoads::Auto, pool_size: PoolSize::Auto, ..Defaults::SERVE };
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SwapCmd {
@@ -284,14 +287,14 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
-    Ok(zmem_swap::serve(&cfg, || a.pool.build(EXCLUSIVE_LOADS, &device_name(&a.dir)).map_err(Into::into), stop)?)
+    Ok(zmem_swap::serve(&cfg, || a.pool.build(&DEFAULTS, &device_name(&a.dir)).map_err(Into::into), stop)?)
 }
 
 /// The server's policy threads: `--pool-size auto` counts the work of
 /// the device's cgroup (`--charge-to`, else `--cgroup`) unless
 /// `--workload-cgroup` names another.
 fn swap_policies(a: &ServeArgs) -> zmem_server::policy::Policies {
-    let mut p = a.pool.policies(EXCLUSIVE_LOADS, POOL_SIZE);
+    let mut p = a.pool.policies(&DEFAULTS);
     if let (Some(s), None) = (p.size_pool.as_mut(), &a.pool.workload_cgroup) {
         if let Some(cg) = a.charge_to.as_ref().or(a.cgroup.as_ref()) {
             s.work = zmem_server::sizing::Work::Cgroup(cg.clone());
