@@ -225,10 +225,12 @@ fn recompress_cpu_arg(c: RecompressCpu) -> String {
 }
 
 /// `--recompress-idle` as the server takes it.
-fn recompress_idle_arg(i: RecompressIdle) -> String {
-    match i {
-        RecompressIdle::Off => "off".into(),
-        RecompressIdle::After(s) => format!("{s}s"),
+impl std::fmt::Display for RecompressIdle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecompressIdle::Off => f.write_str("off"),
+            RecompressIdle::After(s) => write!(f, "{s}s"),
+        }
     }
 }
 
@@ -488,7 +490,7 @@ impl PoolArgs {
             v.extend(["--recomp-algo".into(), a.clone()]);
         }
         if let Some(i) = self.recompress_idle {
-            v.extend(["--recompress-idle".into(), recompress_idle_arg(i)]);
+            v.extend(["--recompress-idle".into(), i.to_string()]);
         }
         if let Some(c) = self.recompress_cpu {
             v.extend(["--recompress-cpu".into(), recompress_cpu_arg(c)]);
@@ -529,6 +531,17 @@ mod tests {
 
     /// The serve defaults with a cap that sizes itself.
     const AUTO_SIZE: Defaults = Defaults { pool_size: PoolSize::Auto, ..Defaults::SERVE };
+
+    /// These options alone, parsed as a command's are.
+    fn parse_pool(args: &[&str]) -> Result<PoolArgs, clap::Error> {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            pool: PoolArgs,
+        }
+        Cli::try_parse_from(std::iter::once("zmem").chain(args.iter().copied())).map(|c| c.pool)
+    }
 
     #[test]
     fn exclusive_loads_parse_and_round_trip() {
@@ -605,27 +618,21 @@ mod tests {
 
     #[test]
     fn the_recompression_cpu_share_is_a_percent_or_auto_and_reaches_the_server() {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            pool: PoolArgs,
-        }
-        let share = |v: &str| Cli::try_parse_from(["zmem", "--recompress-idle", "1s", "--recompress-cpu", v]).map(|c| c.pool);
+        let share = |v: &str| parse_pool(&["--recompress-idle", "1s", "--recompress-cpu", v]);
         for (v, want) in [("auto", RecompressCpu::Spare), ("50", RecompressCpu::Percent(50)), ("100%", RecompressCpu::Percent(100))] {
             let p = share(v).unwrap_or_else(|e| panic!("{v}: {e}"));
             assert_eq!(p.recompress_cpu, Some(want), "{v}");
             let words = p.to_args();
             let i = words.iter().position(|w| w == "--recompress-cpu").expect("passed on to the server");
             assert_eq!(parse_recompress_cpu(&words[i + 1]).unwrap(), want, "{v} as the server reads it");
-            let c = Cli::try_parse_from(std::iter::once("zmem").chain(words.iter().map(String::as_str))).expect("the server takes its words");
-            assert_eq!(c.pool.policies(&Defaults::SERVE).recompress_idle, Some(IdleRecompress { idle_secs: 1, cpu: want }), "{v}");
+            let c = parse_pool(&words.iter().map(String::as_str).collect::<Vec<_>>()).expect("the server takes its words");
+            assert_eq!(c.policies(&Defaults::SERVE).recompress_idle, Some(IdleRecompress { idle_secs: 1, cpu: want }), "{v}");
         }
         for bad in ["0", "101", "half", ""] {
             let err = share(bad).err().unwrap_or_else(|| panic!("{bad:?} taken")).to_string();
             assert!(err.contains("1 to 100, or auto"), "{bad:?}: {err}");
         }
-        let err = Cli::try_parse_from(["zmem", "--recompress-idle", "soon"]).err().expect("refused").to_string();
+        let err = parse_pool(&["--recompress-idle", "soon"]).expect_err("refused").to_string();
         assert!(err.contains("or off"), "{err}");
     }
 
@@ -637,15 +644,9 @@ mod tests {
     /// reaches a child server as itself.
     #[test]
     fn recompression_defaults_are_the_commands_and_options_override_them() {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            pool: PoolArgs,
-        }
         let swap = Defaults { recompress_idle: RecompressIdle::After(1), recompress_cpu: RecompressCpu::Spare, recomp_algo: "zstd:3", ..crate::swap::DEFAULTS };
-        assert_eq!(Cli::try_parse_from(["zmem"]).unwrap().pool.policies(&crate::swap::DEFAULTS).recompress_idle, None, "swap: only when asked, for now");
-        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("zmem").chain(args.iter().copied())).unwrap().pool;
+        assert_eq!(parse_pool(&[]).unwrap().policies(&crate::swap::DEFAULTS).recompress_idle, None, "swap: only when asked, for now");
+        let parse = |args: &[&str]| parse_pool(args).unwrap();
         let none = parse(&[]);
         assert_eq!(none.policies(&Defaults::SERVE).recompress_idle, None);
         assert_eq!(none.policies(&swap).recompress_idle, Some(IdleRecompress { idle_secs: 1, cpu: RecompressCpu::Spare }));
