@@ -422,7 +422,14 @@ impl Engine {
 
     /// A recompression pass over this pool (`recompress.rs`).
     fn recompression(&self) -> recompress::Pass<'_> {
-        recompress::Pass { index: &self.index, objects: &self.objects, counters: &self.counters, algs: &self.cfg.recomp_algorithms, epoch: self.epoch }
+        recompress::Pass {
+            index: &self.index,
+            objects: &self.objects,
+            counters: &self.counters,
+            algs: &self.cfg.recomp_algorithms,
+            epoch: self.epoch,
+            tier: self.tier.as_ref(),
+        }
     }
 
     /// Seconds since the pool was created (the unit of access times).

@@ -39,6 +39,12 @@
 //!   (O(entries), like zram's scan of its slots), then takes the lock once
 //!   per candidate; loads and stores of other keys in the shard wait at
 //!   most one decompression.
+//! * An idle pass ([`Pool::recompress_idle_until`](crate::Pool::recompress_idle_until))
+//!   leaves alone the pages the pool was told to write back first (a swap
+//!   device's pages no page table points to, `--unmapped-first`): they
+//!   leave RAM at the pool's next need for room, and most are dead, so
+//!   rewriting them is CPU for nothing. A pass asked for by hand
+//!   ([`Pool::recompress`](crate::Pool::recompress)) takes them too.
 //! * Loads of pages never recompressed do not change at all: the algorithm
 //!   is in the entry, so a recompressed neighbour costs them nothing.
 
@@ -52,6 +58,7 @@ use crate::error::{Result, ZmemError};
 use crate::objects::Objects;
 use crate::shard::{Index, Shard, ShardLock};
 use crate::stats::Counters;
+use crate::tier::Tier;
 
 /// The most recompression algorithms a pool may have (zram: 4 algorithms
 /// with the primary).
@@ -100,6 +107,11 @@ pub struct RecompressReport {
     /// Objects changed, freed or loaded during the pass, or not rewritten
     /// for want of memory: left as they were.
     pub skipped: u64,
+    /// Objects an idle pass left alone because the pool was told to write
+    /// them back first ([`Pool::write_back_first`](crate::Pool::write_back_first)):
+    /// not counted in `candidates`.
+    #[serde(default)]
+    pub going_first: u64,
 }
 
 impl std::ops::AddAssign for RecompressReport {
@@ -109,6 +121,7 @@ impl std::ops::AddAssign for RecompressReport {
         self.saved_bytes += r.saved_bytes;
         self.marked += r.marked;
         self.skipped += r.skipped;
+        self.going_first += r.going_first;
     }
 }
 
@@ -122,6 +135,9 @@ pub(crate) struct Pass<'a> {
     pub algs: &'a [Compressor],
     /// When the pool was created: access times count seconds from it.
     pub epoch: Instant,
+    /// The writeback tier, whose pages named to go first an idle pass
+    /// leaves alone.
+    pub tier: Option<&'a Tier>,
 }
 
 /// What became of one candidate.
@@ -147,7 +163,14 @@ struct Bufs {
 impl Pass<'_> {
     /// [`Pool::recompress`](crate::Pool::recompress), calling `after_shard`
     /// after each shard; it returns false to stop the pass.
-    pub fn run(&self, req: &Recompress, mut after_shard: impl FnMut() -> bool) -> Result<RecompressReport> {
+    pub fn run(&self, req: &Recompress, after_shard: impl FnMut() -> bool) -> Result<RecompressReport> {
+        self.run_over(req, false, after_shard)
+    }
+
+    /// [`Pass::run`]; with `spare_first`, the pages the pool was told to
+    /// write back first are left alone (an idle pass: they are about to
+    /// leave RAM, and most are a swap device's dead pages).
+    fn run_over(&self, req: &Recompress, spare_first: bool, mut after_shard: impl FnMut() -> bool) -> Result<RecompressReport> {
         let top = self.check(req)?;
         let now = self.epoch.elapsed().as_secs().min(u32::MAX as u64) as u32;
         let mut rep = RecompressReport::default();
@@ -157,7 +180,12 @@ impl Pass<'_> {
             if budget == 0 {
                 break;
             }
-            let picked = self.candidates(&shard.lock(), req, top, now);
+            let mut picked = self.candidates(&shard.lock(), req, top, now);
+            if let Some(t) = self.tier.filter(|_| spare_first) {
+                // Not under the shard lock: the tier takes its list's lock
+                // before a shard's.
+                rep.going_first += t.retain_not_named_first(&mut picked) as u64;
+            }
             rep.candidates += picked.len() as u64;
             for (key, e) in picked {
                 if budget == 0 {
@@ -294,7 +322,7 @@ impl Pass<'_> {
             let req = Recompress { idle_secs: Some(idle_secs), ..Recompress::default() };
             share_now();
             let mut since = Instant::now();
-            let r = self.run(&req, || {
+            let r = self.run_over(&req, true, || {
                 let share = share_now();
                 nap(since.elapsed().mul_f64((1.0 - share) / share));
                 since = Instant::now();

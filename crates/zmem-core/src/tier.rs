@@ -438,6 +438,20 @@ impl Tier {
         f.keys.len()
     }
 
+    /// Drop from `items` the pages named to go first (with the entry they
+    /// were named with) and not yet taken; returns how many it dropped.
+    /// Takes the list's lock: not to be called under a shard's.
+    pub(crate) fn retain_not_named_first(&self, items: &mut Vec<(u64, Entry)>) -> usize {
+        let f = self.first.lock();
+        if f.keys.is_empty() {
+            return 0;
+        }
+        let before = items.len();
+        // `keys` is sorted by key, highest first.
+        items.retain(|&(k, e)| f.keys.binary_search_by(|&(fk, _)| k.cmp(&fk)).map_or(true, |i| f.keys[i].1 != e));
+        before - items.len()
+    }
+
     fn next_seq(&self) -> u32 {
         self.seq.fetch_add(1, Relaxed)
     }

@@ -283,3 +283,42 @@ fn the_idle_policy_waits_while_it_has_no_share_of_a_cpu() {
     assert_eq!(total.recompressed, 200, "{total:?}");
     check_all(&p, (0..200).map(|k| (k, six_bit(k))));
 }
+
+/// The idle policy leaves alone the pages the pool was told to write back
+/// first (a swap device's unmapped pages: about to leave RAM, most dead),
+/// but not one stored again since it was named; a pass asked for by hand
+/// takes them too; every page reads back as stored.
+#[test]
+fn the_idle_policy_spares_pages_named_to_go_first() {
+    let p = Arc::new(pool(vec![zstd(3)], true));
+    let n = 300u64;
+    for k in 0..n {
+        p.store(k, &six_bit(k)).unwrap();
+    }
+    let mut named = p.resident();
+    named.retain(|k| k % 2 == 1);
+    assert_eq!(p.write_back_first(named), (n / 2) as usize);
+    let restored = 3;
+    p.store(restored, &six_bit(restored + 1_000)).unwrap();
+    let want = |k: u64| six_bit(if k == restored { k + 1_000 } else { k });
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (p, stop) = (Arc::clone(&p), Arc::clone(&stop));
+        std::thread::spawn(move || p.recompress_idle_until(0, || 0.5, &stop))
+    };
+    let spared = n / 2 - 1;
+    let t = std::time::Instant::now();
+    while p.stats().recompressed_pages < n - spared && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(1_500));
+    stop.store(true, Ordering::Relaxed);
+    let total = worker.join().unwrap().unwrap();
+    assert_eq!(total.recompressed, n - spared, "{total:?}");
+    assert!(total.going_first >= spared, "{total:?}");
+    assert_eq!(p.stats().written_back_pages, 0, "nothing needed room");
+    check_all(&p, (0..n).map(|k| (k, want(k))));
+    let by_hand = p.recompress(&Recompress::default()).unwrap();
+    assert_eq!((by_hand.recompressed, by_hand.going_first), (spared, 0), "{by_hand:?}");
+    check_all(&p, (0..n).map(|k| (k, want(k))));
+}
