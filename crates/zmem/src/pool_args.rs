@@ -104,18 +104,19 @@ pub struct PoolArgs {
     pub exclusive_loads: Option<ExclusiveLoads>,
     /// zram's recomp_algorithm: an algorithm for `zmem recompress` and
     /// --recompress-idle, repeated for up to three, by priority [default:
-    /// zstd:9].
+    /// zstd:9; zmem swap: zstd:3].
     #[arg(long = "recomp-algo", value_name = "ALGO", action = clap::ArgAction::Append)]
     pub recomp_algo: Vec<String>,
     /// Recompress pages idle this long in the background (300s, 5m), or
     /// off [default: off, as zram, which does it only when told (`zmem
-    /// recompress`)].
+    /// recompress`); zmem swap: 1s].
     #[arg(long, value_name = "DURATION|off", value_parser = parse_recompress_idle)]
     pub recompress_idle: Option<RecompressIdle>,
     /// The share of one CPU --recompress-idle may use, in percent; auto:
     /// half of what the machine's CPUs leave idle (up to one CPU), so a
-    /// workload that keeps them busy keeps them [default: 10].
-    #[arg(long, value_name = "PERCENT|auto", value_parser = parse_recompress_cpu, requires = "recompress_idle")]
+    /// workload that keeps them busy keeps them [default: 10; zmem swap:
+    /// auto].
+    #[arg(long, value_name = "PERCENT|auto", value_parser = parse_recompress_cpu)]
     pub recompress_cpu: Option<RecompressCpu>,
     /// Compression dictionary: auto (the pool trains one from a sample of
     /// its pages, and a new one when the data drifts), off, or the path of
@@ -400,6 +401,9 @@ impl PoolArgs {
 
     /// The pool's configuration from these options, and its compressor.
     fn config(&self, default: &Defaults) -> anyhow::Result<(PoolConfig, Compressor)> {
+        if self.recompress_cpu.is_some() && self.recompress_idle.unwrap_or(default.recompress_idle) == RecompressIdle::Off {
+            anyhow::bail!("--recompress-cpu shares out idle recompression, which is off here: give --recompress-idle DURATION too");
+        }
         let comp: Compressor = self.compressor.parse()?;
         let algos: Vec<&str> = if self.recomp_algo.is_empty() { vec![default.recomp_algo] } else { self.recomp_algo.iter().map(String::as_str).collect() };
         let cfg = PoolConfig {
@@ -637,15 +641,13 @@ mod tests {
     }
 
     /// A command's defaults where an option is not given: `zmem serve`
-    /// recompresses only when asked (zram's way), with zstd:9; a command
-    /// that recompresses by default (here one with swap's candidate: pages
-    /// idle 1 s, on the CPU the machine leaves idle, with zstd:3) does so
-    /// unless its options say otherwise, off included; and an option given
-    /// reaches a child server as itself.
+    /// recompresses only when asked (zram's way), with zstd:9; `zmem swap
+    /// on` recompresses pages idle 1 s, on the CPU the machine leaves idle,
+    /// with zstd:3, unless its options say otherwise, off included; and an
+    /// option given reaches a child server as itself.
     #[test]
     fn recompression_defaults_are_the_commands_and_options_override_them() {
-        let swap = Defaults { recompress_idle: RecompressIdle::After(1), recompress_cpu: RecompressCpu::Spare, recomp_algo: "zstd:3", ..crate::swap::DEFAULTS };
-        assert_eq!(parse_pool(&[]).unwrap().policies(&crate::swap::DEFAULTS).recompress_idle, None, "swap: only when asked, for now");
+        let swap = crate::swap::DEFAULTS;
         let parse = |args: &[&str]| parse_pool(args).unwrap();
         let none = parse(&[]);
         assert_eq!(none.policies(&Defaults::SERVE).recompress_idle, None);
@@ -658,6 +660,12 @@ mod tests {
         assert_eq!(off.policies(&swap).recompress_idle, None);
         let words = off.to_args();
         assert_eq!(parse(&words.iter().map(String::as_str).collect::<Vec<_>>()).policies(&swap).recompress_idle, None, "off reaches the server");
+        // A share of recompression that is off is refused; swap's is on.
+        let cpu_alone = parse(&["--recompress-cpu", "20"]);
+        assert!(cpu_alone.config(&Defaults::SERVE).unwrap_err().to_string().contains("--recompress-idle"));
+        assert!(parse(&["--recompress-idle", "off", "--recompress-cpu", "20"]).config(&swap).is_err());
+        assert_eq!(cpu_alone.policies(&swap).recompress_idle, Some(IdleRecompress { idle_secs: 1, cpu: RecompressCpu::Percent(20) }));
+        assert!(cpu_alone.config(&swap).is_ok());
         let given = parse(&["--recompress-idle", "5m", "--recompress-cpu", "20", "--recomp-algo", "zstd:9", "--recomp-algo", "zstd:19"]);
         assert_eq!(given.policies(&swap).recompress_idle, Some(IdleRecompress { idle_secs: 300, cpu: RecompressCpu::Percent(20) }));
         assert_eq!(algos(&given, &swap), ["zstd:9", "zstd:19"]);

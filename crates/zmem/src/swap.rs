@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use zmem_server::policy::RecompressCpu;
 use zmem_swap::{Device, Discard, ServerConfig};
 
-use crate::pool_args::{Defaults, ExclusiveLoads, PoolArgs, PoolSize};
+use crate::pool_args::{Defaults, ExclusiveLoads, PoolArgs, PoolSize, RecompressIdle};
 use crate::util::parse_size;
 
 /// A swap device's pool options unless given (docs/MEASUREMENTS.md gives
@@ -16,11 +17,17 @@ use crate::util::parse_size;
 ///   system's swap is more than half full ("Exclusive loads");
 /// - `--pool-size auto`: the pool's cap follows the workload's work
 ///   ("Pool size");
-/// - recompression as `zmem serve`'s (only when asked): `--recompress-idle
-///   1s --recompress-cpu auto --recomp-algo zstd:3` took 6-7 % off kv's
-///   time and did not move the build at 50 %, but has not run on the build
-///   at 40 % ("Idle recompression on swap").
-pub(crate) const DEFAULTS: Defaults = Defaults { exclusive_loads: ExclusiveLoads::Auto, pool_size: PoolSize::Auto, ..Defaults::SERVE };
+/// - idle recompression, `--recompress-idle 1s --recompress-cpu auto
+///   --recomp-algo zstd:3`: pages a second untouched are rewritten with
+///   zstd on half the CPU the machine leaves idle, so the cap holds more
+///   of them ("Idle recompression on swap").
+pub(crate) const DEFAULTS: Defaults = Defaults {
+    exclusive_loads: ExclusiveLoads::Auto,
+    pool_size: PoolSize::Auto,
+    recompress_idle: RecompressIdle::After(1),
+    recompress_cpu: RecompressCpu::Spare,
+    recomp_algo: "zstd:3",
+};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SwapCmd {
