@@ -757,7 +757,12 @@ fn reclaim_under_pressure() {
     );
     let n = |k: &str| shared[k].as_u64().unwrap_or_else(|| panic!("shared_budget.{k} missing: {shared}"));
     assert_eq!(n("budget"), BUDGET);
-    assert!(n("pool_peak") > 32 << 20, "the server's memory was counted: {shared}");
+    // The keeper counted the server's resident memory, which holds the
+    // pool: its peak covers the pool's own peak (recompression, on by
+    // default, keeps that peak well below the 512 MiB pushed through).
+    let used_max = stats["stats"]["mem_used_max"].as_u64().unwrap();
+    assert!(used_max > 8 << 20, "the pool held the workload's pages: {}", stats["stats"]);
+    assert!(n("pool_peak") >= used_max, "the server's memory was counted: {shared}, pool peak {used_max}");
     assert!(n("limit_min") + n("pool_peak") <= BUDGET + (1 << 20), "the limit made room for the server: {shared}");
     assert!(n("peak_total") <= BUDGET + (16 << 20), "the workload and the server stayed within the budget: {shared}");
     assert_eq!(n("floor_ticks"), 0, "{shared}");
@@ -765,7 +770,6 @@ fn reclaim_under_pressure() {
     // buffers, malloc's slack) stays small: under mlockall, memory freed
     // into malloc's arenas could not be given back (see zmem-server's
     // malloc.rs).
-    let used_max = stats["stats"]["mem_used_max"].as_u64().unwrap();
     assert!(n("pool_peak") <= used_max + (32 << 20), "server RSS peak {} against a pool peak of {used_max}", n("pool_peak"));
     assert_eq!(stats["reclaim_safety"]["malloc_tuned"], true, "{}", stats["reclaim_safety"]);
     assert!(out.starts_with("OK"), "workload: {out} {err} (status {status:?})");
