@@ -9,10 +9,12 @@
 //! * Idle recompression (`--recompress-idle`): pages idle this long are
 //!   rewritten with the pool's recompression algorithms, within a share
 //!   of one CPU: a set one, or (`--recompress-cpu auto`) half of what the
-//!   machine's CPUs leave idle, so that a workload that keeps the CPUs
-//!   busy (a build on two cores) gets them and one that waits on its disk
-//!   (a heap swapping) lends them. The thread runs at nice 19 either way:
-//!   the CPU it takes is what nobody else asked for.
+//!   machine's CPUs leave idle, their iowait counted as idle only while
+//!   the rest of the machine uses under half its CPUs, so that a workload
+//!   that keeps the CPUs busy between its waits (a build on two cores)
+//!   gets them and one that mostly waits on its disk (a heap swapping)
+//!   lends them. The thread runs at nice 19 either way: the CPU it takes
+//!   is what nobody else asked for.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Scope;
@@ -55,8 +57,8 @@ pub struct IdleRecompress {
 pub enum RecompressCpu {
     /// This many percent (1 to 100).
     Percent(u8),
-    /// Half of what the machine's CPUs leave idle, up to one CPU
-    /// ([`SpareCpu`]).
+    /// Half of what the machine's CPUs leave idle, up to one CPU, their
+    /// iowait included only where the machine is not busy ([`SpareCpu`]).
     Spare,
 }
 
@@ -67,47 +69,62 @@ const SPARE_EVERY: Duration = Duration::from_millis(500);
 /// leaving the rest for the bursts of whatever runs beside it.
 const SPARE_TAKEN: f64 = 0.5;
 
+/// The share of the machine's CPUs that its other work (all but idle,
+/// iowait and this thread) may use for the CPUs' iowait to count as spare.
+/// A CPU in iowait has nothing to run now but a task that wants it back
+/// the moment its read completes: where the rest of the machine is busy
+/// (a build on two cores, whose compilers wait on swap-ins between bursts)
+/// that time is the workload's; where it is mostly waiting (a heap that
+/// swaps) it is lent.
+const IOWAIT_SPARE_BELOW: f64 = 0.5;
+
 /// What the machine's CPUs left idle over the last [`SPARE_EVERY`], with
 /// the calling thread's own time counted as idle (what would have been
 /// idle had it not run), as a share of one CPU to take.
 struct SpareCpu {
     at: Instant,
-    idle: f64,
+    machine: zmem_host::IdleTimes,
     mine: f64,
     share: f64,
 }
 
 impl SpareCpu {
     fn new() -> SpareCpu {
-        let (idle, mine) = Self::times();
-        SpareCpu { at: Instant::now(), idle, mine, share: 0.0 }
+        let (machine, mine) = Self::times();
+        SpareCpu { at: Instant::now(), machine, mine, share: 0.0 }
     }
 
-    /// The machine's idle CPU seconds and this thread's CPU seconds
-    /// (none readable: none, and so no share).
-    fn times() -> (f64, f64) {
-        (zmem_host::machine_idle_secs().unwrap_or(0.0), zmem_host::thread_cpu_secs().unwrap_or(0.0))
+    /// The machine's CPU times and this thread's CPU seconds (none
+    /// readable: none, and so no share).
+    fn times() -> (zmem_host::IdleTimes, f64) {
+        (zmem_host::machine_idle_times().unwrap_or_default(), zmem_host::thread_cpu_secs().unwrap_or(0.0))
     }
 
     /// The share now (sampled anew once [`SPARE_EVERY`] has passed).
     fn share(&mut self) -> f64 {
         let dt = self.at.elapsed();
         if dt >= SPARE_EVERY {
-            let (idle, mine) = Self::times();
-            self.share = spare_share(idle - self.idle, mine - self.mine, dt.as_secs_f64());
-            (self.at, self.idle, self.mine) = (Instant::now(), idle, mine);
+            let (m, mine) = Self::times();
+            let d = zmem_host::IdleTimes { idle: m.idle - self.machine.idle, iowait: m.iowait - self.machine.iowait, all: m.all - self.machine.all };
+            self.share = spare_share(d, mine - self.mine, dt.as_secs_f64());
+            (self.at, self.machine, self.mine) = (Instant::now(), m, mine);
         }
         self.share
     }
 }
 
-/// The share of one CPU to take, given the machine's idle CPU seconds
-/// and this thread's CPU seconds over `secs` of wall time.
-fn spare_share(idle: f64, mine: f64, secs: f64) -> f64 {
-    if secs <= 0.0 {
+/// The share of one CPU to take, given the machine's CPU seconds by kind
+/// and this thread's CPU seconds over `secs` of wall time: half of the
+/// idle time and this thread's, and of the iowait too while the rest of
+/// the machine uses under [`IOWAIT_SPARE_BELOW`] of its CPUs.
+fn spare_share(d: zmem_host::IdleTimes, mine: f64, secs: f64) -> f64 {
+    if secs <= 0.0 || d.all <= 0.0 {
         return 0.0;
     }
-    ((idle.max(0.0) + mine.max(0.0)) / secs * SPARE_TAKEN).clamp(0.0, 1.0)
+    let (idle, iowait, mine) = (d.idle.max(0.0), d.iowait.max(0.0), mine.max(0.0));
+    let others = (d.all - idle - iowait - mine).max(0.0) / d.all;
+    let spare = if others < IOWAIT_SPARE_BELOW { idle + iowait + mine } else { idle + mine };
+    (spare / secs * SPARE_TAKEN).clamp(0.0, 1.0)
 }
 
 impl Policies {
@@ -174,13 +191,28 @@ mod tests {
 
     #[test]
     fn the_spare_share_is_half_the_idle_cpu_up_to_one() {
-        assert_eq!(spare_share(0.0, 0.0, 1.0), 0.0, "no CPU idle: none");
-        assert_eq!(spare_share(1.0, 0.0, 1.0), 0.5, "one CPU idle: half of it");
-        assert_eq!(spare_share(0.4, 0.6, 1.0), 0.5, "its own time counts as idle");
-        assert_eq!(spare_share(4.0, 0.0, 1.0), 1.0, "at most one CPU");
-        assert_eq!(spare_share(0.5, 0.0, 0.5), 0.5);
-        assert_eq!(spare_share(1.0, 0.0, 0.0), 0.0, "no time passed: none");
-        assert_eq!(spare_share(-1.0, -1.0, 1.0), 0.0, "counters that ran back: none");
+        // Two CPUs over one second: `all` is 2 CPU seconds.
+        let t = |idle, iowait| zmem_host::IdleTimes { idle, iowait, all: 2.0 };
+        assert_eq!(spare_share(t(0.0, 0.0), 0.0, 1.0), 0.0, "no CPU idle: none");
+        assert_eq!(spare_share(t(1.0, 0.0), 0.0, 1.0), 0.5, "one CPU idle: half of it");
+        assert_eq!(spare_share(t(0.4, 0.0), 0.6, 1.0), 0.5, "its own time counts as idle");
+        assert_eq!(spare_share(zmem_host::IdleTimes { idle: 4.0, iowait: 0.0, all: 8.0 }, 0.0, 1.0), 1.0, "at most one CPU");
+        assert_eq!(spare_share(zmem_host::IdleTimes { idle: 0.5, iowait: 0.0, all: 1.0 }, 0.0, 0.5), 0.5);
+        assert_eq!(spare_share(t(1.0, 0.0), 0.0, 0.0), 0.0, "no time passed: none");
+        assert_eq!(spare_share(t(-1.0, -1.0), -1.0, 1.0), 0.0, "counters that ran back: none");
+    }
+
+    /// iowait is lent by a machine that mostly waits (a heap swapping:
+    /// its clients and the server use 0.8 of 2 CPU seconds) and kept by
+    /// one that is busy between its waits (a build: 1.4 of 2).
+    #[test]
+    fn iowait_is_spare_only_where_the_rest_of_the_machine_is_not_busy() {
+        let t = |idle, iowait| zmem_host::IdleTimes { idle, iowait, all: 2.0 };
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(near(spare_share(t(0.0, 1.2), 0.0, 1.0), 0.6), "a heap waiting on its disk: half its iowait");
+        assert!(near(spare_share(t(0.2, 1.0), 0.2, 1.0), 0.7), "with this thread's own time beside it");
+        assert_eq!(spare_share(t(0.0, 0.6), 0.0, 1.0), 0.0, "a build busy between its waits: none");
+        assert!(near(spare_share(t(0.2, 0.4), 0.0, 1.0), 0.1), "only its idle time");
     }
 
     /// The share is read from the machine: none before a reading, and
