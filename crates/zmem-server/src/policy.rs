@@ -10,7 +10,8 @@
 //!   rewritten with the pool's recompression algorithms, within a share
 //!   of one CPU: a set one, or (`--recompress-cpu auto`) half of what the
 //!   machine's CPUs leave idle, their iowait counted as idle only while
-//!   the rest of the machine uses under half its CPUs, so that a workload
+//!   the rest of the machine (all but this server, whose CPU serves the
+//!   workload's waits) uses under 30 % of its CPUs, so that a workload
 //!   that keeps the CPUs busy between its waits (a build on two cores)
 //!   gets them and one that mostly waits on its disk (a heap swapping)
 //!   lends them. The thread runs at nice 19 either way: the CPU it takes
@@ -69,60 +70,83 @@ const SPARE_EVERY: Duration = Duration::from_millis(500);
 /// leaving the rest for the bursts of whatever runs beside it.
 const SPARE_TAKEN: f64 = 0.5;
 
-/// The share of the machine's CPUs that its other work (all but idle,
-/// iowait and this thread) may use for the CPUs' iowait to count as spare.
-/// A CPU in iowait has nothing to run now but a task that wants it back
-/// the moment its read completes: where the rest of the machine is busy
-/// (a build on two cores, whose compilers wait on swap-ins between bursts)
-/// that time is the workload's; where it is mostly waiting (a heap that
-/// swaps) it is lent.
-const IOWAIT_SPARE_BELOW: f64 = 0.5;
+/// The share of the machine's CPUs that the rest of its work (all but
+/// idle, iowait and this server's own threads) may use for the CPUs'
+/// iowait to count as spare. A CPU in iowait has nothing to run now but a
+/// task that wants it back the moment its read completes: where the rest
+/// of the machine is busy (a build on two cores, whose compilers run
+/// between their swap-ins) that time is the workload's; where it mostly
+/// waits (a heap that swaps, whose CPU is this server's, serving it) it is
+/// lent. The server's own CPU is left out: it is the workload's waiting.
+const IOWAIT_SPARE_BELOW: f64 = 0.3;
 
 /// What the machine's CPUs left idle over the last [`SPARE_EVERY`], with
 /// the calling thread's own time counted as idle (what would have been
 /// idle had it not run), as a share of one CPU to take.
 struct SpareCpu {
     at: Instant,
-    machine: zmem_host::IdleTimes,
-    mine: f64,
+    then: Times,
     share: f64,
+}
+
+/// The CPU seconds [`SpareCpu`] reads: the machine's by kind, this
+/// process's and this thread's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Times {
+    machine: zmem_host::IdleTimes,
+    server: f64,
+    mine: f64,
+}
+
+impl Times {
+    /// Now (what is not readable reads as none, and so gives no share).
+    fn now() -> Times {
+        Times {
+            machine: zmem_host::machine_idle_times().unwrap_or_default(),
+            server: zmem_host::cpu_secs(std::process::id()).unwrap_or(0.0),
+            mine: zmem_host::thread_cpu_secs().unwrap_or(0.0),
+        }
+    }
+
+    /// What passed from `then` to `self`.
+    fn since(self, then: Times) -> Times {
+        let (m, t) = (self.machine, then.machine);
+        Times {
+            machine: zmem_host::IdleTimes { idle: m.idle - t.idle, iowait: m.iowait - t.iowait, all: m.all - t.all },
+            server: self.server - then.server,
+            mine: self.mine - then.mine,
+        }
+    }
 }
 
 impl SpareCpu {
     fn new() -> SpareCpu {
-        let (machine, mine) = Self::times();
-        SpareCpu { at: Instant::now(), machine, mine, share: 0.0 }
-    }
-
-    /// The machine's CPU times and this thread's CPU seconds (none
-    /// readable: none, and so no share).
-    fn times() -> (zmem_host::IdleTimes, f64) {
-        (zmem_host::machine_idle_times().unwrap_or_default(), zmem_host::thread_cpu_secs().unwrap_or(0.0))
+        SpareCpu { at: Instant::now(), then: Times::now(), share: 0.0 }
     }
 
     /// The share now (sampled anew once [`SPARE_EVERY`] has passed).
     fn share(&mut self) -> f64 {
         let dt = self.at.elapsed();
         if dt >= SPARE_EVERY {
-            let (m, mine) = Self::times();
-            let d = zmem_host::IdleTimes { idle: m.idle - self.machine.idle, iowait: m.iowait - self.machine.iowait, all: m.all - self.machine.all };
-            self.share = spare_share(d, mine - self.mine, dt.as_secs_f64());
-            (self.at, self.machine, self.mine) = (Instant::now(), m, mine);
+            let now = Times::now();
+            self.share = spare_share(now.since(self.then), dt.as_secs_f64());
+            (self.at, self.then) = (Instant::now(), now);
         }
         self.share
     }
 }
 
-/// The share of one CPU to take, given the machine's CPU seconds by kind
-/// and this thread's CPU seconds over `secs` of wall time: half of the
-/// idle time and this thread's, and of the iowait too while the rest of
-/// the machine uses under [`IOWAIT_SPARE_BELOW`] of its CPUs.
-fn spare_share(d: zmem_host::IdleTimes, mine: f64, secs: f64) -> f64 {
-    if secs <= 0.0 || d.all <= 0.0 {
+/// The share of one CPU to take, given the CPU seconds that passed over
+/// `secs` of wall time: half of the machine's idle time and this thread's,
+/// and of its iowait too while the rest of the machine (all but this
+/// server) uses under [`IOWAIT_SPARE_BELOW`] of its CPUs.
+fn spare_share(d: Times, secs: f64) -> f64 {
+    let m = d.machine;
+    if secs <= 0.0 || m.all <= 0.0 {
         return 0.0;
     }
-    let (idle, iowait, mine) = (d.idle.max(0.0), d.iowait.max(0.0), mine.max(0.0));
-    let others = (d.all - idle - iowait - mine).max(0.0) / d.all;
+    let (idle, iowait, mine) = (m.idle.max(0.0), m.iowait.max(0.0), d.mine.max(0.0));
+    let others = (m.all - idle - iowait - d.server.max(mine)).max(0.0) / m.all;
     let spare = if others < IOWAIT_SPARE_BELOW { idle + iowait + mine } else { idle + mine };
     (spare / secs * SPARE_TAKEN).clamp(0.0, 1.0)
 }
@@ -189,30 +213,38 @@ fn follow_swap_fullness(pool: &Pool, stop: &AtomicBool) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_spare_share_is_half_the_idle_cpu_up_to_one() {
-        // Two CPUs over one second: `all` is 2 CPU seconds.
-        let t = |idle, iowait| zmem_host::IdleTimes { idle, iowait, all: 2.0 };
-        assert_eq!(spare_share(t(0.0, 0.0), 0.0, 1.0), 0.0, "no CPU idle: none");
-        assert_eq!(spare_share(t(1.0, 0.0), 0.0, 1.0), 0.5, "one CPU idle: half of it");
-        assert_eq!(spare_share(t(0.4, 0.0), 0.6, 1.0), 0.5, "its own time counts as idle");
-        assert_eq!(spare_share(zmem_host::IdleTimes { idle: 4.0, iowait: 0.0, all: 8.0 }, 0.0, 1.0), 1.0, "at most one CPU");
-        assert_eq!(spare_share(zmem_host::IdleTimes { idle: 0.5, iowait: 0.0, all: 1.0 }, 0.0, 0.5), 0.5);
-        assert_eq!(spare_share(t(1.0, 0.0), 0.0, 0.0), 0.0, "no time passed: none");
-        assert_eq!(spare_share(t(-1.0, -1.0), -1.0, 1.0), 0.0, "counters that ran back: none");
+    /// Times over one second on `cpus` CPUs: the machine's idle and
+    /// iowait, this server's CPU and this thread's.
+    fn times(cpus: f64, idle: f64, iowait: f64, server: f64, mine: f64) -> Times {
+        Times { machine: zmem_host::IdleTimes { idle, iowait, all: cpus }, server, mine }
     }
 
-    /// iowait is lent by a machine that mostly waits (a heap swapping:
-    /// its clients and the server use 0.8 of 2 CPU seconds) and kept by
-    /// one that is busy between its waits (a build: 1.4 of 2).
+    #[test]
+    fn the_spare_share_is_half_the_idle_cpu_up_to_one() {
+        let t = |idle, mine| times(2.0, idle, 0.0, mine, mine);
+        assert_eq!(spare_share(t(0.0, 0.0), 1.0), 0.0, "no CPU idle: none");
+        assert_eq!(spare_share(t(1.0, 0.0), 1.0), 0.5, "one CPU idle: half of it");
+        assert_eq!(spare_share(t(0.4, 0.6), 1.0), 0.5, "its own time counts as idle");
+        assert_eq!(spare_share(times(8.0, 4.0, 0.0, 0.0, 0.0), 1.0), 1.0, "at most one CPU");
+        assert_eq!(spare_share(times(1.0, 0.5, 0.0, 0.0, 0.0), 0.5), 0.5);
+        assert_eq!(spare_share(t(1.0, 0.0), 0.0), 0.0, "no time passed: none");
+        assert_eq!(spare_share(times(0.0, 0.0, 0.0, 0.0, 0.0), 1.0), 0.0, "no machine time read: none");
+        assert_eq!(spare_share(times(2.0, -1.0, -1.0, -1.0, -1.0), 1.0), 0.0, "counters that ran back: none");
+    }
+
+    /// iowait is lent by a machine whose work mostly waits (a heap
+    /// swapping: of 2 CPU seconds its clients use 0.2 and this server 0.6)
+    /// and kept by one that is busy between its waits (a build: its
+    /// compilers use 1.0); the server's own CPU never makes it busy.
     #[test]
     fn iowait_is_spare_only_where_the_rest_of_the_machine_is_not_busy() {
-        let t = |idle, iowait| zmem_host::IdleTimes { idle, iowait, all: 2.0 };
         let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
-        assert!(near(spare_share(t(0.0, 1.2), 0.0, 1.0), 0.6), "a heap waiting on its disk: half its iowait");
-        assert!(near(spare_share(t(0.2, 1.0), 0.2, 1.0), 0.7), "with this thread's own time beside it");
-        assert_eq!(spare_share(t(0.0, 0.6), 0.0, 1.0), 0.0, "a build busy between its waits: none");
-        assert!(near(spare_share(t(0.2, 0.4), 0.0, 1.0), 0.1), "only its idle time");
+        assert!(near(spare_share(times(2.0, 0.0, 1.2, 0.6, 0.0), 1.0), 0.6), "a heap waiting on its disk: half its iowait");
+        assert!(near(spare_share(times(2.0, 0.2, 1.0, 0.6, 0.2), 1.0), 0.7), "with this thread's own time beside it");
+        assert_eq!(spare_share(times(2.0, 0.0, 0.6, 0.4, 0.0), 1.0), 0.0, "a build busy between its waits: none");
+        assert!(near(spare_share(times(2.0, 0.2, 0.4, 0.4, 0.0), 1.0), 0.1), "only its idle time");
+        assert!(near(spare_share(times(2.0, 0.0, 0.8, 1.2, 0.0), 1.0), 0.4), "a busy server is not a busy machine");
+        assert!(near(spare_share(times(2.0, 0.0, 1.2, 0.0, 0.4), 1.0), 0.8), "this thread's time is the server's at least");
     }
 
     /// The share is read from the machine: none before a reading, and
@@ -223,7 +255,7 @@ mod tests {
     fn the_spare_share_is_read_from_the_machine() {
         let mut s = SpareCpu::new();
         assert_eq!(s.share(), 0.0, "no reading yet");
-        let (at0, mine0) = (s.at, s.mine);
+        let (at0, then0) = (s.at, s.then);
         let end = Instant::now() + SPARE_EVERY + Duration::from_millis(100);
         let mut x = 0u64;
         while Instant::now() < end {
@@ -232,7 +264,10 @@ mod tests {
         std::hint::black_box(x);
         let share = s.share();
         assert!(s.at > at0, "a new reading");
-        assert!(s.mine - mine0 >= 0.01, "the spinning counted: {} s", s.mine - mine0);
+        let spun = s.then.since(then0);
+        assert!(spun.mine >= 0.01, "the spinning counted: {spun:?}");
+        assert!(spun.server >= spun.mine, "the thread's time is in the process's: {spun:?}");
+        assert!(spun.machine.all >= spun.mine, "and in the machine's: {spun:?}");
         assert!(share > 0.0 && share <= 1.0, "{share}");
     }
 
