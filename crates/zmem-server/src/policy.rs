@@ -9,13 +9,10 @@
 //! * Idle recompression (`--recompress-idle`): pages idle this long are
 //!   rewritten with the pool's recompression algorithms, within a share
 //!   of one CPU: a set one, or (`--recompress-cpu auto`) half of what the
-//!   machine's CPUs leave idle, their iowait counted as idle only while
-//!   the rest of the machine (all but this server, whose CPU serves the
-//!   workload's waits) uses under 30 % of its CPUs, so that a workload
-//!   that keeps the CPUs busy between its waits (a build on two cores)
-//!   gets them and one that mostly waits on its disk (a heap swapping)
-//!   lends them. The thread runs at nice 19 either way: the CPU it takes
-//!   is what nobody else asked for.
+//!   machine's CPUs leave idle, so that a workload that keeps the CPUs
+//!   busy (a build on two cores) gets them and one that waits on its disk
+//!   (a heap swapping) lends them. The thread runs at nice 19 either way:
+//!   the CPU it takes is what nobody else asked for.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Scope;
@@ -58,8 +55,8 @@ pub struct IdleRecompress {
 pub enum RecompressCpu {
     /// This many percent (1 to 100).
     Percent(u8),
-    /// Half of what the machine's CPUs leave idle, up to one CPU, their
-    /// iowait included only where the machine is not busy ([`SpareCpu`]).
+    /// Half of what the machine's CPUs leave idle, up to one CPU
+    /// ([`SpareCpu`]).
     Spare,
 }
 
@@ -70,85 +67,47 @@ const SPARE_EVERY: Duration = Duration::from_millis(500);
 /// leaving the rest for the bursts of whatever runs beside it.
 const SPARE_TAKEN: f64 = 0.5;
 
-/// The share of the machine's CPUs that the rest of its work (all but
-/// idle, iowait and this server's own threads) may use for the CPUs'
-/// iowait to count as spare. A CPU in iowait has nothing to run now but a
-/// task that wants it back the moment its read completes: where the rest
-/// of the machine is busy (a build on two cores, whose compilers run
-/// between their swap-ins) that time is the workload's; where it mostly
-/// waits (a heap that swaps, whose CPU is this server's, serving it) it is
-/// lent. The server's own CPU is left out: it is the workload's waiting.
-const IOWAIT_SPARE_BELOW: f64 = 0.3;
-
 /// What the machine's CPUs left idle over the last [`SPARE_EVERY`], with
 /// the calling thread's own time counted as idle (what would have been
 /// idle had it not run), as a share of one CPU to take.
 struct SpareCpu {
     at: Instant,
-    then: Times,
-    share: f64,
-}
-
-/// The CPU seconds [`SpareCpu`] reads: the machine's by kind, this
-/// process's and this thread's.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct Times {
-    machine: zmem_host::IdleTimes,
-    server: f64,
+    idle: f64,
     mine: f64,
-}
-
-impl Times {
-    /// Now (what is not readable reads as none, and so gives no share).
-    fn now() -> Times {
-        Times {
-            machine: zmem_host::machine_idle_times().unwrap_or_default(),
-            server: zmem_host::cpu_secs(std::process::id()).unwrap_or(0.0),
-            mine: zmem_host::thread_cpu_secs().unwrap_or(0.0),
-        }
-    }
-
-    /// What passed from `then` to `self`.
-    fn since(self, then: Times) -> Times {
-        let (m, t) = (self.machine, then.machine);
-        Times {
-            machine: zmem_host::IdleTimes { idle: m.idle - t.idle, iowait: m.iowait - t.iowait, all: m.all - t.all },
-            server: self.server - then.server,
-            mine: self.mine - then.mine,
-        }
-    }
+    share: f64,
 }
 
 impl SpareCpu {
     fn new() -> SpareCpu {
-        SpareCpu { at: Instant::now(), then: Times::now(), share: 0.0 }
+        let (idle, mine) = Self::times();
+        SpareCpu { at: Instant::now(), idle, mine, share: 0.0 }
+    }
+
+    /// The machine's idle CPU seconds and this thread's CPU seconds
+    /// (none readable: none, and so no share).
+    fn times() -> (f64, f64) {
+        (zmem_host::machine_idle_secs().unwrap_or(0.0), zmem_host::thread_cpu_secs().unwrap_or(0.0))
     }
 
     /// The share now (sampled anew once [`SPARE_EVERY`] has passed).
     fn share(&mut self) -> f64 {
         let dt = self.at.elapsed();
         if dt >= SPARE_EVERY {
-            let now = Times::now();
-            self.share = spare_share(now.since(self.then), dt.as_secs_f64());
-            (self.at, self.then) = (Instant::now(), now);
+            let (idle, mine) = Self::times();
+            self.share = spare_share(idle - self.idle, mine - self.mine, dt.as_secs_f64());
+            (self.at, self.idle, self.mine) = (Instant::now(), idle, mine);
         }
         self.share
     }
 }
 
-/// The share of one CPU to take, given the CPU seconds that passed over
-/// `secs` of wall time: half of the machine's idle time and this thread's,
-/// and of its iowait too while the rest of the machine (all but this
-/// server) uses under [`IOWAIT_SPARE_BELOW`] of its CPUs.
-fn spare_share(d: Times, secs: f64) -> f64 {
-    let m = d.machine;
-    if secs <= 0.0 || m.all <= 0.0 {
+/// The share of one CPU to take, given the machine's idle CPU seconds
+/// and this thread's CPU seconds over `secs` of wall time.
+fn spare_share(idle: f64, mine: f64, secs: f64) -> f64 {
+    if secs <= 0.0 {
         return 0.0;
     }
-    let (idle, iowait, mine) = (m.idle.max(0.0), m.iowait.max(0.0), d.mine.max(0.0));
-    let others = (m.all - idle - iowait - d.server.max(mine)).max(0.0) / m.all;
-    let spare = if others < IOWAIT_SPARE_BELOW { idle + iowait + mine } else { idle + mine };
-    (spare / secs * SPARE_TAKEN).clamp(0.0, 1.0)
+    ((idle.max(0.0) + mine.max(0.0)) / secs * SPARE_TAKEN).clamp(0.0, 1.0)
 }
 
 impl Policies {
@@ -213,38 +172,15 @@ fn follow_swap_fullness(pool: &Pool, stop: &AtomicBool) {
 mod tests {
     use super::*;
 
-    /// Times over one second on `cpus` CPUs: the machine's idle and
-    /// iowait, this server's CPU and this thread's.
-    fn times(cpus: f64, idle: f64, iowait: f64, server: f64, mine: f64) -> Times {
-        Times { machine: zmem_host::IdleTimes { idle, iowait, all: cpus }, server, mine }
-    }
-
     #[test]
     fn the_spare_share_is_half_the_idle_cpu_up_to_one() {
-        let t = |idle, mine| times(2.0, idle, 0.0, mine, mine);
-        assert_eq!(spare_share(t(0.0, 0.0), 1.0), 0.0, "no CPU idle: none");
-        assert_eq!(spare_share(t(1.0, 0.0), 1.0), 0.5, "one CPU idle: half of it");
-        assert_eq!(spare_share(t(0.4, 0.6), 1.0), 0.5, "its own time counts as idle");
-        assert_eq!(spare_share(times(8.0, 4.0, 0.0, 0.0, 0.0), 1.0), 1.0, "at most one CPU");
-        assert_eq!(spare_share(times(1.0, 0.5, 0.0, 0.0, 0.0), 0.5), 0.5);
-        assert_eq!(spare_share(t(1.0, 0.0), 0.0), 0.0, "no time passed: none");
-        assert_eq!(spare_share(times(0.0, 0.0, 0.0, 0.0, 0.0), 1.0), 0.0, "no machine time read: none");
-        assert_eq!(spare_share(times(2.0, -1.0, -1.0, -1.0, -1.0), 1.0), 0.0, "counters that ran back: none");
-    }
-
-    /// iowait is lent by a machine whose work mostly waits (a heap
-    /// swapping: of 2 CPU seconds its clients use 0.2 and this server 0.6)
-    /// and kept by one that is busy between its waits (a build: its
-    /// compilers use 1.0); the server's own CPU never makes it busy.
-    #[test]
-    fn iowait_is_spare_only_where_the_rest_of_the_machine_is_not_busy() {
-        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
-        assert!(near(spare_share(times(2.0, 0.0, 1.2, 0.6, 0.0), 1.0), 0.6), "a heap waiting on its disk: half its iowait");
-        assert!(near(spare_share(times(2.0, 0.2, 1.0, 0.6, 0.2), 1.0), 0.7), "with this thread's own time beside it");
-        assert_eq!(spare_share(times(2.0, 0.0, 0.6, 0.4, 0.0), 1.0), 0.0, "a build busy between its waits: none");
-        assert!(near(spare_share(times(2.0, 0.2, 0.4, 0.4, 0.0), 1.0), 0.1), "only its idle time");
-        assert!(near(spare_share(times(2.0, 0.0, 0.8, 1.2, 0.0), 1.0), 0.4), "a busy server is not a busy machine");
-        assert!(near(spare_share(times(2.0, 0.0, 1.2, 0.0, 0.4), 1.0), 0.8), "this thread's time is the server's at least");
+        assert_eq!(spare_share(0.0, 0.0, 1.0), 0.0, "no CPU idle: none");
+        assert_eq!(spare_share(1.0, 0.0, 1.0), 0.5, "one CPU idle: half of it");
+        assert_eq!(spare_share(0.4, 0.6, 1.0), 0.5, "its own time counts as idle");
+        assert_eq!(spare_share(4.0, 0.0, 1.0), 1.0, "at most one CPU");
+        assert_eq!(spare_share(0.5, 0.0, 0.5), 0.5);
+        assert_eq!(spare_share(1.0, 0.0, 0.0), 0.0, "no time passed: none");
+        assert_eq!(spare_share(-1.0, -1.0, 1.0), 0.0, "counters that ran back: none");
     }
 
     /// The share is read from the machine: none before a reading, and
@@ -255,7 +191,7 @@ mod tests {
     fn the_spare_share_is_read_from_the_machine() {
         let mut s = SpareCpu::new();
         assert_eq!(s.share(), 0.0, "no reading yet");
-        let (at0, then0) = (s.at, s.then);
+        let (at0, mine0) = (s.at, s.mine);
         let end = Instant::now() + SPARE_EVERY + Duration::from_millis(100);
         let mut x = 0u64;
         while Instant::now() < end {
@@ -264,10 +200,7 @@ mod tests {
         std::hint::black_box(x);
         let share = s.share();
         assert!(s.at > at0, "a new reading");
-        let spun = s.then.since(then0);
-        assert!(spun.mine >= 0.01, "the spinning counted: {spun:?}");
-        assert!(spun.server >= spun.mine, "the thread's time is in the process's: {spun:?}");
-        assert!(spun.machine.all >= spun.mine, "and in the machine's: {spun:?}");
+        assert!(s.mine - mine0 >= 0.01, "the spinning counted: {} s", s.mine - mine0);
         assert!(share > 0.0 && share <= 1.0, "{share}");
     }
 

@@ -113,10 +113,9 @@ pub struct PoolArgs {
     #[arg(long, value_name = "DURATION|off", value_parser = parse_recompress_idle)]
     pub recompress_idle: Option<RecompressIdle>,
     /// The share of one CPU --recompress-idle may use, in percent; auto:
-    /// half of what the machine's CPUs leave idle (up to one CPU; time
-    /// waiting for I/O counts only while the machine, the server aside,
-    /// uses under 30 % of its CPUs), so a workload that keeps them busy keeps them
-    /// [default: 10; zmem swap: auto].
+    /// half of what the machine's CPUs leave idle (up to one CPU), so a
+    /// workload that keeps them busy keeps them [default: 10; zmem swap:
+    /// auto].
     #[arg(long, value_name = "PERCENT|auto", value_parser = parse_recompress_cpu)]
     pub recompress_cpu: Option<RecompressCpu>,
     /// Compression dictionary: auto (the pool trains one from a sample of
