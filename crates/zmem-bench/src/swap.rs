@@ -329,6 +329,13 @@ pub struct DeadShare {
     /// Samples of the pool (the two above), and its highest `max_pool` use.
     pub pool_samples: u64,
     pub pool_used_peak: u64,
+    /// Where the cap went (`max_pool`, which `--pool-size auto` moves):
+    /// its least, its mean over the samples and its last value, in bytes
+    /// (0 without a cap).
+    pub cap_min_bytes: u64,
+    pub cap_mean_bytes: f64,
+    pub cap_last_bytes: u64,
+    pub cap_samples: u64,
     pub backed_samples: u64,
     /// Mean over the samples of the server's own count (`zmem swap on
     /// --unmapped-first on|count`) of the pages in RAM that no page table
@@ -351,6 +358,13 @@ pub struct DeadShare {
 impl DeadShare {
     /// Add a sample of the pool's own counters: what its cap holds.
     pub fn add_pool(&mut self, st: &zmem_core::Stats) {
+        if st.max_pool_bytes > 0 {
+            let cap = st.max_pool_bytes;
+            self.cap_min_bytes = if self.cap_samples == 0 { cap } else { self.cap_min_bytes.min(cap) };
+            self.cap_samples += 1;
+            self.cap_mean_bytes += (cap as f64 - self.cap_mean_bytes) / self.cap_samples as f64;
+            self.cap_last_bytes = cap;
+        }
         if let Some(share) = st.pool_data_share() {
             self.pool_samples += 1;
             self.data_share_mean += (share - self.data_share_mean) / self.pool_samples as f64;
@@ -1249,7 +1263,7 @@ pub fn render(report: &Report) -> String {
     }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
-        "mem MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap",
+        "mem MB", "cap MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap",
         "io/disk", "io/zswap", "side MB",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
@@ -1272,6 +1286,7 @@ pub fn render(report: &Report) -> String {
             mb(r.disk_io.write_bytes),
             mb(r.pool_peak_bytes),
             mb(r.shared_budget.map_or(r.cgroup_peak_bytes + r.pool_peak_bytes, |b| b.peak_total)),
+            r.dead.filter(|d| d.cap_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.cap_mean_bytes / 1e6)),
             r.written_back_pages.to_string(),
             f2(r.read_ops_per_swapin()),
             f2(r.read_ops_per_file_page()),
@@ -1504,6 +1519,22 @@ mod tests {
         assert_eq!(z.server_us_per_page(), Some(5.0));
         let table = render(&report(vec![z]));
         assert!(table.contains(" 6 ") && table.contains(" 5.0 ") && table.contains(" 2.50 ") && table.contains(" 37 "), "{table}");
+    }
+
+    /// The cap's least, mean and last value, over the samples that had one.
+    #[test]
+    fn the_caps_course_is_sampled() {
+        let mut d = DeadShare::default();
+        for cap in [0, 120, 30, 60] {
+            d.add_pool(&zmem_core::Stats { max_pool_bytes: cap, ..zmem_core::Stats::default() });
+        }
+        assert_eq!((d.cap_samples, d.cap_min_bytes, d.cap_last_bytes), (3, 30, 60), "{d:?}");
+        assert!((d.cap_mean_bytes - 70.0).abs() < 1e-9, "{d:?}");
+        let mut z = run(System::Zmem, Some(DiskKind::Throttled), 300, 10.0, 1);
+        d.cap_mean_bytes = 70e6;
+        z.dead = Some(d);
+        let table = render(&report(vec![z]));
+        assert!(table.contains("cap MB") && table.contains(" 70 "), "{table}");
     }
 
     #[test]
