@@ -362,12 +362,12 @@ impl DeadShare {
             let cap = st.max_pool_bytes;
             self.cap_min_bytes = if self.cap_samples == 0 { cap } else { self.cap_min_bytes.min(cap) };
             self.cap_samples += 1;
-            self.cap_mean_bytes += (cap as f64 - self.cap_mean_bytes) / self.cap_samples as f64;
+            fold_mean(&mut self.cap_mean_bytes, cap as f64, self.cap_samples);
             self.cap_last_bytes = cap;
         }
         if let Some(share) = st.pool_data_share() {
             self.pool_samples += 1;
-            self.data_share_mean += (share - self.data_share_mean) / self.pool_samples as f64;
+            fold_mean(&mut self.data_share_mean, share, self.pool_samples);
             let used = if st.max_pool_bytes > 0 { st.max_pool_used_bytes } else { st.mem_used_total };
             if used >= self.pool_used_peak {
                 self.pool_used_peak = used;
@@ -377,19 +377,19 @@ impl DeadShare {
         if st.first_out_of > 0 {
             self.ram_unmapped_samples += 1;
             let share = st.first_out_named as f64 / st.first_out_of as f64;
-            self.ram_unmapped_share_mean += (share - self.ram_unmapped_share_mean) / self.ram_unmapped_samples as f64;
+            fold_mean(&mut self.ram_unmapped_share_mean, share, self.ram_unmapped_samples);
         }
         self.written_first = st.first_out_taken;
         if let Some(b) = st.table_bytes_per_backed_page() {
             self.backed_samples += 1;
-            self.table_bytes_per_backed_page_mean += (b - self.table_bytes_per_backed_page_mean) / self.backed_samples as f64;
+            fold_mean(&mut self.table_bytes_per_backed_page_mean, b, self.backed_samples);
             self.table_bytes_per_backed_page_max = self.table_bytes_per_backed_page_max.max(b);
             let store = st.backing_metadata_bytes.saturating_sub(st.backing_buffer_bytes) as f64 / st.bd_count as f64;
-            self.store_bytes_per_backed_page_mean += (store - self.store_bytes_per_backed_page_mean) / self.backed_samples as f64;
+            fold_mean(&mut self.store_bytes_per_backed_page_mean, store, self.backed_samples);
             let cold = st.cold_index_pages as f64 / st.bd_count as f64;
-            self.cold_index_share_mean += (cold - self.cold_index_share_mean) / self.backed_samples as f64;
+            fold_mean(&mut self.cold_index_share_mean, cold, self.backed_samples);
             let per_block = st.cold_index_pages as f64 / st.cold_index_blocks.max(1) as f64;
-            self.keys_per_cold_block_mean += (per_block - self.keys_per_cold_block_mean) / self.backed_samples as f64;
+            fold_mean(&mut self.keys_per_cold_block_mean, per_block, self.backed_samples);
         }
     }
 
@@ -399,7 +399,7 @@ impl DeadShare {
     pub fn add_server(&mut self, rss: u64, pool: u64, malloc_free: u64) {
         let beside = rss.saturating_sub(pool);
         self.server_samples += 1;
-        self.beside_pool_mean += (beside as f64 - self.beside_pool_mean) / self.server_samples as f64;
+        fold_mean(&mut self.beside_pool_mean, beside as f64, self.server_samples);
         self.beside_pool_max = self.beside_pool_max.max(beside);
         self.malloc_free_max = self.malloc_free_max.max(malloc_free);
     }
@@ -413,14 +413,12 @@ impl DeadShare {
         }
         let dead = held.saturating_sub(used);
         let share = dead as f64 / held as f64;
-        let k = (self.samples + 1) as f64;
-        self.mean_share += (share - self.mean_share) / k;
+        fold_mean(&mut self.mean_share, share, self.samples + 1);
         if let Some(mapped) = mapped {
-            let k = (self.scans + 1) as f64;
             let seen = if used > 0 { mapped.min(used) as f64 / used as f64 } else { 1.0 };
-            self.mapped_share_mean += (seen - self.mapped_share_mean) / k;
+            fold_mean(&mut self.mapped_share_mean, seen, self.scans + 1);
             let unmapped = held.saturating_sub(mapped) as f64 / held as f64;
-            self.unmapped_share_mean += (unmapped - self.unmapped_share_mean) / k;
+            fold_mean(&mut self.unmapped_share_mean, unmapped, self.scans + 1);
             self.scans += 1;
             self.mapped_pages_max = self.mapped_pages_max.max(mapped);
         }
@@ -431,6 +429,12 @@ impl DeadShare {
             self.share_at_peak = share;
         }
     }
+}
+
+/// Fold `value`, the `n`th sample (counting from 1), into the running
+/// `mean` of the samples before it.
+fn fold_mean(mean: &mut f64, value: f64, n: u64) {
+    *mean += (value - *mean) / n as f64;
 }
 
 /// Samples a zmem server's [`DeadShare`] once a second, through its
