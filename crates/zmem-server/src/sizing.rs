@@ -163,6 +163,20 @@ pub struct Sizer {
     /// Trials decided, and of them those that moved the cap.
     pub trials: u64,
     pub moves: u64,
+    /// The last trial decided, for the log.
+    pub last: Option<Trial>,
+}
+
+/// A trial as decided: its two caps, the work done at each (two epochs
+/// a side), the noise B had to beat, and whether it did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Trial {
+    pub a: u64,
+    pub b: u64,
+    pub a_work: f64,
+    pub b_work: f64,
+    pub noise: f64,
+    pub won: bool,
 }
 
 impl Sizer {
@@ -170,7 +184,7 @@ impl Sizer {
     pub fn new(max: u64) -> Sizer {
         let max = max.max(1);
         let min = (max / MIN_SHARE).clamp(1, max);
-        Sizer { min, max, cap: max, way: Way::Down, epochs: Vec::with_capacity(4), rest: 0, losses: 0, trials: 0, moves: 0 }
+        Sizer { min, max, cap: max, way: Way::Down, epochs: Vec::with_capacity(4), rest: 0, losses: 0, trials: 0, moves: 0, last: None }
     }
 
     /// The cap the trial's A runs at.
@@ -240,6 +254,7 @@ impl Sizer {
             }
             let wins = b_work - a > (a * MARGIN).max(noise);
             self.trials += 1;
+            self.last = Some(Trial { a: self.cap, b, a_work: a, b_work, noise, won: wins });
             if wins {
                 self.cap = b;
                 self.moves += 1;
@@ -351,7 +366,20 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
                 if slow { "the cap stays at --max-pool" } else { "trials resume" }
             );
         }
+        let trials = sizer.trials;
         let next = if slow { sizer.slow_store() } else { sizer.epoch(e) };
+        if let Some(t) = sizer.last.filter(|_| sizer.trials != trials) {
+            tracing::info!(
+                "pool sizing: trial {}: A {} did {:.2} s of work, B {} {:.2} s (to beat: {:.2} s): {}",
+                sizer.trials,
+                t.a,
+                t.a_work,
+                t.b,
+                t.b_work,
+                t.a_work + (t.a_work * MARGIN).max(t.noise),
+                if t.won { "B" } else { "A stays" }
+            );
+        }
         if next != cap {
             tracing::info!("pool sizing: cap {cap} -> {next} (trial {}, {} moves)", sizer.trials, sizer.moves);
             pool.set_max_pool(Some(next));
@@ -402,6 +430,7 @@ mod tests {
         }
         assert_eq!(caps, vec![b, b, a, b], "A B B A, then the next trial's first epoch at the new A");
         assert_eq!((s.cap(), s.trials, s.moves), (b, 1, 1), "B did more work: it is the new A");
+        assert_eq!(s.last, Some(Trial { a, b, a_work: 20.0, b_work: 24.0, noise: 0.0, won: true }), "the trial as logged");
         // Equal work: A stays (the pool never moves on a tie), rests a
         // trial's length, and the next trial tries the other way (up).
         let mut caps = vec![];
@@ -409,6 +438,7 @@ mod tests {
             caps.push(s.epoch(Epoch { work: 10.0, cpu: 10.0, loads: 1 }));
         }
         assert_eq!((s.cap(), s.trials, s.moves), (b, 2, 1));
+        assert_eq!(s.last.map(|t| (t.a, t.b, t.won)), Some((b, b * 2 / 3, false)), "a lost trial is logged too");
         // (Each is the cap of the epoch after: B B A of this trial, four of
         // rest, the next trial's A, then its B, up.)
         let down = b * 2 / 3;
