@@ -23,17 +23,8 @@
 //! on a fault or on reclaim does none) with the cap at its current size (A) and
 //! one step away (B), and moves the cap to whichever did more: perturb
 //! and observe, the way a solar charger finds its panel's best point. A
-//! trial is six epochs of [`EPOCH`] in the order A, B B B, A A, and counts
-//! four of them, A B B A, so a workload whose pace drifts steadily across
-//! the trial favours neither side. The first epoch at each new cap is not
-//! counted: it is the move itself, not the cap. A shrink makes the
-//! shrinker write back the difference at once, and the swap-outs of those
-//! seconds wait for it; a growth takes effect as the pool refills, which
-//! lowers the workload's memory while it does (measured: in every trial of
-//! a build with that epoch counted, the smaller cap lost, by up to two
-//! thirds of its work, docs/MEASUREMENTS.md, "Pool size"). After a trial
-//! that moves the cap, one epoch settles at the new cap before the next
-//! trial's first. B
+//! trial is four epochs of [`EPOCH`] in the order A B B A, so a workload
+//! whose pace drifts steadily across the trial favours neither side. B
 //! wins only if it did more work by more than chance would: by [`MARGIN`],
 //! and by [`Z`] times the noise of the measurement itself. That noise is
 //! the kernel's: it counts a process's user and system time by sampling,
@@ -90,11 +81,6 @@ use zmem_core::Pool;
 
 /// One epoch of a trial.
 pub const EPOCH: Duration = Duration::from_secs(5);
-/// A trial's epochs: A, then B (settling), B, B, then A (settling), A.
-const TRIAL: usize = 6;
-/// Which of them run at B, and which count.
-const AT_B: [bool; TRIAL] = [false, true, true, true, false, false];
-const COUNTED: [bool; TRIAL] = [true, false, true, true, false, true];
 /// How much more work, as a share, B must do to win a trial.
 pub const MARGIN: f64 = 0.01;
 /// And by how many standard deviations of the tick sampling's error.
@@ -168,7 +154,7 @@ pub struct Sizer {
     /// A: the cap the last trial settled on.
     cap: u64,
     way: Way,
-    /// The epochs of the trial under way, at most [`TRIAL`].
+    /// The epochs of the trial under way, at most four.
     epochs: Vec<Epoch>,
     /// Epochs to sit at A before the next trial, and the trials lost in
     /// a row.
@@ -182,15 +168,13 @@ pub struct Sizer {
 }
 
 /// A trial as decided: its two caps, the work done at each (two epochs
-/// a side), in the two epochs that settled after a move (at B, then at
-/// A: not counted), the noise B had to beat, and whether it did.
+/// a side), the noise B had to beat, and whether it did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Trial {
     pub a: u64,
     pub b: u64,
     pub a_work: f64,
     pub b_work: f64,
-    pub settling: [f64; 2],
     pub noise: f64,
     pub won: bool,
 }
@@ -200,7 +184,7 @@ impl Sizer {
     pub fn new(max: u64) -> Sizer {
         let max = max.max(1);
         let min = (max / MIN_SHARE).clamp(1, max);
-        Sizer { min, max, cap: max, way: Way::Down, epochs: Vec::with_capacity(TRIAL), rest: 0, losses: 0, trials: 0, moves: 0, last: None }
+        Sizer { min, max, cap: max, way: Way::Down, epochs: Vec::with_capacity(4), rest: 0, losses: 0, trials: 0, moves: 0, last: None }
     }
 
     /// The cap the trial's A runs at.
@@ -228,18 +212,12 @@ impl Sizer {
         self.step(self.cap, self.way)
     }
 
-    /// The cap the trial's next epoch runs at ([`AT_B`]).
+    /// The cap the trial's next epoch runs at (A B B A).
     pub fn next_cap(&mut self) -> u64 {
-        if AT_B[self.epochs.len()] {
-            self.probe()
-        } else {
-            self.cap
+        match self.epochs.len() {
+            1 | 2 => self.probe(),
+            _ => self.cap,
         }
-    }
-
-    /// Drops the trial under way: the next epoch is a new trial's first.
-    fn restart(&mut self) {
-        self.epochs.clear();
     }
 
     /// An epoch has ended with the cold store slow ([`judge`]): the cap
@@ -247,7 +225,7 @@ impl Sizer {
     /// start afresh, from there, once the store is not slow. Returns the
     /// cap the next epoch runs at.
     pub fn slow_store(&mut self) -> u64 {
-        self.restart();
+        self.epochs.clear();
         (self.rest, self.losses, self.way) = (0, 0, Way::Down);
         self.cap = self.max;
         self.cap
@@ -260,33 +238,27 @@ impl Sizer {
             return self.cap;
         }
         if e.loads == 0 {
-            // Not short of memory: this trial says nothing. If it had
-            // moved the cap, the next one's first epoch settles first.
-            if (1..=4).contains(&self.epochs.len()) {
-                self.rest = 1;
-            }
-            self.restart();
+            // Not short of memory: this trial says nothing.
+            self.epochs.clear();
             return self.cap;
         }
         self.epochs.push(e);
-        if self.epochs.len() == TRIAL {
-            let sum = |at_b: bool| (0..TRIAL).filter(|&i| COUNTED[i] && AT_B[i] == at_b).map(|i| self.epochs[i].work).sum::<f64>();
-            let (a, b_work) = (sum(false), sum(true));
-            let settling = [self.epochs[1].work, self.epochs[4].work];
-            let noise = Z * (0..TRIAL).filter(|&i| COUNTED[i]).map(|i| self.epochs[i].sampling_variance()).sum::<f64>().sqrt();
-            self.epochs.clear();
+        if self.epochs.len() == 4 {
+            let a = self.epochs[0].work + self.epochs[3].work;
+            let b_work = self.epochs[1].work + self.epochs[2].work;
+            let noise = Z * self.epochs.iter().map(Epoch::sampling_variance).sum::<f64>().sqrt();
             let b = self.probe();
+            self.epochs.clear();
             if b == self.cap {
                 return self.cap; // min == max: nothing to try
             }
             let wins = b_work - a > (a * MARGIN).max(noise);
             self.trials += 1;
-            self.last = Some(Trial { a: self.cap, b, a_work: a, b_work, settling, noise, won: wins });
+            self.last = Some(Trial { a: self.cap, b, a_work: a, b_work, noise, won: wins });
             if wins {
                 self.cap = b;
                 self.moves += 1;
                 self.losses = 0;
-                self.rest = 1; // the move's own epoch
             } else {
                 self.way = if b > self.cap { Way::Down } else { Way::Up };
                 self.rest = 4 << self.losses.min(MAX_REST_SHIFT);
@@ -398,15 +370,13 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
         let next = if slow { sizer.slow_store() } else { sizer.epoch(e) };
         if let Some(t) = sizer.last.filter(|_| sizer.trials != trials) {
             tracing::info!(
-                "pool sizing: trial {}: A {} did {:.2} s of work, B {} {:.2} s (to beat: {:.2} s; uncounted, settling at B then A: {:.2} s, {:.2} s): {}",
+                "pool sizing: trial {}: A {} did {:.2} s of work, B {} {:.2} s (to beat: {:.2} s): {}",
                 sizer.trials,
                 t.a,
                 t.a_work,
                 t.b,
                 t.b_work,
                 t.a_work + (t.a_work * MARGIN).max(t.noise),
-                t.settling[0],
-                t.settling[1],
                 if t.won { "B" } else { "A stays" }
             );
         }
@@ -429,7 +399,7 @@ mod tests {
     /// `work(cap)`, all of its CPU user time (so no sampling noise).
     fn run(s: &mut Sizer, n: usize, work: impl Fn(u64) -> f64) {
         let mut cap = s.cap();
-        for _ in 0..TRIAL * n {
+        for _ in 0..4 * n {
             let w = work(cap);
             cap = s.epoch(Epoch { work: w, cpu: w, loads: 1 });
         }
@@ -450,37 +420,29 @@ mod tests {
     }
 
     #[test]
-    fn a_trial_runs_a_b_b_a_and_counts_no_epoch_that_moved_the_cap() {
+    fn a_trial_runs_a_b_b_a() {
         let mut s = Sizer::new(128 * MIB);
         let a = s.cap();
         let b = a * 2 / 3;
         let mut caps = vec![];
-        // The epochs that follow a move (the second and the fifth) did
-        // nothing: they do not count.
-        for w in [10.0, 0.0, 12.0, 12.0, 0.0, 10.0] {
+        for w in [10.0, 12.0, 12.0, 10.0] {
             caps.push(s.epoch(Epoch { work: w, cpu: w, loads: 1 }));
         }
-        assert_eq!(caps, vec![b, b, b, a, a, b], "A, B B B, A A, then a settling epoch at the new A");
+        assert_eq!(caps, vec![b, b, a, b], "A B B A, then the next trial's first epoch at the new A");
         assert_eq!((s.cap(), s.trials, s.moves), (b, 1, 1), "B did more work: it is the new A");
-        assert_eq!(s.last, Some(Trial { a, b, a_work: 20.0, b_work: 24.0, settling: [0.0, 0.0], noise: 0.0, won: true }), "the trial as logged");
-        // Equal work: A stays (the pool never moves on a tie), rests four
-        // epochs, and the next trial tries the other way (up).
+        assert_eq!(s.last, Some(Trial { a, b, a_work: 20.0, b_work: 24.0, noise: 0.0, won: true }), "the trial as logged");
+        // Equal work: A stays (the pool never moves on a tie), rests a
+        // trial's length, and the next trial tries the other way (up).
         let mut caps = vec![];
-        for _ in 0..12 {
+        for _ in 0..9 {
             caps.push(s.epoch(Epoch { work: 10.0, cpu: 10.0, loads: 1 }));
         }
         assert_eq!((s.cap(), s.trials, s.moves), (b, 2, 1));
-        // (Each is the cap of the epoch after: the settling epoch's, the
-        // trial's B B B A A, four of rest, the next trial's A, its B, up.)
+        assert_eq!(s.last.map(|t| (t.a, t.b, t.won)), Some((b, b * 2 / 3, false)), "a lost trial is logged too");
+        // (Each is the cap of the epoch after: B B A of this trial, four of
+        // rest, the next trial's A, then its B, up.)
         let down = b * 2 / 3;
-        assert!(caps[1..4] == [down; 3] && caps[..11].iter().filter(|&&c| c == b).count() == 8 && caps[11] > b, "{caps:?}");
-    }
-
-    /// Feed `s` one trial, whose epochs at A do `a` work and at B `b`.
-    fn trial(s: &mut Sizer, cpu: f64, a: f64, b: f64) {
-        for at_b in AT_B {
-            s.epoch(Epoch { work: if at_b { b } else { a }, cpu, loads: 1 });
-        }
+        assert!(caps[..2] == [down, down] && caps[2..8].iter().all(|&c| c == b) && caps[8] > b, "{caps:?}");
     }
 
     #[test]
@@ -509,12 +471,16 @@ mod tests {
         // is sqrt(4 · 0.6 · 0.25 / 100) · 2 ≈ 0.155 s of about 0.6 s a side.
         let epoch = |user: f64| Epoch { work: user, cpu: 0.6, loads: 1 };
         let mut s = Sizer::new(128 * MIB);
-        trial(&mut s, 0.6, 0.30, 0.35);
+        for w in [0.30, 0.35, 0.35, 0.30] {
+            s.epoch(epoch(w));
+        }
         assert_eq!((s.cap(), s.trials, s.moves), (128 * MIB, 1, 0), "0.1 s more in 0.6: noise");
         for _ in 0..4 {
             s.epoch(epoch(0.3)); // the rest after a lost trial
         }
-        trial(&mut s, 0.6, 0.28, 0.40);
+        for w in [0.28, 0.40, 0.40, 0.28] {
+            s.epoch(epoch(w));
+        }
         assert_eq!((s.cap(), s.trials, s.moves), (128 * MIB * 2 / 3, 2, 1), "0.24 s more: beyond it");
         let e = epoch(0.3);
         assert!((e.sampling_variance() - 0.6 * 0.25 / 100.0).abs() < 1e-12);
@@ -537,10 +503,10 @@ mod tests {
         }
         assert_eq!(s.cap(), 128 * MIB, "more is better: it stays");
         let gaps: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
-        // A trial is six epochs; the rests are 4, 8, 16, then 32 epochs.
-        assert_eq!(&gaps[..4], &[10, 14, 22, 38], "{starts:?}");
-        assert!(gaps[4..].iter().all(|&g| g == 38), "{gaps:?}");
-        assert!(s.trials <= 400 / 38 + 4, "{} trials in 400 epochs", s.trials);
+        // A trial is four epochs; the rests are 4, 8, 16, then 32 epochs.
+        assert_eq!(&gaps[..4], &[8, 12, 20, 36], "{starts:?}");
+        assert!(gaps[4..].iter().all(|&g| g == 36), "{gaps:?}");
+        assert!(s.trials <= 400 / 36 + 4, "{} trials in 400 epochs", s.trials);
     }
 
     #[test]
@@ -552,9 +518,7 @@ mod tests {
         }
         assert_eq!(s.epoch(Epoch { work: 0.0, cpu: 0.0, loads: 0 }), a, "back to A");
         assert_eq!((s.cap(), s.trials), (a, 0), "nothing decided");
-        // An epoch to settle at A after the trial's epochs at B, then a
-        // whole trial decides again.
-        s.epoch(Epoch { work: 10.0, cpu: 10.0, loads: 1 });
+        // A whole trial after it decides again.
         run(&mut s, 1, |_| 10.0);
         assert_eq!(s.trials, 1);
     }
