@@ -222,6 +222,23 @@ pub fn machine_cpu_secs() -> Option<(f64, f64)> {
     Some(((user + nice) as f64 / USER_HZ, system as f64 / USER_HZ))
 }
 
+/// The time, in microseconds since boot, that some task, and that every
+/// task, waited for memory (`/proc/pressure/memory`'s `some` and `full`
+/// totals: reclaim, and swap-ins of pages the workload had recently
+/// used). `None` without PSI.
+pub fn memory_stall_us() -> Option<(u64, u64)> {
+    parse_pressure(&std::fs::read_to_string("/proc/pressure/memory").ok()?)
+}
+
+/// The `some` and `full` totals of a `/proc/pressure/*` file.
+fn parse_pressure(text: &str) -> Option<(u64, u64)> {
+    let total = |kind: &str| {
+        let line = text.lines().find(|l| l.split_whitespace().next() == Some(kind))?;
+        line.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse::<u64>().ok()
+    };
+    Some((total("some")?, total("full").unwrap_or(0)))
+}
+
 /// The CPU seconds the machine's CPUs have spent idle since boot, the time
 /// they waited for I/O included (`/proc/stat`'s idle and iowait).
 pub fn machine_idle_secs() -> Option<f64> {
@@ -837,6 +854,19 @@ mod tests {
         let b = DiskStat { read_ops: 7, read_bytes: 4096, write_ops: 1, write_bytes: 1 };
         let d = b.since(&a);
         assert_eq!((d.read_ops, d.read_bytes, d.write_ops, d.write_bytes), (2, 4086, 0, 0));
+    }
+
+    #[test]
+    fn pressure_totals_parse_and_junk_is_none() {
+        let text = "some avg10=0.00 avg60=0.00 avg300=3.62 total=477275426\nfull avg10=0.00 avg60=0.00 avg300=2.18 total=219166603\n";
+        assert_eq!(parse_pressure(text), Some((477_275_426, 219_166_603)));
+        assert_eq!(parse_pressure("some avg10=0.00 total=12\n"), Some((12, 0)), "cpu's file has no full line on old kernels");
+        assert_eq!(parse_pressure("full avg10=0.00 total=12\n"), None);
+        assert_eq!(parse_pressure("some avg10=0.00 total=x\n"), None);
+        assert_eq!(parse_pressure(""), None);
+        if std::path::Path::new("/proc/pressure/memory").exists() {
+            assert!(memory_stall_us().is_some(), "this kernel has PSI: its totals parse");
+        }
     }
 
     #[test]

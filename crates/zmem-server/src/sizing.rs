@@ -338,6 +338,10 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
         (work.times(), st.loads, st.backing_read_ops, st.backing_read_busy_ns)
     };
     let mut last = counts();
+    // Beside each epoch, for the trial's log only: the machine's memory
+    // stall (some, full; µs) and the pool's loads, the last four epochs.
+    let mut stall0 = zmem_host::memory_stall_us();
+    let mut beside: std::collections::VecDeque<(u64, u64, u64)> = std::collections::VecDeque::with_capacity(4);
     let mut slow = false;
     let mut start = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -356,6 +360,16 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
         let shrank = w.user < w0.user || w.cpu < w0.cpu;
         let e = Epoch { work: (w.user - w0.user).max(0.0), cpu: (w.cpu - w0.cpu).max(0.0), loads: if shrank { 0 } else { now.1 - last.1 } };
         let (reads, busy) = (now.2.saturating_sub(last.2), now.3.saturating_sub(last.3));
+        let stall = zmem_host::memory_stall_us();
+        let (some, full) = match (stall0, stall) {
+            (Some(a), Some(b)) => (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)),
+            _ => (0, 0),
+        };
+        stall0 = stall;
+        if beside.len() == 4 {
+            beside.pop_front();
+        }
+        beside.push_back((some, full, e.loads));
         last = now;
         let was = slow;
         slow = judge(slow, reads, busy);
@@ -369,15 +383,27 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
         let trials = sizer.trials;
         let next = if slow { sizer.slow_store() } else { sizer.epoch(e) };
         if let Some(t) = sizer.last.filter(|_| sizer.trials != trials) {
+            // (The trial's four epochs, A B B A, are the last four fed.)
+            let ratio = |f: fn(&(u64, u64, u64)) -> u64| {
+                let v: Vec<f64> = beside.iter().map(|x| f(x) as f64).collect();
+                if v.len() == 4 && v[0] + v[3] > 0.0 {
+                    (v[1] + v[2]) / (v[0] + v[3])
+                } else {
+                    f64::NAN
+                }
+            };
             tracing::info!(
-                "pool sizing: trial {}: A {} did {:.2} s of work, B {} {:.2} s (to beat: {:.2} s): {}",
+                "pool sizing: trial {}: A {} did {:.2} s of work, B {} {:.2} s (to beat: {:.2} s): {}; B / A: memory stall {:.2} (some), {:.2} (full), swap-ins served {:.2}",
                 sizer.trials,
                 t.a,
                 t.a_work,
                 t.b,
                 t.b_work,
                 t.a_work + (t.a_work * MARGIN).max(t.noise),
-                if t.won { "B" } else { "A stays" }
+                if t.won { "B" } else { "A stays" },
+                ratio(|x| x.0),
+                ratio(|x| x.1),
+                ratio(|x| x.2),
             );
         }
         if next != cap {
