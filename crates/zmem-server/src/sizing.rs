@@ -179,6 +179,25 @@ pub struct Trial {
     pub won: bool,
 }
 
+impl Trial {
+    /// The work B had to do to win: A's, and more by the margin or by
+    /// the noise, whichever is larger.
+    pub fn to_beat(&self) -> f64 {
+        self.a_work + (self.a_work * MARGIN).max(self.noise)
+    }
+
+    /// Of `per_epoch`, a value for each of the trial's epochs (A B B A),
+    /// B's sum over A's (NaN where A's is 0).
+    pub fn b_over_a(per_epoch: [f64; 4]) -> f64 {
+        let a = per_epoch[0] + per_epoch[3];
+        if a > 0.0 {
+            (per_epoch[1] + per_epoch[2]) / a
+        } else {
+            f64::NAN
+        }
+    }
+}
+
 impl Sizer {
     /// A sizer for a pool whose cap may go up to `max` bytes.
     pub fn new(max: u64) -> Sizer {
@@ -252,9 +271,11 @@ impl Sizer {
             if b == self.cap {
                 return self.cap; // min == max: nothing to try
             }
-            let wins = b_work - a > (a * MARGIN).max(noise);
+            let mut trial = Trial { a: self.cap, b, a_work: a, b_work, noise, won: false };
+            trial.won = trial.b_work > trial.to_beat();
+            let wins = trial.won;
             self.trials += 1;
-            self.last = Some(Trial { a: self.cap, b, a_work: a, b_work, noise, won: wins });
+            self.last = Some(trial);
             if wins {
                 self.cap = b;
                 self.moves += 1;
@@ -341,7 +362,7 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
     // Beside each epoch, for the trial's log only: the machine's memory
     // stall (some, full; µs) and the pool's loads, the last four epochs.
     let mut stall0 = zmem_host::memory_stall_us();
-    let mut beside: std::collections::VecDeque<(u64, u64, u64)> = std::collections::VecDeque::with_capacity(4);
+    let mut beside = [(0u64, 0u64, 0u64); 4];
     let mut slow = false;
     let mut start = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -366,10 +387,8 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
             _ => (0, 0),
         };
         stall0 = stall;
-        if beside.len() == 4 {
-            beside.pop_front();
-        }
-        beside.push_back((some, full, e.loads));
+        beside.rotate_left(1);
+        beside[3] = (some, full, e.loads);
         last = now;
         let was = slow;
         slow = judge(slow, reads, busy);
@@ -383,15 +402,9 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
         let trials = sizer.trials;
         let next = if slow { sizer.slow_store() } else { sizer.epoch(e) };
         if let Some(t) = sizer.last.filter(|_| sizer.trials != trials) {
-            // (The trial's four epochs, A B B A, are the last four fed.)
-            let ratio = |f: fn(&(u64, u64, u64)) -> u64| {
-                let v: Vec<f64> = beside.iter().map(|x| f(x) as f64).collect();
-                if v.len() == 4 && v[0] + v[3] > 0.0 {
-                    (v[1] + v[2]) / (v[0] + v[3])
-                } else {
-                    f64::NAN
-                }
-            };
+            // (The trial's four epochs, A B B A, are the last four fed:
+            // a trial is decided on the fourth of them.)
+            let ratio = |f: fn(&(u64, u64, u64)) -> u64| Trial::b_over_a(beside.map(|x| f(&x) as f64));
             tracing::info!(
                 "pool sizing: trial {}: A {} did {:.2} s of work, B {} {:.2} s (to beat: {:.2} s): {}; B / A: memory stall {:.2} (some), {:.2} (full), swap-ins served {:.2}",
                 sizer.trials,
@@ -399,7 +412,7 @@ pub fn size_pool(pool: &Pool, max: u64, work: &Work, stop: &AtomicBool) {
                 t.a_work,
                 t.b,
                 t.b_work,
-                t.a_work + (t.a_work * MARGIN).max(t.noise),
+                t.to_beat(),
                 if t.won { "B" } else { "A stays" },
                 ratio(|x| x.0),
                 ratio(|x| x.1),
@@ -465,6 +478,8 @@ mod tests {
         }
         assert_eq!((s.cap(), s.trials, s.moves), (b, 2, 1));
         assert_eq!(s.last.map(|t| (t.a, t.b, t.won)), Some((b, b * 2 / 3, false)), "a lost trial is logged too");
+        assert_eq!(Trial::b_over_a([2.0, 3.0, 3.0, 2.0]), 1.5);
+        assert!(Trial::b_over_a([0.0, 3.0, 3.0, 0.0]).is_nan(), "nothing at A: no ratio");
         // (Each is the cap of the epoch after: B B A of this trial, four of
         // rest, the next trial's A, then its B, up.)
         let down = b * 2 / 3;
