@@ -618,7 +618,10 @@ impl Engine {
             return Err(ZmemError::BadPageSize { len: buf.len() });
         }
         let r = self.load_inner(key, buf);
-        self.counters.loads.fetch_add(1, Relaxed);
+        let n = self.counters.loads.fetch_add(1, Relaxed);
+        if let Some(t) = &self.tier {
+            t.note_load(self.now(), n);
+        }
         match &r {
             Ok(()) | Err(ZmemError::NotFound { .. }) => {}
             Err(e) => {
@@ -682,7 +685,11 @@ impl Engine {
         let a = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
         let e = a.entry;
         if let (Some(t), Slot::Obj(..)) = (&self.tier, e.slot()) {
-            t.note_hit(a.last_access, now, self.counters.stores.load(Relaxed), self.held_pages());
+            let held = self.held_pages();
+            t.note_hit(a.last_access, now, self.counters.stores.load(Relaxed), held);
+            if a.newly_referenced {
+                t.note_first_hit(a.last_access, now, self.counters.loads.load(Relaxed), held);
+            }
             if a.newly_referenced && t.exclusive() {
                 // (Once: the bit now marks an object queued at the cold end.)
                 t.queue_cold(&s, self.index.shard_index(key), key, e, self.budget());

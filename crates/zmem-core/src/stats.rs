@@ -120,6 +120,9 @@ impl RateLimited {
 /// uses zswap's debugfs names; `dup_data_size`/`meta_data_size` are the zram
 /// dedup patch's. All sizes are bytes, all `*_pages` are 4 KiB pages.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+// (A field an older server did not report reads as 0: the bench reads the
+// stats of the binary it is given, which may be older than itself.)
+#[serde(default)]
 pub struct Stats {
     // zram mm_stat
     /// Uncompressed size of everything stored.
@@ -268,6 +271,11 @@ pub struct Stats {
     /// from the cold store saved). `tier/reuse.rs`.
     pub reuse_near: u64,
     pub reuse_far: u64,
+    /// Of them, the first loads since the page's store, near or far by
+    /// the loads since its store (each took a page of the workload's
+    /// memory): the kernel's refault distance, counted from the eviction.
+    pub reuse_first_near: u64,
+    pub reuse_first_far: u64,
     /// Loaded pages queued at the cold end under exclusive loads, and
     /// whether loads are exclusive now (`--exclusive-loads auto` switches).
     pub cold_queued_pages: u64,

@@ -475,6 +475,17 @@ impl Tier {
         self.reuse.note_hit(last, now, stores, pool_pages);
     }
 
+    /// A page was loaded at `now`, the pool's load number `n`.
+    pub fn note_load(&self, now: u32, n: u64) {
+        self.reuse.note_load(now, n);
+    }
+
+    /// The first hit since its store of a page stored at `stored`
+    /// (`tier/reuse.rs`).
+    pub fn note_first_hit(&self, stored: u32, now: u32, loads: u64, pool_pages: u64) {
+        self.reuse.note_first_hit(stored, now, loads, pool_pages);
+    }
+
     /// (near hits, far hits) so far.
     pub fn reuse(&self) -> (u64, u64) {
         self.reuse.hits()
@@ -655,6 +666,7 @@ impl Tier {
         st.writeback_fail = self.writeback_fail.load(Relaxed);
         st.extents_repacked = self.repacked.load(Relaxed);
         (st.reuse_near, st.reuse_far) = self.reuse.hits();
+        (st.reuse_first_near, st.reuse_first_far) = self.reuse.first_hits();
         let f = self.first.lock();
         st.lru_bytes += f.charged + self.queues.bytes() + self.fixed_bytes();
         st.first_out_named = f.named;

@@ -267,8 +267,10 @@ fn pool_lines(v: &StatsReply) -> Option<String> {
         out += &format!("pool holds: {:.0}% compressed data, the rest allocator slack and tables\n", share * 100.0);
     }
     if st.reuse_near + st.reuse_far > 0 {
-        out +=
-            &format!("hits from RAM: {} near, {} far (last used fewer or more stores ago than the pool holds pages of memory)\n", st.reuse_near, st.reuse_far);
+        out += &format!(
+            "hits from RAM: {} near, {} far (last used fewer or more stores ago than the pool holds pages of memory); first since a store: {} near, {} far (by loads since)\n",
+            st.reuse_near, st.reuse_far, st.reuse_first_near, st.reuse_first_far
+        );
     }
     if st.first_out_of > 0 {
         out += &format!(

@@ -18,7 +18,18 @@
 //! eviction, which the pool does not see). docs/MEASUREMENTS.md, "Pool
 //! size".
 //!
-//! Stores are counted per second in a ring of [`RING`] seconds; a hit's
+//! The first hit since a page's store is also counted apart, by the loads
+//! since the store rather than the stores (`Stats::reuse_first_near`,
+//! `reuse_first_far`): the store is the kernel's eviction of the page, and
+//! each load since brought a page into the workload's memory, which (its
+//! memory being full) the kernel made room for: the kernel's refault
+//! distance, counted from the eviction. It undercounts where the workload
+//! also reads files (page-ins the pool does not see), so it errs near. A
+//! page whose referenced bit the LRU's second chance cleared counts again,
+//! from its last load.
+//!
+//! Stores are counted per second in a ring of [`RING`] seconds (and loads
+//! in another); a hit's
 //! distance is the stores since the start of the first second, from its
 //! last use on, in which there were stores (so distances are known to
 //! within one second's stores), and a last use older than the ring is far.
@@ -37,41 +48,51 @@ pub(crate) struct Reuse {
     /// Per second (modulo [`RING`]): the second plus one (0: none yet), and
     /// the stores counted before its first store.
     ring: Box<[(AtomicU32, AtomicU64)]>,
+    /// The same for loads (swap-ins): the clock of a page's first hit
+    /// since its store, counted from the store.
+    loads: Box<[(AtomicU32, AtomicU64)]>,
     near: AtomicU64,
     far: AtomicU64,
+    first_near: AtomicU64,
+    first_far: AtomicU64,
 }
 
 impl Reuse {
     pub fn new() -> Reuse {
-        Reuse { ring: (0..RING).map(|_| (AtomicU32::new(0), AtomicU64::new(0))).collect(), near: AtomicU64::new(0), far: AtomicU64::new(0) }
+        let ring = || (0..RING).map(|_| (AtomicU32::new(0), AtomicU64::new(0))).collect();
+        Reuse { ring: ring(), loads: ring(), near: AtomicU64::new(0), far: AtomicU64::new(0), first_near: AtomicU64::new(0), first_far: AtomicU64::new(0) }
     }
 
     /// A page was stored at `now` (seconds), the pool's store number `n`
     /// (its stores before this one).
     pub fn note_store(&self, now: u32, n: u64) {
-        let (sec, at) = &self.ring[now as usize % RING];
+        note(&self.ring, now, n);
+    }
+
+    /// A page was loaded at `now`, the pool's load number `n`.
+    pub fn note_load(&self, now: u32, n: u64) {
+        note(&self.loads, now, n);
+    }
+}
+
+/// Note in `ring` that second `now` began at count `n` (if it is its first).
+fn note(ring: &[(AtomicU32, AtomicU64)], now: u32, n: u64) {
+    {
+        let (sec, at) = &ring[now as usize % RING];
         let tag = now.wrapping_add(1);
         if sec.load(Relaxed) != tag {
             at.store(n, Relaxed);
             sec.store(tag, Release);
         }
     }
+}
 
+impl Reuse {
     /// Stores since the start of the first second in `last..=now` that had
     /// any, of the pool's `stores` so far; `None` if `last` is older than
     /// the ring remembers.
     fn stores_since(&self, last: u32, now: u32, stores: u64) -> Option<u64> {
-        let age = now.wrapping_sub(last);
-        if age as usize >= RING {
-            return None;
-        }
-        for t in (0..=age).map(|d| last.wrapping_add(d)) {
-            let (sec, at) = &self.ring[t as usize % RING];
-            if sec.load(Acquire) == t.wrapping_add(1) {
-                return Some(stores.saturating_sub(at.load(Relaxed)));
-            }
-        }
-        Some(0) // no store since: as near as can be
+        since(&self.ring, last, now, stores)
     }
 
     /// A load served from RAM at `now` a page last used at `last`, after
@@ -84,15 +105,48 @@ impl Reuse {
         };
     }
 
+    /// The first load served from RAM since its store (at `stored`) of a
+    /// page, at `now`, after the pool's `loads` so far, while it holds
+    /// `pool_pages` pages of memory: near if fewer pages were loaded since
+    /// (each of which took a page of the workload's memory) than the pool
+    /// holds.
+    pub fn note_first_hit(&self, stored: u32, now: u32, loads: u64, pool_pages: u64) {
+        match since(&self.loads, stored, now, loads) {
+            Some(d) if d < pool_pages => self.first_near.fetch_add(1, Relaxed),
+            _ => self.first_far.fetch_add(1, Relaxed),
+        };
+    }
+
     /// (near hits, far hits) so far.
     pub fn hits(&self) -> (u64, u64) {
         (self.near.load(Relaxed), self.far.load(Relaxed))
     }
 
+    /// (near, far) of the first hits since a store so far.
+    pub fn first_hits(&self) -> (u64, u64) {
+        (self.first_near.load(Relaxed), self.first_far.load(Relaxed))
+    }
+
     /// Bytes it holds, from creation to drop.
     pub fn fixed_bytes() -> u64 {
-        (RING * std::mem::size_of::<(AtomicU32, AtomicU64)>() + std::mem::size_of::<Reuse>()) as u64
+        (2 * RING * std::mem::size_of::<(AtomicU32, AtomicU64)>() + std::mem::size_of::<Reuse>()) as u64
     }
+}
+
+/// Counts since the start of the first second in `last..=now` that `ring`
+/// noted, of `count` so far; `None` if `last` is older than it remembers.
+fn since(ring: &[(AtomicU32, AtomicU64)], last: u32, now: u32, count: u64) -> Option<u64> {
+    let age = now.wrapping_sub(last);
+    if age as usize >= RING {
+        return None;
+    }
+    for t in (0..=age).map(|d| last.wrapping_add(d)) {
+        let (sec, at) = &ring[t as usize % RING];
+        if sec.load(Acquire) == t.wrapping_add(1) {
+            return Some(count.saturating_sub(at.load(Relaxed)));
+        }
+    }
+    Some(0) // nothing since: as near as can be
 }
 
 #[cfg(test)]
@@ -133,6 +187,29 @@ mod tests {
         assert_eq!(r.stores_since(10, 10 + RING as u32, p.0), None);
         r.note_hit(10, 10 + RING as u32, p.0, u64::MAX);
         assert_eq!(r.hits(), (2, 2));
+    }
+
+    #[test]
+    fn a_first_hit_counts_the_loads_since_its_store() {
+        let r = Reuse::new();
+        let mut loads = 0;
+        // Second 10: the page stored; 300 loads in second 11; stores do not count.
+        (0..1000).for_each(|n| r.note_store(10, n));
+        for _ in 0..300 {
+            r.note_load(11, loads);
+            loads += 1;
+        }
+        r.note_first_hit(10, 12, loads, 100);
+        assert_eq!(r.first_hits(), (0, 1), "300 pages loaded since: farther than a 100-page pool");
+        r.note_first_hit(10, 12, loads, 1000);
+        assert_eq!(r.first_hits(), (1, 1), "within a 1000-page pool");
+        // No load since the store: as near as can be.
+        r.note_first_hit(12, 12, loads, 1);
+        assert_eq!(r.first_hits(), (2, 1));
+        // Older than the ring: far.
+        r.note_first_hit(10, 10 + RING as u32, loads, u64::MAX);
+        assert_eq!(r.first_hits(), (2, 2));
+        assert_eq!(r.hits(), (0, 0), "the hits by stores are apart");
     }
 
     #[test]
