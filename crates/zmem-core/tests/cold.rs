@@ -153,6 +153,15 @@ fn every_hit_from_ram_is_weighed_near_or_far() {
     }
     let again = p.reuse().unwrap();
     assert_eq!((again.near - r.near, again.far - r.far), (300, 0), "{again:?}");
+    // The first hit since a store is counted apart, once: the second
+    // round's loads were not the first since the pages' stores.
+    let st = p.stats();
+    assert_eq!(st.reuse_first_near + st.reuse_first_far, 300, "{st:?}");
+    // Stored again: the next load is a first hit again.
+    p.store(5, &compressible(5)).unwrap();
+    get(&p, 5).unwrap();
+    let st2 = p.stats();
+    assert_eq!(st2.reuse_first_near + st2.reuse_first_far, 301, "{st2:?}");
 }
 
 /// A cold store in RAM whose writes fail until `heals_at` (a cluster
