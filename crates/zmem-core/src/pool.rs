@@ -617,10 +617,13 @@ impl Engine {
             self.counters.invalid_io.fetch_add(1, Relaxed);
             return Err(ZmemError::BadPageSize { len: buf.len() });
         }
-        let r = self.load_inner(key, buf);
+        // (One clock read a load: the lookup's access time and the load
+        // clock's second.)
+        let now = self.now();
+        let r = self.load_inner(key, buf, now);
         let n = self.counters.loads.fetch_add(1, Relaxed);
         if let Some(t) = &self.tier {
-            t.note_load(self.now(), n);
+            t.note_load(now, n);
         }
         match &r {
             Ok(()) | Err(ZmemError::NotFound { .. }) => {}
@@ -634,12 +637,12 @@ impl Engine {
         r
     }
 
-    fn load_inner(&self, key: u64, buf: &mut [u8]) -> Result<()> {
+    /// `now`: the clock, read before the lock (the critical section only
+    /// stores it).
+    fn load_inner(&self, key: u64, buf: &mut [u8], now: u32) -> Result<()> {
         let mut tries = 0;
         loop {
             tries += 1;
-            // Read the clock before the lock: the critical section only stores it.
-            let now = self.now();
             let s = self.index.shard(key).lock();
             let (mut s, e) = self.access(s, key, now)?;
             let r = match e.slot() {

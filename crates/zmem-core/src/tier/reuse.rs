@@ -51,16 +51,38 @@ pub(crate) struct Reuse {
     /// The same for loads (swap-ins): the clock of a page's first hit
     /// since its store, counted from the store.
     loads: Box<[(AtomicU32, AtomicU64)]>,
+    /// Hits by the stores since their last use, and first hits since a
+    /// store by the loads since it.
+    hits: Split,
+    first: Split,
+}
+
+/// Hits counted near or far.
+#[derive(Default)]
+struct Split {
     near: AtomicU64,
     far: AtomicU64,
-    first_near: AtomicU64,
-    first_far: AtomicU64,
+}
+
+impl Split {
+    /// A hit `d` (None: beyond the ring) of the clock's counts ago, with a
+    /// pool of `pool_pages` pages of memory.
+    fn count(&self, d: Option<u64>, pool_pages: u64) {
+        match d {
+            Some(d) if d < pool_pages => self.near.fetch_add(1, Relaxed),
+            _ => self.far.fetch_add(1, Relaxed),
+        };
+    }
+
+    fn get(&self) -> (u64, u64) {
+        (self.near.load(Relaxed), self.far.load(Relaxed))
+    }
 }
 
 impl Reuse {
     pub fn new() -> Reuse {
         let ring = || (0..RING).map(|_| (AtomicU32::new(0), AtomicU64::new(0))).collect();
-        Reuse { ring: ring(), loads: ring(), near: AtomicU64::new(0), far: AtomicU64::new(0), first_near: AtomicU64::new(0), first_far: AtomicU64::new(0) }
+        Reuse { ring: ring(), loads: ring(), hits: Split::default(), first: Split::default() }
     }
 
     /// A page was stored at `now` (seconds), the pool's store number `n`
@@ -73,21 +95,7 @@ impl Reuse {
     pub fn note_load(&self, now: u32, n: u64) {
         note(&self.loads, now, n);
     }
-}
 
-/// Note in `ring` that second `now` began at count `n` (if it is its first).
-fn note(ring: &[(AtomicU32, AtomicU64)], now: u32, n: u64) {
-    {
-        let (sec, at) = &ring[now as usize % RING];
-        let tag = now.wrapping_add(1);
-        if sec.load(Relaxed) != tag {
-            at.store(n, Relaxed);
-            sec.store(tag, Release);
-        }
-    }
-}
-
-impl Reuse {
     /// Stores since the start of the first second in `last..=now` that had
     /// any, of the pool's `stores` so far; `None` if `last` is older than
     /// the ring remembers.
@@ -99,10 +107,7 @@ impl Reuse {
     /// the pool's `stores` so far, while it holds `pool_pages` pages of
     /// memory.
     pub fn note_hit(&self, last: u32, now: u32, stores: u64, pool_pages: u64) {
-        match self.stores_since(last, now, stores) {
-            Some(d) if d < pool_pages => self.near.fetch_add(1, Relaxed),
-            _ => self.far.fetch_add(1, Relaxed),
-        };
+        self.hits.count(self.stores_since(last, now, stores), pool_pages);
     }
 
     /// The first load served from RAM since its store (at `stored`) of a
@@ -111,25 +116,32 @@ impl Reuse {
     /// (each of which took a page of the workload's memory) than the pool
     /// holds.
     pub fn note_first_hit(&self, stored: u32, now: u32, loads: u64, pool_pages: u64) {
-        match since(&self.loads, stored, now, loads) {
-            Some(d) if d < pool_pages => self.first_near.fetch_add(1, Relaxed),
-            _ => self.first_far.fetch_add(1, Relaxed),
-        };
+        self.first.count(since(&self.loads, stored, now, loads), pool_pages);
     }
 
     /// (near hits, far hits) so far.
     pub fn hits(&self) -> (u64, u64) {
-        (self.near.load(Relaxed), self.far.load(Relaxed))
+        self.hits.get()
     }
 
     /// (near, far) of the first hits since a store so far.
     pub fn first_hits(&self) -> (u64, u64) {
-        (self.first_near.load(Relaxed), self.first_far.load(Relaxed))
+        self.first.get()
     }
 
     /// Bytes it holds, from creation to drop.
     pub fn fixed_bytes() -> u64 {
         (2 * RING * std::mem::size_of::<(AtomicU32, AtomicU64)>() + std::mem::size_of::<Reuse>()) as u64
+    }
+}
+
+/// Note in `ring` that second `now` began at count `n` (if it is its first).
+fn note(ring: &[(AtomicU32, AtomicU64)], now: u32, n: u64) {
+    let (sec, at) = &ring[now as usize % RING];
+    let tag = now.wrapping_add(1);
+    if sec.load(Relaxed) != tag {
+        at.store(n, Relaxed);
+        sec.store(tag, Release);
     }
 }
 
