@@ -64,6 +64,17 @@ fn series(report: &Report, disk: crate::swap::DiskKind, jobs: u32, y: impl Fn(&c
         .collect()
 }
 
+/// Of points sorted by x, one per x: the median of its y values.
+fn medians(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    pts.chunk_by(|a, b| a.0 == b.0)
+        .map(|run| {
+            let mut ys: Vec<f64> = run.iter().map(|p| p.1).collect();
+            ys.sort_by(f64::total_cmp);
+            (run[0].0, crate::swap::median(&ys))
+        })
+        .collect()
+}
+
 fn chart(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, title: &str, y_label: &str, data: &Series) -> anyhow::Result<()> {
     if data.is_empty() {
         // Every run of the set failed or was interrupted: no axis to draw
@@ -84,7 +95,9 @@ fn chart(area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, title: &str,
     c.configure_mesh().x_desc("memory budget, MiB (workload + pool)").y_desc(y_label).draw()?;
     for (s, pts) in data {
         let col = colour(*s);
-        c.draw_series(LineSeries::new(pts.iter().copied(), col.stroke_width(2)))?
+        // Each run a point; the line through each budget's median, where
+        // `--sets` ran it more than once.
+        c.draw_series(LineSeries::new(medians(pts), col.stroke_width(2)))?
             .label(s.name())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
         c.draw_series(pts.iter().map(|&p| Circle::new(p, 4, col.filled())))?;
@@ -167,6 +180,12 @@ mod tests {
         assert_eq!((frame.width, frame.height, frame.color_type), (1200, 420, png::ColorType::Rgb));
         let dark = rgb[..frame.buffer_size()].chunks(3).filter(|p| p.iter().all(|&c| c < 128)).count();
         assert!(dark > 1000 && dark < 1200 * 420 / 2, "{dark} dark pixels");
+    }
+
+    #[test]
+    fn repeated_sets_draw_a_line_through_each_budgets_median() {
+        assert_eq!(medians(&[(1.0, 5.0), (1.0, 1.0), (1.0, 2.0), (2.0, 4.0), (3.0, 1.0), (3.0, 3.0)]), [(1.0, 2.0), (2.0, 4.0), (3.0, 2.0)]);
+        assert!(medians(&[]).is_empty());
     }
 
     #[test]

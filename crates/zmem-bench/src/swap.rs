@@ -212,6 +212,9 @@ pub struct Config {
     pub zmem_b_args: Vec<String>,
     /// A run taking longer than this is killed and reported failed.
     pub timeout: Duration,
+    /// Sets of runs for each budget (at least 1): every second set runs
+    /// the systems in the reverse order ([`set_order`]).
+    pub sets: u32,
 }
 
 /// One run's measurements.
@@ -223,6 +226,8 @@ pub struct RunResult {
     pub jobs: u32,
     /// Workload plus pool (0: unlimited).
     pub budget_bytes: u64,
+    /// Which set of runs of its budget this was, from 0 (`Config::sets`).
+    pub set: u32,
     /// The workload cgroup's limit (0: unlimited).
     pub cgroup_limit_bytes: u64,
     pub pool_cap_bytes: u64,
@@ -599,7 +604,8 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
         notes: Vec::new(),
         runs: Vec::new(),
     };
-    let per_jobs = cfg.budgets.len() * cfg.disks.len() * cfg.systems.len() + 1;
+    let sets = cfg.sets.max(1);
+    let per_jobs = cfg.budgets.len() * cfg.disks.len() * cfg.systems.len() * sets as usize + 1;
     let total = per_jobs * cfg.jobs.len();
     let mut index = 0;
     let mut smallest_cap = u64::MAX;
@@ -639,9 +645,10 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                 smallest_cap = smallest_cap.min(cap);
                 let pct = zswap_percent(cap, mem_total);
                 report.zswap_max_pool_percent = pct;
-                for &sys in &cfg.systems {
+                for (set, sys) in (0..sets).flat_map(|set| set_order(&cfg.systems, set).into_iter().map(move |sys| (set, sys))) {
                     index += 1;
-                    let what = format!("-j{jobs} {} disk, budget {} MiB (pool cap {} MiB): {}", kind.name(), b >> 20, cap >> 20, sys.name());
+                    let of_sets = if sets > 1 { format!(", set {} of {sets}", set + 1) } else { String::new() };
+                    let what = format!("-j{jobs} {} disk, budget {} MiB (pool cap {} MiB){of_sets}: {}", kind.name(), b >> 20, cap >> 20, sys.name());
                     progress(Progress::Start { index, total, what: &what });
                     if stop.load(Ordering::Relaxed) {
                         report.notes.push("interrupted: the runs after this point did not happen".into());
@@ -657,7 +664,8 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
                                 .to_string()
                         }
                     };
-                    let r = measure(cfg, jobs, Some(kind), &disk, sys, b, cap, rule, stop, &zswap)?;
+                    let mut r = measure(cfg, jobs, Some(kind), &disk, sys, b, cap, rule, stop, &zswap)?;
+                    r.set = set;
                     progress(Progress::Done { index, total, result: &r });
                     if sys == System::Zswap && r.pool_peak_bytes > 0 && r.cgroup_kmem_peak_bytes >= r.pool_peak_bytes / 2 && charged_note.is_none() {
                         charged_note = Some(format!(
@@ -698,6 +706,18 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
         ));
     }
     Ok(report)
+}
+
+/// The order of the systems in set `set` (from 0): as given in the even
+/// sets, reversed in the odd ones, so that across two sets each system
+/// runs as often early as late (a machine's pace drifts through a bench:
+/// page cache, the disk image's layout, the VM's neighbours).
+pub fn set_order(systems: &[System], set: u32) -> Vec<System> {
+    let mut v = systems.to_vec();
+    if set % 2 == 1 {
+        v.reverse();
+    }
+    v
 }
 
 /// zswap's `max_pool_percent` for a pool cap: whole percents of RAM, at
@@ -1140,6 +1160,7 @@ impl Trial<'_> {
             disk: kind,
             jobs: self.jobs,
             budget_bytes: self.budget,
+            set: 0,
             cgroup_limit_bytes: self.budget,
             pool_cap_bytes: if kind.is_some() && sys != System::Disk { self.cap } else { 0 },
             memory_rule: rule,
@@ -1213,12 +1234,13 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0).then(|| a / b)
 }
 
-/// The runs of a report with their ratios against disk swap and zswap in
-/// the same set (same jobs, disk and budget).
+/// The runs of a report with their ratios against disk swap, zswap and
+/// kernel zram in the same set (same jobs, disk, budget and set).
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratios {
     pub wall_vs_disk: Option<f64>,
     pub wall_vs_zswap: Option<f64>,
+    pub wall_vs_zram: Option<f64>,
     pub disk_bytes_vs_disk: Option<f64>,
     pub disk_bytes_vs_zswap: Option<f64>,
     /// Disk swap's wall time over the unlimited baseline (the issue wants
@@ -1227,18 +1249,95 @@ pub struct Ratios {
 }
 
 pub fn ratios(report: &Report, r: &RunResult) -> Ratios {
-    let peer = |s: System| report.runs.iter().find(|o| o.system == s && o.disk == r.disk && o.jobs == r.jobs && o.budget_bytes == r.budget_bytes && o.exit_ok);
+    let peer = |s: System| {
+        report.runs.iter().find(|o| o.system == s && o.disk == r.disk && o.jobs == r.jobs && o.budget_bytes == r.budget_bytes && o.set == r.set && o.exit_ok)
+    };
     let base = report.runs.iter().find(|o| o.disk.is_none() && o.jobs == r.jobs);
     let ok = |x: Option<f64>| if r.exit_ok { x } else { None };
     let d = peer(System::Disk);
     let z = peer(System::Zswap);
+    let zr = peer(System::Zram);
     Ratios {
         wall_vs_disk: ok(d.and_then(|d| ratio(r.wall_secs, d.wall_secs))),
         wall_vs_zswap: ok(z.and_then(|z| ratio(r.wall_secs, z.wall_secs))),
+        wall_vs_zram: ok(zr.and_then(|z| ratio(r.wall_secs, z.wall_secs))),
         disk_bytes_vs_disk: ok(d.and_then(|d| ratio(r.disk_bytes() as f64, d.disk_bytes() as f64))),
         disk_bytes_vs_zswap: ok(z.and_then(|z| ratio(r.disk_bytes() as f64, z.disk_bytes() as f64))),
         disk_slowdown: r.disk.and(d).zip(base).and_then(|(d, b)| ratio(d.wall_secs, b.wall_secs)),
     }
+}
+
+/// A system's wall time over a yardstick's, across the sets of one (jobs,
+/// disk, budget): each set's ratio is taken within the set, and the
+/// spread of those ratios is what a single set cannot show.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Spread {
+    pub jobs: u32,
+    pub disk: Option<DiskKind>,
+    pub budget_bytes: u64,
+    pub system: System,
+    /// The yardstick: disk swap or kernel zram.
+    pub against: System,
+    /// Each set's ratio, in set order (sets without both runs finished
+    /// left out).
+    pub ratios: Vec<f64>,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+/// The median of `sorted` (ascending, not empty).
+pub(crate) fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+/// The [`Spread`] of every system but disk swap against disk swap and
+/// kernel zram, for each (jobs, disk, budget) run in two sets or more.
+pub fn spreads(report: &Report) -> Vec<Spread> {
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    for r in report.runs.iter().filter(|r| r.disk.is_some() && r.system != System::Disk) {
+        let key = (r.jobs, r.disk, r.budget_bytes, r.system);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let same = || report.runs.iter().filter(|o| (o.jobs, o.disk, o.budget_bytes, o.system) == key);
+        for against in [System::Disk, System::Zram].into_iter().filter(|&a| a != r.system) {
+            let ratios: Vec<f64> = same()
+                .filter_map(|o| {
+                    let q = ratios(report, o);
+                    if against == System::Disk {
+                        q.wall_vs_disk
+                    } else {
+                        q.wall_vs_zram
+                    }
+                })
+                .collect();
+            if ratios.len() < 2 {
+                continue;
+            }
+            let mut sorted = ratios.clone();
+            sorted.sort_by(f64::total_cmp);
+            out.push(Spread {
+                jobs: r.jobs,
+                disk: r.disk,
+                budget_bytes: r.budget_bytes,
+                system: r.system,
+                against,
+                median: median(&sorted),
+                min: sorted[0],
+                max: sorted[sorted.len() - 1],
+                ratios,
+            });
+        }
+    }
+    out
 }
 
 /// The report as a table, one block per (jobs, disk).
@@ -1268,7 +1367,7 @@ pub fn render(report: &Report) -> String {
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
         "mem MB", "cap MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap",
-        "io/disk", "io/zswap", "side MB",
+        "t/zram", "io/disk", "io/zswap", "side MB", "set",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -1304,9 +1403,11 @@ pub fn render(report: &Report) -> String {
             r.server_us_per_page().map_or("-".to_string(), |u| format!("{u:.1}")),
             f2(q.wall_vs_disk),
             f2(q.wall_vs_zswap),
+            f2(q.wall_vs_zram),
             f2(q.disk_bytes_vs_disk),
             f2(q.disk_bytes_vs_zswap),
             r.dead.filter(|d| d.server_samples > 0).map_or("-".to_string(), |d| mb(d.beside_pool_max)),
+            (r.set + 1).to_string(),
         ]);
     }
     let widths: Vec<usize> = (0..head.len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
@@ -1320,24 +1421,45 @@ pub fn render(report: &Report) -> String {
         out += "\n";
     }
     let mut seen = Vec::new();
+    let several_sets = report.runs.iter().any(|r| r.set > 0);
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
-        let key = (r.jobs, r.disk, r.budget_bytes);
+        let key = (r.jobs, r.disk, r.budget_bytes, r.set);
         if seen.contains(&key) {
             continue;
         }
         seen.push(key);
         if let Some(s) = ratios(report, r).disk_slowdown {
             out += &format!(
-                "-j{} {} disk, budget {} MiB: disk swap takes {s:.2} x the unlimited run{}\n",
+                "-j{} {} disk, budget {} MiB{}: disk swap takes {s:.2} x the unlimited run{}\n",
                 r.jobs,
                 r.disk.map_or("-", |d| d.name()),
                 r.budget_bytes >> 20,
+                if several_sets { format!(", set {}", r.set + 1) } else { String::new() },
                 if s < 2.0 { " (under the 2 x the seed experiment asks for: give a smaller budget)" } else { "" }
             );
         }
     }
-    for r in report.runs.iter().filter(|r| r.system != System::Disk).take(4) {
-        out += &format!("memory, {}: {}\n", r.system.name(), r.memory_rule);
+    for s in spreads(report) {
+        out += &format!(
+            "-j{} {} disk, budget {} MiB, {} over {}: median {:.2} x, {:.2} to {:.2} over {} sets ({})\n",
+            s.jobs,
+            s.disk.map_or("-", |d| d.name()),
+            s.budget_bytes >> 20,
+            s.system.name(),
+            s.against.name(),
+            s.median,
+            s.min,
+            s.max,
+            s.ratios.len(),
+            s.ratios.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let mut ruled = Vec::new();
+    for r in report.runs.iter().filter(|r| r.system != System::Disk) {
+        if !ruled.contains(&r.system) {
+            ruled.push(r.system);
+            out += &format!("memory, {}: {}\n", r.system.name(), r.memory_rule);
+        }
     }
     for n in &report.notes {
         out += &format!("note: {n}\n");
@@ -1379,6 +1501,7 @@ pub(crate) fn test_run(system: System, disk: Option<DiskKind>, budget: u64, wall
         disk,
         jobs: 4,
         budget_bytes: budget,
+        set: 0,
         cgroup_limit_bytes: budget,
         pool_cap_bytes: 0,
         memory_rule: String::new(),
@@ -1483,6 +1606,57 @@ mod tests {
         let table = render(&rep);
         assert!(table.contains("disk swap takes 3.00 x"), "{table}");
         assert!(table.contains("disk swap takes 9.00 x"), "{table}");
+    }
+
+    #[test]
+    fn every_second_set_runs_the_systems_backwards() {
+        let sys = [System::Disk, System::Zram, System::Zmem];
+        assert_eq!(set_order(&sys, 0), sys);
+        assert_eq!(set_order(&sys, 1), [System::Zmem, System::Zram, System::Disk]);
+        assert_eq!(set_order(&sys, 2), sys);
+    }
+
+    /// Each set's ratio is taken within the set, and the spread over the
+    /// sets is their median and range; a set whose yardstick failed has
+    /// no ratio and is left out of it.
+    #[test]
+    fn sets_are_compared_within_and_spread_across() {
+        let t = Some(DiskKind::Throttled);
+        let in_set = |mut r: RunResult, set: u32| {
+            r.set = set;
+            r
+        };
+        let mut failed = in_set(run(System::Disk, t, 300, 1.0, 1), 3);
+        failed.exit_ok = false;
+        let rep = report(vec![
+            run(System::Disk, None, 0, 100.0, 0),
+            in_set(run(System::Disk, t, 300, 400.0, 1), 0),
+            in_set(run(System::Zram, t, 300, 200.0, 1), 0),
+            in_set(run(System::Zmem, t, 300, 200.0, 1), 0),
+            in_set(run(System::Zmem, t, 300, 300.0, 1), 1),
+            in_set(run(System::Zram, t, 300, 600.0, 1), 1),
+            in_set(run(System::Disk, t, 300, 200.0, 1), 1),
+            in_set(run(System::Disk, t, 300, 1000.0, 1), 2),
+            in_set(run(System::Zmem, t, 300, 800.0, 1), 2),
+            failed,
+            in_set(run(System::Zmem, t, 300, 5.0, 1), 3),
+        ]);
+        let q = ratios(&rep, &rep.runs[4]);
+        assert_eq!((q.wall_vs_disk, q.wall_vs_zram), (Some(1.5), Some(0.5)));
+        assert_eq!(ratios(&rep, &rep.runs[8]).wall_vs_zram, None, "set 3 has no zram run");
+        let s = spreads(&rep);
+        let zmem_disk = s.iter().find(|s| s.system == System::Zmem && s.against == System::Disk).unwrap();
+        assert_eq!(zmem_disk.ratios, [0.5, 1.5, 0.8]);
+        assert_eq!((zmem_disk.median, zmem_disk.min, zmem_disk.max), (0.8, 0.5, 1.5));
+        let zmem_zram = s.iter().find(|s| s.system == System::Zmem && s.against == System::Zram).unwrap();
+        assert_eq!((zmem_zram.ratios.len(), zmem_zram.median), (2, 0.75));
+        let zram_disk = s.iter().find(|s| s.system == System::Zram).unwrap();
+        assert_eq!((zram_disk.against, zram_disk.median), (System::Disk, 1.75));
+        assert!(!s.iter().any(|s| s.system == System::Disk), "{s:?}");
+        let table = render(&rep);
+        assert!(table.contains("budget 0 MiB, zmem over disk: median 0.80 x, 0.50 to 1.50 over 3 sets (0.50, 1.50, 0.80)"), "{table}");
+        assert_eq!(table.matches("memory, zmem:").count(), 1, "{table}");
+        assert!(table.contains("budget 0 MiB, set 2: disk swap takes 2.00 x") && table.contains("budget 0 MiB, set 1: disk swap takes 4.00 x"), "{table}");
     }
 
     #[test]

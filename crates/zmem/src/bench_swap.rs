@@ -74,6 +74,12 @@ pub struct Args {
     /// Kill a run that takes longer than this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub timeout: u64,
+    /// Sets of runs for each budget, the systems in the reverse order in
+    /// every second set. A workload near its memory cliff (the build)
+    /// varies set to set: each set's ratios are its own, and the table
+    /// ends with their median and range.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub sets: u32,
     /// The built-in workload: `build` (a clean `cargo build --release` of
     /// a source tree: many short processes streaming through memory) or
     /// `kv` (a key-value store's heap, read and updated at random by
@@ -226,6 +232,7 @@ fn config(a: &Args) -> anyhow::Result<Config> {
         zmem_args: a.zmem_args.clone(),
         zmem_b_args: a.zmem_b_args.clone(),
         timeout: Duration::from_secs(a.timeout),
+        sets: a.sets,
     })
 }
 
@@ -251,6 +258,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let mut v = serde_json::to_value(&report)?;
         let ratios: Vec<_> = report.runs.iter().map(|r| swap::ratios(&report, r)).collect();
         v["ratios"] = serde_json::to_value(ratios)?;
+        v["spreads"] = serde_json::to_value(swap::spreads(&report))?;
         v["png"] = plotted.as_ref().ok().map(|_| png.display().to_string()).into();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -288,6 +296,9 @@ mod tests {
         assert!(e.contains("--source"), "{e}");
         assert!(args(&["--workload", "heap"]).is_err());
         assert!(args(&["--kv-passes", "0"]).is_err());
+        assert_eq!(config(&args(&["--sets", "3"]).unwrap()).unwrap().sets, 3);
+        assert_eq!(config(&args(&[]).unwrap()).unwrap().sets, 1);
+        assert!(args(&["--sets", "0"]).is_err());
     }
 
     #[test]
