@@ -94,8 +94,9 @@
 //! never data) and decompresses it. Then, if the pool is under its accept
 //! threshold and the entry still names that record, it brings the object
 //! back into RAM and frees the record: the page has just proved hot.
-//! Otherwise, and always with exclusive loads, it is served from the file
-//! and stays there (zram's behaviour for pages on its backing device).
+//! Otherwise, and always with exclusive loads or with promotion off
+//! (`PoolConfig::promote_loads`), it is served from the file and stays
+//! there (zram's behaviour for pages on its backing device).
 //!
 //! # Records the cold store moves
 //! A backing file compacts by copying records, and its ids are places, so
@@ -215,6 +216,15 @@ struct Ctl {
     failing_since: Option<Instant>,
 }
 
+/// What a load of a written-back page does
+/// ([`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads), at
+/// start; [`PoolConfig::promote_loads`](crate::PoolConfig::promote_loads)).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Loads {
+    pub exclusive: bool,
+    pub promote: bool,
+}
+
 pub(crate) struct Tier {
     /// What leaving RAM means: a file, nothing (a clean cache), ... (`cold.rs`).
     pub store: Box<dyn ColdStore>,
@@ -230,6 +240,9 @@ pub(crate) struct Tier {
     /// only changes policy: a bit set under one meaning and read under the
     /// other costs a second chance or an early writeback, never data.
     exclusive: AtomicBool,
+    /// [`PoolConfig::promote_loads`](crate::PoolConfig::promote_loads): a
+    /// written-back page that is loaded may come back to RAM.
+    promote: bool,
     seq: AtomicU32,
     /// Held by whoever writes back: a shrinker round or an explicit
     /// writeback. It holds a batch's buffer of compressed objects, kept
@@ -385,7 +398,7 @@ impl Tier {
     /// A tier over `store`, with a queue for each of `index_shards` index
     /// shards and `dedup_shards` dedup shards (whose fixed cost,
     /// [`Tier::fixed_bytes`], the caller charges).
-    pub fn new(store: Box<dyn ColdStore>, exclusive: bool, extents: bool, index_shards: usize, dedup_shards: usize) -> Tier {
+    pub fn new(store: Box<dyn ColdStore>, loads: Loads, extents: bool, index_shards: usize, dedup_shards: usize) -> Tier {
         Tier {
             queues: Queues::new(index_shards, dedup_shards),
             reuse: Reuse::new(),
@@ -393,7 +406,8 @@ impl Tier {
             extents: extents && store.keeps(),
             store,
             read_busy: BusyClock::default(),
-            exclusive: AtomicBool::new(exclusive),
+            exclusive: AtomicBool::new(loads.exclusive),
+            promote: loads.promote,
             seq: AtomicU32::new(0),
             writing: Mutex::new(Vec::new()),
             ctl: Mutex::new(Ctl::default()),
@@ -587,6 +601,12 @@ impl Tier {
     /// Whether loads are exclusive now.
     pub fn exclusive(&self) -> bool {
         self.exclusive.load(Relaxed)
+    }
+
+    /// Whether a loaded written-back page may come back to RAM now: not
+    /// with exclusive loads, nor with promotion off.
+    fn promotes(&self) -> bool {
+        self.promote && !self.exclusive()
     }
 
     pub fn set_exclusive(&self, on: bool) {
@@ -1300,7 +1320,7 @@ impl Tier {
     pub(crate) fn load_backed(&self, h: &impl TierHost, key: u64, id: u64, buf: &mut [u8]) -> Result<()> {
         OBJ.with_borrow_mut(|obj| {
             let (info, r) = self.read_member(h.objects(), key, id, obj, buf)?;
-            if self.exclusive() || h.held_pages() >= h.admission().accept_pages() {
+            if !self.promotes() || h.held_pages() >= h.admission().accept_pages() {
                 return Ok(());
             }
             let old = {
@@ -1341,7 +1361,7 @@ impl Tier {
                 ZmemError::Corrupt { source, .. } => ZmemError::Corrupt { key, source },
                 e => e,
             })?;
-            if h.held_pages() >= h.admission().accept_pages() {
+            if !self.promote || h.held_pages() >= h.admission().accept_pages() {
                 return Ok(());
             }
             {

@@ -248,6 +248,38 @@ fn explicit_writeback_modes_and_budget() {
     assert_eq!(st.bd_count, 0);
 }
 
+/// `promote_loads` off: a written-back page that is loaded is served from
+/// the file and stays there, however much room the pool has; and it
+/// stays right there, loaded again and again.
+#[test]
+fn without_promotion_loads_serve_written_back_pages_from_the_file() {
+    let file = mem_file();
+    let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
+    let cfg = PoolConfig { promote_loads: false, ..PoolConfig::default() };
+    let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
+    for k in 0..40u64 {
+        p.store(k, &compressible(k)).unwrap();
+    }
+    assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), 40);
+    let mut buf = vec![0u8; PAGE];
+    for round in 0..2 {
+        for k in 0..40u64 {
+            p.load(k, &mut buf).unwrap();
+            assert_eq!(buf, compressible(k), "key {k}, round {round}");
+        }
+    }
+    let st = p.stats();
+    assert_eq!(st.promoted_pages, 0);
+    assert_eq!(st.bd_count, 40, "every page still on the file");
+    assert_eq!(st.bd_reads, 80, "and read from it each time");
+    assert_eq!(st.pool_pages, 0, "nothing came back to RAM");
+    // A store still replaces the file's copy with one in RAM.
+    p.store(3, &compressible(1003)).unwrap();
+    p.load(3, &mut buf).unwrap();
+    assert_eq!(buf, compressible(1003));
+    assert_eq!(p.stats().bd_count, 39);
+}
+
 #[test]
 fn failing_writes_keep_pages_in_ram_and_correct() {
     let file = mem_file();

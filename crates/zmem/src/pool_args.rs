@@ -102,6 +102,13 @@ pub struct PoolArgs {
     /// evicts the page clean and reads the slot again).
     #[arg(long, value_enum)]
     pub exclusive_loads: Option<ExclusiveLoads>,
+    /// A written-back page read from the file comes back to RAM while the
+    /// pool has room (on), or is served from the file and stays there
+    /// (off: zram's way with its backing device, and exclusive loads'),
+    /// so that the pool's RAM holds pages not read since they were
+    /// stored [default: on; zmem swap: off].
+    #[arg(long, value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub promote_loads: Option<bool>,
     /// zram's recomp_algorithm: an algorithm for `zmem recompress` and
     /// --recompress-idle, repeated for up to three, by priority [default:
     /// zstd:9; zmem swap: zstd:3].
@@ -172,6 +179,8 @@ impl std::fmt::Display for ReadAhead {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Defaults {
     pub exclusive_loads: ExclusiveLoads,
+    /// `--promote-loads`.
+    pub promote_loads: bool,
     pub pool_size: PoolSize,
     pub recompress_idle: RecompressIdle,
     pub recompress_cpu: RecompressCpu,
@@ -183,6 +192,7 @@ impl Defaults {
     /// `zmem serve`: zram's ways (recompression only when asked, zstd:9).
     pub const SERVE: Defaults = Defaults {
         exclusive_loads: ExclusiveLoads::Off,
+        promote_loads: true,
         pool_size: PoolSize::Fixed,
         recompress_idle: RecompressIdle::Off,
         recompress_cpu: RecompressCpu::Percent(10),
@@ -408,6 +418,7 @@ impl PoolArgs {
         let algos: Vec<&str> = if self.recomp_algo.is_empty() { vec![default.recomp_algo] } else { self.recomp_algo.iter().map(String::as_str).collect() };
         let cfg = PoolConfig {
             exclusive_loads: self.exclusive_mode(default.exclusive_loads).now(),
+            promote_loads: self.promote_loads.unwrap_or(default.promote_loads),
             compressor: comp,
             dedup: self.dedup,
             mem_limit: self.mem_limit,
@@ -483,6 +494,9 @@ impl PoolArgs {
         }
         if let Some(x) = self.exclusive_loads {
             v.extend(["--exclusive-loads".into(), x.name().into()]);
+        }
+        if let Some(p) = self.promote_loads {
+            v.extend(["--promote-loads".into(), if p { "on" } else { "off" }.into()]);
         }
         if let Some(x) = self.pool_size {
             v.extend(["--pool-size".into(), x.name().into()]);
@@ -589,6 +603,25 @@ mod tests {
         let err = c.pool.build(&Defaults::SERVE, "t").err().expect("refused").to_string();
         assert!(err.contains("needs --backing or --remote"), "{err}");
         assert!(Cli::try_parse_from(["zmem", "--pool-size", "big"]).is_err());
+    }
+
+    #[test]
+    fn promote_loads_takes_the_commands_default_unless_given_and_reaches_the_server() {
+        let swap_like = Defaults { promote_loads: false, ..Defaults::SERVE };
+        let c = parse_pool(&[]).unwrap();
+        assert!(!c.to_args().iter().any(|w| w == "--promote-loads"), "the server keeps its command's default");
+        for (d, want) in [(Defaults::SERVE, true), (swap_like, false)] {
+            assert_eq!(c.config(&d).unwrap().0.promote_loads, want);
+        }
+        for (word, want) in [("on", true), ("off", false)] {
+            let c = parse_pool(&["--promote-loads", word]).unwrap();
+            assert_eq!(c.config(&swap_like).unwrap().0.promote_loads, want);
+            assert_eq!(c.config(&Defaults::SERVE).unwrap().0.promote_loads, want);
+            let words = c.to_args();
+            let i = words.iter().position(|w| w == "--promote-loads").expect("passed on to the server");
+            assert_eq!(words[i + 1], word);
+        }
+        assert!(parse_pool(&["--promote-loads", "maybe"]).is_err());
     }
 
     #[test]

@@ -15,6 +15,9 @@ use crate::util::parse_size;
 /// the measurements behind each):
 /// - `--exclusive-loads auto`: the kernel's own rule, on while the
 ///   system's swap is more than half full ("Exclusive loads");
+/// - `--promote-loads off`: a page read from the backing file stays
+///   there, the kernel holding it now, so the pool's RAM holds pages not
+///   read since they were stored ("Loads that stay on the file");
 /// - `--pool-size auto`: the pool's cap follows the workload's work
 ///   ("Pool size");
 /// - idle recompression, `--recompress-idle 1s --recompress-cpu auto
@@ -23,6 +26,7 @@ use crate::util::parse_size;
 ///   of them ("Idle recompression on swap").
 pub(crate) const DEFAULTS: Defaults = Defaults {
     exclusive_loads: ExclusiveLoads::Auto,
+    promote_loads: false,
     pool_size: PoolSize::Auto,
     recompress_idle: RecompressIdle::After(1),
     recompress_cpu: RecompressCpu::Spare,

@@ -79,6 +79,15 @@ pub struct PoolConfig {
     /// Off by default; [`Pool::set_exclusive_loads`] switches them at run
     /// time (`zmem swap on` does, following the swap's fullness).
     pub exclusive_loads: bool,
+    /// A written-back page that is loaded comes back to RAM (and leaves
+    /// the file) while the pool is under its accept threshold: it has just
+    /// proved hot. Off, it is served from the file and stays there, as
+    /// zram serves its backing device's pages and as exclusive loads do,
+    /// so the pool's RAM goes to pages not loaded since their store: for
+    /// swap, whose loads the kernel keeps in its own RAM (its swap cache)
+    /// until it needs the memory, a promoted page is a second copy of one
+    /// the workload holds. On by default.
+    pub promote_loads: bool,
     /// Write back a victim with the other pages in RAM of its 16-key index
     /// block, as one record (an extent, `extent.rs`): a page on the file
     /// then costs the tables a few bytes of RAM instead of about 40, but a
@@ -121,6 +130,7 @@ impl Default for PoolConfig {
             max_pool: None,
             accept_threshold_percent: 90,
             exclusive_loads: false,
+            promote_loads: true,
             extents: false,
             recomp_algorithms: Vec::new(),
             dict: DictConfig::default(),

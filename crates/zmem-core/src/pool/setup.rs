@@ -20,7 +20,7 @@ use crate::error::{Result, ZmemError};
 use crate::objects::Objects;
 use crate::shard::{Index, Shard};
 use crate::stats::Counters;
-use crate::tier::{Tier, TierHost};
+use crate::tier::{Loads, Tier, TierHost};
 
 impl Pool {
     pub(super) fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>) -> Result<Pool> {
@@ -77,7 +77,15 @@ impl Engine {
         let index = Index::new(cfg.shards);
         // (With a tier, the table keeps a record for every shared page.)
         let dedup = cfg.dedup.then(|| DedupTable::new(store.is_none()));
-        let tier = store.map(|st| Tier::new(st, cfg.exclusive_loads, cfg.extents, index.shards().len(), dedup.as_ref().map_or(0, |d| d.shards().len())));
+        let tier = store.map(|st| {
+            Tier::new(
+                st,
+                Loads { exclusive: cfg.exclusive_loads, promote: cfg.promote_loads },
+                cfg.extents,
+                index.shards().len(),
+                dedup.as_ref().map_or(0, |d| d.shards().len()),
+            )
+        });
         // One budget for everything the pool holds: the allocator charges
         // its pages and tables to it, the index, dedup table and the tier's
         // queues their growth, the tier the backing store's tables. The shard arrays are
