@@ -1103,7 +1103,10 @@ impl Trial<'_> {
         Ok(Workload { child, t0, log_path })
     }
 
-    /// Every 200 ms until the workload ends: its anonymous peak, zmem's dead share, zswap's pool; on `stop` or past the timeout, kill it.
+    /// Every 200 ms until the workload ends (every 20 ms in its first two
+    /// seconds: a short workload's peak can last less than 200 ms): its
+    /// anonymous peak, zmem's dead share (at its own pace), zswap's pool;
+    /// on `stop` or past the timeout, kill it.
     fn sample(&self, rig: &mut Rig, w: &mut Workload) -> anyhow::Result<Sampled> {
         let (cfg, cg, child, stop) = (self.cfg, &rig.cg, &mut w.child, self.stop);
         let mut pool_peak = 0u64;
@@ -1129,7 +1132,7 @@ impl Trial<'_> {
                 let _ = child.wait();
                 break None;
             }
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(if w.t0.elapsed() < Duration::from_secs(2) { 20 } else { 200 }));
         };
         Ok(Sampled { status, pool_peak, anon_peak, error })
     }
