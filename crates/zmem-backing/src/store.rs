@@ -429,6 +429,12 @@ const FIRST_GROWTH: usize = PAGE_SIZE;
 /// wanted the record ends: within 1 KiB (the next record or so), 4 KiB,
 /// 8 KiB, and beyond.
 const HIT_DISTANCES: [u64; 3] = [1 << 10, 4 << 10, 8 << 10];
+/// And by how many keys past the highest key of the records their read
+/// wanted: the same key (the engine writes a record under the first key of
+/// its block of 16: for a swap device, the same 16 slots), within 16 (the
+/// next block), 1,024, and beyond (or before, or in a window whose wanted
+/// records were not served yet).
+const SLOT_DISTANCES: [u64; 3] = [0, 16, 1024];
 /// How far past a window's end a miss still continues its run (a record
 /// or two skipped: freed, or read from RAM).
 const RUN_GAP: u64 = 2 * PAGE_SIZE as u64;
@@ -457,6 +463,10 @@ struct Window {
     /// Where the bytes the read wanted end (the records asked for); what
     /// lies past it is read-ahead.
     need: u64,
+    /// The highest key of the records the read wanted, once known (a
+    /// prefetch learns it as its loads follow): read-ahead hits are
+    /// counted by their keys' distance past it.
+    key: Option<u64>,
     buf: Option<AlignedBuf>,
     /// Record bytes served from this window, the first record's included.
     used: usize,
@@ -466,7 +476,7 @@ struct Window {
 }
 
 impl Window {
-    const EMPTY: Window = Window { epoch: 0, seg: 0, lo: 0, len: 0, need: 0, buf: None, used: 0, last: 0 };
+    const EMPTY: Window = Window { epoch: 0, seg: 0, lo: 0, len: 0, need: 0, key: None, buf: None, used: 0, last: 0 };
 
     fn covers(&self, epoch: u64, abs: u64, n: usize) -> bool {
         self.len > 0 && self.epoch == epoch && abs >= self.lo && abs + n as u64 <= self.lo + self.len as u64
@@ -597,15 +607,20 @@ struct Counters {
     readahead_bytes: AtomicU64,
     readahead_used_bytes: AtomicU64,
     readahead_hits: [AtomicU64; HIT_DISTANCES.len() + 1],
+    readahead_slot_hits: [AtomicU64; SLOT_DISTANCES.len() + 1],
 }
 
 impl Counters {
     /// A record of `n` bytes served from read-ahead, ending `past` bytes
-    /// beyond what its window's read wanted.
-    fn count_readahead_hit(&self, past: u64, n: usize) {
+    /// beyond what its window's read wanted, `slots` keys past the highest
+    /// key it wanted (`None`: before it, or not known).
+    fn count_readahead_hit(&self, past: u64, n: usize, slots: Option<u64>) {
         self.readahead_used_bytes.fetch_add(n as u64, Relaxed);
         let bucket = HIT_DISTANCES.iter().position(|&d| past <= d).unwrap_or(HIT_DISTANCES.len());
         self.readahead_hits[bucket].fetch_add(1, Relaxed);
+        let far = SLOT_DISTANCES.len();
+        let bucket = slots.map_or(far, |d| SLOT_DISTANCES.iter().position(|&s| d <= s).unwrap_or(far));
+        self.readahead_slot_hits[bucket].fetch_add(1, Relaxed);
     }
 }
 
@@ -881,7 +896,9 @@ impl BackingStore {
                     Ok(()) => {
                         w.used += n;
                         if abs >= w.need {
-                            self.c.count_readahead_hit(abs + n as u64 - w.need, n);
+                            self.c.count_readahead_hit(abs + n as u64 - w.need, n, w.key.and_then(|k| key.checked_sub(k)));
+                        } else {
+                            w.key = Some(w.key.map_or(key, |k| k.max(key)));
                         }
                     }
                     // Never trust this window again: a retry reads the disk.
@@ -914,22 +931,25 @@ impl BackingStore {
         // (Every bound aligned: an O_DIRECT read of a length the file does
         // not take is EINVAL.)
         let hi = ((need + ahead as u64).div_ceil(a) * a).min(lo + READAHEAD as u64).min(seg_end).max(need);
-        self.read_window(e.seg as u64, epoch, (lo, hi), abs + n as u64, n, n, |buf| self.serve(&buf[(abs - lo) as usize..][..n], id, key, e.span, out))
+        self.read_window(e.seg as u64, epoch, (lo, hi), (abs + n as u64, Some(key)), n, n, |buf| {
+            self.serve(&buf[(abs - lo) as usize..][..n], id, key, e.span, out)
+        })
     }
 
     /// Read `lo..hi` of segment `seg` (at window epoch `epoch`) in one
     /// operation, hand the bytes to `use_it` (which serves `used` bytes of
     /// records from them), and keep them as a window for the records next
     /// to those. The read is for `wanted` bytes of records ending at
-    /// `need`; the rest is read-ahead (and alignment). A read that ends
-    /// before `need` is [`BackingError::ShortRead`].
+    /// `need`, the highest of their keys `key` if known; the rest is
+    /// read-ahead (and alignment). A read that ends before `need` is
+    /// [`BackingError::ShortRead`].
     #[allow(clippy::too_many_arguments)]
     fn read_window(
         &self,
         seg: u64,
         epoch: u64,
         (lo, hi): (u64, u64),
-        need: u64,
+        (need, key): (u64, Option<u64>),
         wanted: usize,
         used: usize,
         use_it: impl FnOnce(&[u8]) -> Result<()>,
@@ -952,7 +972,7 @@ impl BackingStore {
             // which finds no record, could see none.)
             let mut spare = w.buf.take().unwrap_or_else(|| AlignedBuf::new(WINDOW_BUF));
             std::mem::swap(buf, &mut spare);
-            *w = Window { epoch, seg, lo, len: got, need, buf: Some(spare), used, last: clock };
+            *w = Window { epoch, seg, lo, len: got, need, key, buf: Some(spare), used, last: clock };
             Ok(())
         })
     }
@@ -999,7 +1019,7 @@ impl BackingStore {
             if j > i + 1 {
                 let hi = (need.div_ceil(a) * a).min(limit);
                 // Nothing served from it yet: the loads that follow are.
-                if self.read_window(seg, epoch, (lo, hi), need, wanted as usize, 0, |_| Ok(())).is_ok() {
+                if self.read_window(seg, epoch, (lo, hi), (need, None), wanted as usize, 0, |_| Ok(())).is_ok() {
                     ops += 1;
                     self.c.prefetch_ops.fetch_add(1, Relaxed);
                 }
@@ -1140,6 +1160,7 @@ impl BackingStore {
             readahead_used_bytes: self.c.readahead_used_bytes.load(Relaxed),
             readahead_floor_bytes: self.windows.lock().min as u64,
             readahead_hits: self.c.readahead_hits.each_ref().map(|h| h.load(Relaxed)),
+            readahead_slot_hits: self.c.readahead_slot_hits.each_ref().map(|h| h.load(Relaxed)),
             metadata_bytes,
             ..ColdStats::default()
         }
@@ -1533,7 +1554,7 @@ mod window_tests {
 
     #[test]
     fn a_window_is_trusted_only_for_its_epoch_and_range() {
-        let w = Window { epoch: 3, seg: 0, lo: 8192, len: 65536, need: 9000, buf: None, used: 0, last: 0 };
+        let w = Window { epoch: 3, seg: 0, lo: 8192, len: 65536, need: 9000, key: None, buf: None, used: 0, last: 0 };
         assert!(w.covers(3, 8192, 100));
         assert!(w.covers(3, 8192 + 65536 - 100, 100));
         assert!(!w.covers(4, 8192, 100), "a write happened since: stale");
@@ -1546,7 +1567,7 @@ mod window_tests {
     fn the_victim_is_empty_or_stale_before_it_is_old() {
         let mut ws = Windows::new();
         for (i, w) in ws.slots.iter_mut().enumerate() {
-            *w = Window { epoch: 1, seg: i as u64, lo: 0, len: 4096, need: 4096, buf: None, used: 4096, last: 10 + i as u64 };
+            *w = Window { epoch: 1, seg: i as u64, lo: 0, len: 4096, need: 4096, key: None, buf: None, used: 4096, last: 10 + i as u64 };
         }
         ws.slots[5].last = 1;
         assert_eq!(ws.victim(|_, _| false).seg, 5, "the least recently used");
@@ -1705,6 +1726,61 @@ mod window_tests {
         assert!(matches!(s.set_min_read_ahead(READAHEAD + 1), Err(BackingError::ReadAhead { .. })));
         s.set_min_read_ahead(READAHEAD).unwrap();
         assert_eq!(s.windows.lock().ahead, READAHEAD);
+    }
+
+    #[test]
+    fn readahead_hits_are_counted_by_their_slots_past_the_keys_read() {
+        let s = BackingStore::new(Box::new(crate::MemFile::new(true)), None);
+        let data = vec![7u8; 1000];
+        let write = |keys: &[u64]| -> Vec<RecordId> { s.write_batch(&keys.iter().map(|&k| (k, &data[..])).collect::<Vec<_>>()).unwrap() };
+        // Records of 1,024 bytes, four a block: slots 0..=23 side by side,
+        // then slots 300 apart.
+        let run = write(&(0..24).collect::<Vec<_>>());
+        let spread_keys: Vec<u64> = (0..24).map(|i| 5000 + 300 * i).collect();
+        let spread = write(&spread_keys);
+        s.windows.lock().ahead = MIN_READAHEAD;
+        let mut out = Vec::new();
+        let hits = |s: &BackingStore| s.stats().readahead_slot_hits;
+        // Slot 0's read reads its block and 8 KiB past it: slots 1..=11.
+        s.read(run[0], 0, &mut out).unwrap();
+        for (k, &id) in run.iter().enumerate().take(12).skip(1) {
+            s.read(id, k as u64, &mut out).unwrap();
+        }
+        assert_eq!(s.stats().read_ops, 1);
+        assert_eq!(hits(&s), [0, 11, 0, 0], "slots 1-11 within 16 of slot 0");
+        // Records next to each other in the file, 300 slots apart: 900 is
+        // within 1,024 slots, 1,200 and more beyond.
+        forget_windows(&s);
+        s.windows.lock().ahead = MIN_READAHEAD;
+        let before = hits(&s);
+        for (&id, &k) in spread.iter().zip(&spread_keys).take(12) {
+            s.read(id, k, &mut out).unwrap();
+        }
+        let after = hits(&s);
+        let d: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+        assert_eq!(d, [0, 0, 3, 8], "{after:?}");
+        // A prefetch's window learns its keys from the loads that follow:
+        // a hit before any is served is counted as beyond.
+        forget_windows(&s);
+        // (Slots 12 and 13 wanted: the read ends at their block's end, 15.)
+        assert_eq!(s.prefetch(&[run[12], run[13]]), 1);
+        let before = hits(&s);
+        for k in [15, 12, 13, 14] {
+            s.read(run[k], k as u64, &mut out).unwrap();
+        }
+        let after = hits(&s);
+        assert_eq!(s.stats().prefetch_ops, 1);
+        let d: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+        assert_eq!(d, [0, 1, 0, 1], "slot 15 before the loads, 14 one past 13: {after:?}");
+        // Records under one key (an extent's block, split): the same key.
+        let same = write(&[9000, 9000, 9000]);
+        forget_windows(&s);
+        let before = hits(&s);
+        for &id in &same {
+            s.read(id, 9000, &mut out).unwrap();
+        }
+        let d: Vec<u64> = hits(&s).iter().zip(before).map(|(a, b)| a - b).collect();
+        assert_eq!(d, [2, 0, 0, 0]);
     }
 
     #[test]

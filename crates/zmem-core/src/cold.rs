@@ -120,6 +120,10 @@ pub struct ColdStats {
     /// Records served from read-ahead, by how far past what their read
     /// wanted they end: within 1 KiB, 4 KiB, 8 KiB, beyond.
     pub readahead_hits: [u64; 4],
+    /// The same hits by how many keys past the highest key of the records
+    /// their read wanted: the same key, within 16, 1,024, and beyond (or
+    /// before, or not known).
+    pub readahead_slot_hits: [u64; 4],
     /// Records written (zram `bd_writes`).
     pub records_written: u64,
     /// Records read successfully (zram `bd_reads`).

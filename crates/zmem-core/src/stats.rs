@@ -222,6 +222,14 @@ pub struct Stats {
     pub backing_readahead_hits_4k: u64,
     pub backing_readahead_hits_8k: u64,
     pub backing_readahead_hits_far: u64,
+    /// The same hits by how far past the records their read wanted, in
+    /// keys (a swap device's slots): a record is written under the first
+    /// key of its block of 16, so in the same block, the next, within
+    /// 1,024 keys, and beyond (or before, or not known).
+    pub backing_readahead_slot_hits_same: u64,
+    pub backing_readahead_slot_hits_next: u64,
+    pub backing_readahead_slot_hits_1k: u64,
+    pub backing_readahead_slot_hits_far: u64,
     /// Length of the backing file, and bytes of live records in it.
     pub backing_file_bytes: u64,
     pub backing_live_bytes: u64,

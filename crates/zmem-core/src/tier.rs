@@ -663,6 +663,8 @@ impl Tier {
         st.backing_readahead_used_bytes = b.readahead_used_bytes;
         st.backing_readahead_floor_bytes = b.readahead_floor_bytes;
         [st.backing_readahead_hits_1k, st.backing_readahead_hits_4k, st.backing_readahead_hits_8k, st.backing_readahead_hits_far] = b.readahead_hits;
+        [st.backing_readahead_slot_hits_same, st.backing_readahead_slot_hits_next, st.backing_readahead_slot_hits_1k, st.backing_readahead_slot_hits_far] =
+            b.readahead_slot_hits;
         st.backing_file_bytes = b.file_bytes;
         st.backing_live_bytes = b.live_bytes;
         st.backing_metadata_bytes = b.metadata_bytes;

@@ -248,19 +248,25 @@ fn explicit_writeback_modes_and_budget() {
     assert_eq!(st.bd_count, 0);
 }
 
+/// A pool whose loads leave written-back pages on the file, with the
+/// pages `page(k)` of keys `0..n` stored and all written back.
+fn written_back_unpromoted(n: u64, page: fn(u64) -> Vec<u8>) -> Pool {
+    let store = BackingStore::new(Box::new(mem_file()), None);
+    let cfg = PoolConfig { promote_loads: false, ..PoolConfig::default() };
+    let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
+    for k in 0..n {
+        p.store(k, &page(k)).unwrap();
+    }
+    assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), n);
+    p
+}
+
 /// `promote_loads` off: a written-back page that is loaded is served from
 /// the file and stays there, however much room the pool has; and it
 /// stays right there, loaded again and again.
 #[test]
 fn without_promotion_loads_serve_written_back_pages_from_the_file() {
-    let file = mem_file();
-    let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
-    let cfg = PoolConfig { promote_loads: false, ..PoolConfig::default() };
-    let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
-    for k in 0..40u64 {
-        p.store(k, &compressible(k)).unwrap();
-    }
-    assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), 40);
+    let p = written_back_unpromoted(40, compressible);
     let mut buf = vec![0u8; PAGE];
     for round in 0..2 {
         for k in 0..40u64 {
@@ -278,6 +284,27 @@ fn without_promotion_loads_serve_written_back_pages_from_the_file() {
     p.load(3, &mut buf).unwrap();
     assert_eq!(buf, compressible(1003));
     assert_eq!(p.stats().bd_count, 39);
+}
+
+/// The store's read-ahead hits reach the pool's stats, each counted once
+/// by its bytes past the read and once by its keys past the pages read
+/// (a record's key being its block's first: the same block or the next).
+#[test]
+fn readahead_hits_are_counted_by_bytes_and_by_slots() {
+    let p = written_back_unpromoted(40, half);
+    let mut buf = vec![0u8; PAGE];
+    for k in 0..40u64 {
+        p.load(k, &mut buf).unwrap();
+        assert_eq!(buf, half(k), "key {k}");
+    }
+    let st = p.stats();
+    let by_bytes = st.backing_readahead_hits_1k + st.backing_readahead_hits_4k + st.backing_readahead_hits_8k + st.backing_readahead_hits_far;
+    let by_slots =
+        st.backing_readahead_slot_hits_same + st.backing_readahead_slot_hits_next + st.backing_readahead_slot_hits_1k + st.backing_readahead_slot_hits_far;
+    assert!(by_bytes > 0 && st.backing_read_ops < 40, "pages read in order are served by read-ahead: {st:?}");
+    assert_eq!(by_slots, by_bytes, "{st:?}");
+    assert!(st.backing_readahead_slot_hits_same > 0 && st.backing_readahead_slot_hits_next > 0, "{st:?}");
+    assert_eq!(st.backing_readahead_slot_hits_same + st.backing_readahead_slot_hits_next, by_bytes, "pages in order: {st:?}");
 }
 
 #[test]

@@ -287,7 +287,7 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
     let st = &v.stats;
     (st.bd_writes > 0 || v.backing.is_some()).then(|| {
         format!(
-            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads ({} the records' bytes; {} a read), file {} ({} live), {} pages brought back\nread-ahead: {} read past the pages wanted, {} of it used ({}), floor {}\nexclusive loads: {} now, {} loaded pages queued at the cold end\ntables: {} of RAM for the written-back pages ({} a page)\n",
+            "bd_stat: {} {} {}\nwriteback: {} pages written back, {} written, {} read in {} reads ({} the records' bytes; {} a read), file {} ({} live), {} pages brought back\nread-ahead: {} read past the pages wanted, {} of it used ({}), floor {}; hits by slots past the pages read: {} in their block of 16, {} the next, {} within 1024, {} beyond\nexclusive loads: {} now, {} loaded pages queued at the cold end\ntables: {} of RAM for the written-back pages ({} a page)\n",
             st.bd_count,
             st.bd_reads,
             st.bd_writes,
@@ -304,6 +304,10 @@ fn writeback_lines(v: &StatsReply) -> Option<String> {
             human(st.backing_readahead_used_bytes),
             st.readahead_used_share().map_or("-".into(), |u| format!("{:.0} %", u * 100.0)),
             human(st.backing_readahead_floor_bytes),
+            st.backing_readahead_slot_hits_same,
+            st.backing_readahead_slot_hits_next,
+            st.backing_readahead_slot_hits_1k,
+            st.backing_readahead_slot_hits_far,
             if st.exclusive_loads { "on" } else { "off" },
             st.cold_queued_pages,
             human(st.backed_table_bytes),
