@@ -375,9 +375,9 @@ impl AlignedBuf {
 
 /// RAM of the append buffers (a write buffer and a compaction read buffer).
 const APPENDER_BYTES: u64 = 2 * (SEGMENT_SIZE + PAGE_SIZE) as u64;
-/// RAM of all the buffers a store makes on its first write: the append
-/// buffers and the read windows'.
-pub const BUFFER_BYTES: u64 = APPENDER_BYTES + (WINDOWS * (WINDOW_BUF + PAGE_SIZE)) as u64;
+/// RAM of all the buffers a store holds from its first write: the append
+/// buffers, made then, and the most the read windows' may hold.
+pub const BUFFER_BYTES: u64 = APPENDER_BYTES + WINDOW_BYTES as u64;
 
 /// Buffers owned by whoever appends or compacts (one at a time).
 struct Appender {
@@ -438,18 +438,24 @@ const SLOT_DISTANCES: [u64; 3] = [0, 16, 1024];
 /// How far past a window's end a miss still continues its run (a record
 /// or two skipped: freed, or read from RAM).
 const RUN_GAP: u64 = 2 * PAGE_SIZE as u64;
-/// Read windows a store keeps. Shared by every thread that reads, because
-/// the pages of one run of swap-ins reach the server as separate requests
-/// that different threads serve (with a window per thread, each thread
-/// read the same neighbours again), and because several processes swap
-/// in at once (with one window, each stream's miss threw the others'
-/// windows away before they were used). 16 rather than 8: on a swap storm
-/// of three processes, 7 % fewer reads per page loaded (0.148 against
-/// 0.159) for 0.6 MiB more; 32 gained only 3 % more.
-const WINDOWS: usize = 16;
-/// A window's buffer: the read-ahead, plus the record's own blocks at
-/// either end.
+/// Read windows a store keeps, at most. Shared by every thread that reads,
+/// because the pages of one run of swap-ins reach the server as separate
+/// requests that different threads serve (with a window per thread, each
+/// thread read the same neighbours again), and because several processes
+/// swap in at once (with one window, each stream's miss threw the others'
+/// windows away before they were used). A window's buffer is the size of
+/// its read, and all of them together hold at most [`WINDOW_BYTES`]: 16
+/// windows of a whole read-ahead, or 64 of the ~12 KiB a read at the
+/// floor takes. 64 rather than 16 of 72 KiB each: a build swapping at the
+/// floor hit its read-ahead 1.6-1.7 times as often (a window lives longer
+/// before the next misses replace it), for the same RAM.
+const WINDOWS: usize = 64;
+/// The most one window's read takes: the read-ahead, plus the record's
+/// own blocks at either end.
 const WINDOW_BUF: usize = READAHEAD + 2 * PAGE_SIZE;
+/// RAM all the windows' buffers hold at most; a new window replaces the
+/// least recently used ones until it fits.
+const WINDOW_BYTES: usize = 16 * WINDOW_BUF;
 
 /// What was read from the file at `lo..lo + len`, when segment `seg`'s
 /// window epoch ([`BackingStore::window_epoch`]) was `epoch`. Valid only
@@ -467,7 +473,9 @@ struct Window {
     /// prefetch learns it as its loads follow): read-ahead hits are
     /// counted by their keys' distance past it.
     key: Option<u64>,
-    buf: Option<AlignedBuf>,
+    /// The bytes read, `len` of them once trusted (a buffer of that
+    /// capacity, counted in [`Windows::held`]).
+    buf: Vec<u8>,
     /// Record bytes served from this window, the first record's included.
     used: usize,
     /// When it last served a record ([`Windows::clock`]): the least
@@ -476,7 +484,7 @@ struct Window {
 }
 
 impl Window {
-    const EMPTY: Window = Window { epoch: 0, seg: 0, lo: 0, len: 0, need: 0, key: None, buf: None, used: 0, last: 0 };
+    const EMPTY: Window = Window { epoch: 0, seg: 0, lo: 0, len: 0, need: 0, key: None, buf: Vec::new(), used: 0, last: 0 };
 
     fn covers(&self, epoch: u64, abs: u64, n: usize) -> bool {
         self.len > 0 && self.epoch == epoch && abs >= self.lo && abs + n as u64 <= self.lo + self.len as u64
@@ -487,6 +495,8 @@ impl Window {
 struct Windows {
     slots: [Window; WINDOWS],
     clock: u64,
+    /// The capacity of every window's buffer, at most [`WINDOW_BYTES`].
+    held: usize,
     /// Bytes to read past the record on the next miss.
     ahead: usize,
     /// The least of it ([`MIN_READAHEAD`] unless set).
@@ -524,7 +534,7 @@ impl AutoFloor {
 
 impl Windows {
     fn new() -> Windows {
-        Windows { slots: [const { Window::EMPTY }; WINDOWS], clock: 0, ahead: READAHEAD, min: MIN_READAHEAD, auto: None }
+        Windows { slots: [const { Window::EMPTY }; WINDOWS], clock: 0, held: 0, ahead: READAHEAD, min: MIN_READAHEAD, auto: None }
     }
 
     /// A new floor: the read-ahead is at least it from now on.
@@ -562,32 +572,60 @@ impl Windows {
         })
     }
 
-    /// The slot for a new window: an empty or stale one (`stale(seg,
-    /// epoch)`), else the least recently used. A window replaced with less
-    /// than a quarter of it served shrinks the read-ahead to a quarter;
-    /// only runs of reads ([`continues`](Self::continues)) grow it.
-    fn victim(&mut self, stale: impl Fn(u64, u64) -> bool) -> &mut Window {
-        let i = (0..WINDOWS)
-            .min_by_key(|&i| {
-                let w = &self.slots[i];
-                let dead = w.len == 0 || stale(w.seg, w.epoch);
-                (!dead, w.last)
-            })
-            .unwrap_or(0);
-        let w = &self.slots[i];
-        if w.len > 0 && w.used * 4 < w.len {
-            // Below a page, straight to the floor.
-            let quarter = self.ahead / 4;
-            self.ahead = if quarter < PAGE_SIZE { self.min } else { quarter.max(self.min) };
+    /// The slot to empty next, other than `keep`: an empty or stale one
+    /// (`stale(seg, epoch)`), else the least recently used; `None` when
+    /// no other slot holds a buffer and `held_only` asks for one that does.
+    fn victim(&self, stale: &impl Fn(u64, u64) -> bool, keep: Option<usize>, held_only: bool) -> Option<usize> {
+        (0..WINDOWS).filter(|&i| Some(i) != keep && (!held_only || self.slots[i].buf.capacity() > 0)).min_by_key(|&i| {
+            let w = &self.slots[i];
+            let dead = w.len == 0 || stale(w.seg, w.epoch);
+            (!dead, w.last)
+        })
+    }
+
+    /// Empty slot `i`, giving its buffer back (to drop with no lock held).
+    /// The first window replaced with less than a quarter of it served
+    /// (`judged` tells whether one was) shrinks the read-ahead to a
+    /// quarter; only runs of reads ([`continues`](Self::continues)) grow
+    /// it.
+    fn evict(&mut self, i: usize, judged: &mut bool) -> Vec<u8> {
+        let w = &mut self.slots[i];
+        if !*judged && w.len > 0 {
+            *judged = true;
+            if w.used * 4 < w.len {
+                // Below a page, straight to the floor.
+                let quarter = self.ahead / 4;
+                self.ahead = if quarter < PAGE_SIZE { self.min } else { quarter.max(self.min) };
+            }
         }
-        &mut self.slots[i]
+        w.len = 0;
+        let buf = std::mem::take(&mut w.buf);
+        self.held -= buf.capacity();
+        buf
+    }
+
+    /// Keep `new` as a window: in the slot [`victim`](Self::victim) picks,
+    /// after as many of the least recently used others as it takes for
+    /// the buffers to stay within [`WINDOW_BYTES`]. Returns the buffers
+    /// let go, to drop with no lock held.
+    fn install(&mut self, new: Window, stale: impl Fn(u64, u64) -> bool) -> Vec<Vec<u8>> {
+        let mut judged = false;
+        let i = self.victim(&stale, None, false).unwrap_or(0);
+        let mut freed = vec![self.evict(i, &mut judged)];
+        while self.held + new.buf.capacity() > WINDOW_BYTES {
+            let Some(j) = self.victim(&stale, Some(i), true) else { break };
+            freed.push(self.evict(j, &mut judged));
+        }
+        self.held += new.buf.capacity();
+        self.slots[i] = new;
+        freed
     }
 }
 
 thread_local! {
-    /// The buffer a thread reads a missed window into; it then trades it
-    /// for the buffer of the window it replaces, so nothing is copied and,
-    /// after the first [`WINDOWS`] misses, nothing allocated.
+    /// The buffer a thread reads a missed window into (aligned, for
+    /// `O_DIRECT`), whose bytes are then copied into a window of their
+    /// size: a few KiB copied for a read of the disk.
     static READ_BUF: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
 }
 
@@ -890,7 +928,7 @@ impl BackingStore {
         let ahead = {
             let mut ws = self.windows.lock();
             if let Some(w) = ws.find(epoch, abs, n) {
-                let rec = &w.buf.as_ref().map_or(&[][..], |b| b.get(w.len))[(abs - w.lo) as usize..][..n];
+                let rec = &w.buf[(abs - w.lo) as usize..][..n];
                 let r = self.serve(rec, id, key, e.span, out);
                 match r {
                     Ok(()) => {
@@ -965,14 +1003,14 @@ impl BackingStore {
             }
             use_it(buf.get(got))?;
             self.c.readahead_bytes.fetch_add((got as u64).saturating_sub(wanted as u64), Relaxed);
+            let mut bytes = Vec::with_capacity(got);
+            bytes.extend_from_slice(buf.get(got));
             let mut ws = self.windows.lock();
-            let clock = ws.clock;
-            let w = ws.victim(|seg, epoch| self.window_epoch(seg) != epoch);
-            // (Made with the append buffers; only a read before any write,
-            // which finds no record, could see none.)
-            let mut spare = w.buf.take().unwrap_or_else(|| AlignedBuf::new(WINDOW_BUF));
-            std::mem::swap(buf, &mut spare);
-            *w = Window { epoch, seg, lo, len: got, need, key, buf: Some(spare), used, last: clock };
+            let last = ws.clock;
+            let new = Window { epoch, seg, lo, len: got, need, key, buf: bytes, used, last };
+            let freed = ws.install(new, |seg, epoch| self.window_epoch(seg) != epoch);
+            drop(ws);
+            drop(freed);
             Ok(())
         })
     }
@@ -1092,9 +1130,9 @@ impl BackingStore {
         self.state.read().metadata_bytes() + self.buffer_bytes() + (self.moves.lock().capacity() * size_of::<Moved>()) as u64
     }
 
-    /// RAM of the append buffers and the read windows, once made (a
-    /// reading thread's own buffer, as large as a window's, is not
-    /// counted). Part of [`metadata_bytes`](Self::metadata_bytes), but a
+    /// RAM of the append buffers and the most the read windows hold, once
+    /// the first write made the append buffers (a reading thread's own
+    /// buffer, as large as a window's largest read, is not counted). Part of [`metadata_bytes`](Self::metadata_bytes), but a
     /// fixed cost, not one that grows with the data. O(1).
     pub fn buffer_bytes(&self) -> u64 {
         if self.app_made.load(Relaxed) {
@@ -1126,12 +1164,10 @@ impl BackingStore {
         (lists + moves + segs + gens) as u64 + (BUFFER_BYTES - self.buffer_bytes())
     }
 
-    /// The append buffers, made on first use, and the read windows'.
+    /// The append buffers, made on first use (from then on the windows'
+    /// most is counted too: a record is read only once written).
     fn appender<'a>(&self, slot: &'a mut Option<Appender>) -> &'a mut Appender {
         slot.get_or_insert_with(|| {
-            for w in self.windows.lock().slots.iter_mut() {
-                w.buf.get_or_insert_with(|| AlignedBuf::new(WINDOW_BUF));
-            }
             self.app_made.store(true, Relaxed);
             Appender { wbuf: AlignedBuf::new(SEGMENT_SIZE), rbuf: AlignedBuf::new(SEGMENT_SIZE) }
         })
@@ -1554,7 +1590,7 @@ mod window_tests {
 
     #[test]
     fn a_window_is_trusted_only_for_its_epoch_and_range() {
-        let w = Window { epoch: 3, seg: 0, lo: 8192, len: 65536, need: 9000, key: None, buf: None, used: 0, last: 0 };
+        let w = Window { epoch: 3, seg: 0, lo: 8192, len: 65536, need: 9000, key: None, buf: Vec::new(), used: 0, last: 0 };
         assert!(w.covers(3, 8192, 100));
         assert!(w.covers(3, 8192 + 65536 - 100, 100));
         assert!(!w.covers(4, 8192, 100), "a write happened since: stale");
@@ -1567,14 +1603,52 @@ mod window_tests {
     fn the_victim_is_empty_or_stale_before_it_is_old() {
         let mut ws = Windows::new();
         for (i, w) in ws.slots.iter_mut().enumerate() {
-            *w = Window { epoch: 1, seg: i as u64, lo: 0, len: 4096, need: 4096, key: None, buf: None, used: 4096, last: 10 + i as u64 };
+            *w = Window { epoch: 1, seg: i as u64, lo: 0, len: 4096, need: 4096, key: None, buf: Vec::new(), used: 4096, last: 10 + i as u64 };
         }
         ws.slots[5].last = 1;
-        assert_eq!(ws.victim(|_, _| false).seg, 5, "the least recently used");
+        let never = |_, _| false;
+        assert_eq!(ws.victim(&never, None, false), Some(5), "the least recently used");
+        assert_eq!(ws.victim(&never, Some(5), false), Some(0), "the next, when that one is kept");
         ws.slots[6].len = 0;
-        assert_eq!(ws.victim(|_, _| false).seg, 6, "an empty one first");
+        assert_eq!(ws.victim(&never, None, false), Some(6), "an empty one first");
         ws.slots[6].len = 4096;
-        assert_eq!(ws.victim(|seg, _| seg == 3).seg, 3, "a stale one first");
+        assert_eq!(ws.victim(&|seg, _| seg == 3, None, false), Some(3), "a stale one first");
+        assert_eq!(ws.victim(&never, None, true), None, "no slot holds a buffer");
+    }
+
+    /// A window of `len` bytes of segment `seg`, last used at `last`.
+    fn window(seg: u64, len: usize, used: usize, last: u64) -> Window {
+        Window { epoch: 1, seg, lo: 0, len, need: 0, key: None, buf: vec![0; len], used, last }
+    }
+
+    #[test]
+    fn windows_hold_their_reads_within_their_bytes() {
+        let mut ws = Windows::new();
+        let never = |_, _| false;
+        // Small reads: a window in every slot.
+        for i in 0..WINDOWS {
+            assert_eq!(ws.install(window(i as u64, 12 << 10, 12 << 10, i as u64), never).iter().map(Vec::capacity).sum::<usize>(), 0);
+        }
+        assert_eq!(ws.held, WINDOWS * (12 << 10));
+        assert!(ws.slots.iter().all(|w| w.len > 0), "{WINDOWS} windows of 12 KiB fit");
+        // Whole read-ahead windows: each replaces the least recently used
+        // ones until the bytes fit, and no more.
+        for i in 0..40u64 {
+            ws.install(window(100 + i, WINDOW_BUF, WINDOW_BUF, 100 + i), never);
+            assert!(ws.held <= WINDOW_BYTES, "{} bytes held", ws.held);
+            assert_eq!(ws.held, ws.slots.iter().map(|w| w.buf.capacity()).sum::<usize>(), "the count is the buffers'");
+        }
+        let big = ws.slots.iter().filter(|w| w.len == WINDOW_BUF).count();
+        assert_eq!(big, WINDOW_BYTES / WINDOW_BUF, "the newest whole windows, as many as fit");
+        assert!(ws.slots.iter().filter(|w| w.len == WINDOW_BUF).all(|w| w.seg >= 140 - big as u64), "the newest are kept");
+        // A window replaced with little of it served shrinks the
+        // read-ahead, once for each window kept however many go.
+        ws.ahead = READAHEAD;
+        for w in ws.slots.iter_mut() {
+            w.used = 0;
+        }
+        ws.install(window(500, WINDOW_BUF, WINDOW_BUF, 500), never);
+        assert_eq!(ws.ahead, READAHEAD / 4);
     }
 
     fn forget_windows(s: &BackingStore) {
@@ -1806,7 +1880,8 @@ mod window_tests {
         let f = Arc::new(crate::FaultyFile::new(crate::MemFile::new(true)));
         let s = BackingStore::new(Box::new(Arc::clone(&f)), None);
         let data = vec![7u8; 1000];
-        let n = 2048u64;
+        // (Records enough that the windows cover little of them.)
+        let n = 8192u64;
         let mut ids = Vec::new();
         for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
             let batch: Vec<(u64, &[u8])> = chunk.iter().map(|&k| (k, &data[..])).collect();
@@ -1859,12 +1934,12 @@ mod window_tests {
     #[test]
     fn random_reads_keep_to_the_smallest_readahead() {
         use rand::{seq::SliceRandom, SeedableRng};
-        // Records in two segments, read in a random order: a miss often
-        // lands a little past one of the 16 windows, which used to count
+        // Records in eight segments, read in a random order: a miss often
+        // lands a little past one of the windows, which used to count
         // as a run and kept the read-ahead near 64 KiB (78 KB read for
         // each page wanted, seen in `zmem bench swap`). Only a miss next to
         // a window that served most of what it read continues a run.
-        let n = 2048;
+        let n = 8192;
         let (s, ids) = filled(n);
         let mut order: Vec<usize> = (0..n as usize).collect();
         order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(5));

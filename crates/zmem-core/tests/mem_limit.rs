@@ -16,7 +16,7 @@ use common::*;
 use zmem_backing::{BackingStore, FaultyFile, MemFile};
 use zmem_core::{Pool, PoolConfig, ZmemError};
 
-/// A pool with a tier holds 2.6 MiB of buffers (append buffers and read
+/// A pool with a tier holds 3.1 MiB of buffers (append buffers and read
 /// windows, `zmem_backing::BUFFER_BYTES`) before its first page written
 /// back: the limit leaves room for pages too.
 const LIMIT: u64 = 6 << 20;
