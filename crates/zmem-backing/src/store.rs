@@ -446,9 +446,10 @@ const RUN_GAP: u64 = 2 * PAGE_SIZE as u64;
 /// windows away before they were used). A window's buffer is the size of
 /// its read, and all of them together hold at most [`WINDOW_BYTES`]: 16
 /// windows of a whole read-ahead, or 64 of the ~12 KiB a read at the
-/// floor takes. 64 rather than 16 of 72 KiB each: a build swapping at the
-/// floor hit its read-ahead 1.6-1.7 times as often (a window lives longer
-/// before the next misses replace it), for the same RAM.
+/// floor takes. 64 rather than 16 of 72 KiB each: in the same RAM a window
+/// lives four times as many misses before it is replaced, so a build
+/// swapping at the floor hits its read-ahead more often and reads the file
+/// less (docs/MEASUREMENTS.md, "Read windows the size of their reads").
 const WINDOWS: usize = 64;
 /// The most one window's read takes: the read-ahead, plus the record's
 /// own blocks at either end.
