@@ -241,6 +241,10 @@ pub struct RunResult {
     /// zmem's server.
     pub server_cpu_secs: f64,
     pub kswapd_cpu_secs: f64,
+    /// The whole machine's CPU over the run (every process and kernel
+    /// thread: the workload, a server, the loop device's workers,
+    /// interrupts), and its context switches.
+    pub machine: Option<host::MachineCpu>,
     pub pswpin: u64,
     pub pswpout: u64,
     pub pgmajfault: u64,
@@ -551,6 +555,13 @@ impl RunResult {
     /// zmem: the server's CPU per page swapped in or out, in microseconds.
     pub fn server_us_per_page(&self) -> Option<f64> {
         self.system.is_zmem().then(|| ratio(self.server_cpu_secs * 1e6, (self.pswpin + self.pswpout) as f64)).flatten()
+    }
+
+    /// The whole machine's CPU (user and kernel) per page swapped in, in
+    /// microseconds: what a swap-in costs every CPU together, the
+    /// workload's own work included.
+    pub fn machine_us_per_swapin(&self) -> Option<f64> {
+        ratio(self.machine?.busy_secs() * 1e6, self.pswpin as f64)
     }
 }
 
@@ -1001,6 +1012,7 @@ struct Counters {
     disk: DiskStat,
     kswapd_secs: f64,
     cpu_secs: f64,
+    machine: Option<host::MachineCpu>,
     written_back: u64,
 }
 
@@ -1073,6 +1085,7 @@ impl Trial<'_> {
             disk: self.disk.stat(),
             kswapd_secs: host::kswapd_cpu_secs(),
             cpu_secs: host::children_cpu_secs(),
+            machine: host::machine_cpu(),
             written_back: self.zswap.counter("written_back_pages"),
         }
     }
@@ -1143,6 +1156,7 @@ impl Trial<'_> {
         let wall = w.t0.elapsed().as_secs_f64();
         let shared_budget = rig.keeper.take().map(SharedBudget::finish);
         let cpu = host::children_cpu_secs() - before.cpu_secs;
+        let machine = host::machine_cpu().zip(before.machine).map(|(now, b)| now.since(&b));
         let v1 = host::vmstat();
         let dv = |k: &str| v1.get(k).copied().unwrap_or(0).saturating_sub(before.vmstat.get(k).copied().unwrap_or(0));
         let disk_io = self.disk.stat().since(&before.disk);
@@ -1173,6 +1187,7 @@ impl Trial<'_> {
             cpu_secs: cpu,
             server_cpu_secs: pool.server_cpu,
             kswapd_cpu_secs: host::kswapd_cpu_secs() - before.kswapd_secs,
+            machine,
             pswpin: dv("pswpin"),
             pswpout: dv("pswpout"),
             pgmajfault: dv("pgmajfault"),
@@ -1369,8 +1384,8 @@ pub fn render(report: &Report) -> String {
     }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
-        "mem MB", "cap MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "t/disk", "t/zswap",
-        "t/zram", "io/disk", "io/zswap", "side MB", "set",
+        "mem MB", "cap MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "idle%", "mus/in",
+        "t/disk", "t/zswap", "t/zram", "io/disk", "io/zswap", "side MB", "set",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in report.runs.iter().filter(|r| r.disk.is_some()) {
@@ -1404,6 +1419,8 @@ pub fn render(report: &Report) -> String {
             r.dead.filter(|d| d.pool_samples > 0).map_or("-".to_string(), |d| format!("{:.0}", d.data_share_at_peak * 100.0)),
             r.dead.filter(|d| d.backed_samples > 0).map_or("-".to_string(), |d| format!("{:.1}", d.table_bytes_per_backed_page_mean)),
             r.server_us_per_page().map_or("-".to_string(), |u| format!("{u:.1}")),
+            r.machine.and_then(|m| m.idle_share()).map_or("-".to_string(), |i| format!("{:.0}", i * 100.0)),
+            r.machine_us_per_swapin().map_or("-".to_string(), |u| format!("{u:.0}")),
             f2(q.wall_vs_disk),
             f2(q.wall_vs_zswap),
             f2(q.wall_vs_zram),
@@ -1514,6 +1531,7 @@ pub(crate) fn test_run(system: System, disk: Option<DiskKind>, budget: u64, wall
         cpu_secs: 1.0,
         server_cpu_secs: 0.0,
         kswapd_cpu_secs: 0.0,
+        machine: None,
         pswpin: 0,
         pswpout: 0,
         pgmajfault: 0,
@@ -1727,6 +1745,21 @@ mod tests {
         z.dead = Some(d);
         let table = render(&report(vec![z]));
         assert!(table.contains("cap MB") && table.contains(" 70 "), "{table}");
+    }
+
+    /// The machine's CPU over a run: its idle share and its CPU a swap-in,
+    /// for every system alike; none where it was not read.
+    #[test]
+    fn the_machines_cpu_a_swap_in() {
+        let mut d = run(System::Disk, Some(DiskKind::Throttled), 300, 10.0, 1);
+        assert_eq!(d.machine_us_per_swapin(), None);
+        d.pswpin = 50_000;
+        d.machine = Some(host::MachineCpu { user_secs: 1.0, system_secs: 12.0, idle_secs: 5.0, iowait_secs: 2.0, steal_secs: 0.0, context_switches: 9 });
+        assert_eq!(d.machine_us_per_swapin(), Some(260.0));
+        let table = render(&report(vec![d]));
+        assert!(table.contains("idle%") && table.contains(" 35 ") && table.contains(" 260 "), "{table}");
+        let v = serde_json::to_value(run(System::Zram, None, 0, 1.0, 0)).unwrap();
+        assert!(v["machine"].is_null(), "{v}");
     }
 
     #[test]

@@ -208,10 +208,80 @@ pub fn children_cpu_secs() -> f64 {
 /// The whole machine's CPU ticks since boot by kind (`/proc/stat`'s first
 /// line: user, nice, system, idle, iowait, ...).
 fn machine_ticks() -> Option<Vec<u64>> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    cpu_line_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// The ticks of `/proc/stat`'s first line (`cpu`, all CPUs together).
+fn cpu_line_ticks(stat: &str) -> Option<Vec<u64>> {
     let mut cpu = stat.lines().next()?.split_whitespace();
     (cpu.next()? == "cpu").then_some(())?;
     cpu.map(|t| t.parse().ok()).collect()
+}
+
+/// The whole machine's CPU time by kind, in seconds of all its CPUs
+/// together, and its context switches (`/proc/stat`): since boot
+/// ([`machine_cpu`]), or over a span ([`MachineCpu::since`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct MachineCpu {
+    /// User time, niced included.
+    pub user_secs: f64,
+    /// Kernel time: system, hard and soft interrupts.
+    pub system_secs: f64,
+    pub idle_secs: f64,
+    /// Idle with I/O outstanding.
+    pub iowait_secs: f64,
+    /// Time the hypervisor ran something else while a CPU had work.
+    pub steal_secs: f64,
+    pub context_switches: u64,
+}
+
+/// The machine's CPU time and context switches since boot.
+pub fn machine_cpu() -> Option<MachineCpu> {
+    parse_machine_cpu(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_machine_cpu(stat: &str) -> Option<MachineCpu> {
+    let t = cpu_line_ticks(stat)?;
+    let secs = |i: &[usize]| i.iter().map(|&i| t.get(i).copied().unwrap_or(0)).sum::<u64>() as f64 / USER_HZ;
+    // user nice system idle iowait irq softirq steal (older kernels stop
+    // earlier: what is missing counts 0).
+    (t.len() >= 4).then_some(())?;
+    let context_switches = stat.lines().find_map(|l| l.strip_prefix("ctxt ")?.trim().parse().ok()).unwrap_or(0);
+    Some(MachineCpu {
+        user_secs: secs(&[0, 1]),
+        system_secs: secs(&[2, 5, 6]),
+        idle_secs: secs(&[3]),
+        iowait_secs: secs(&[4]),
+        steal_secs: secs(&[7]),
+        context_switches,
+    })
+}
+
+impl MachineCpu {
+    /// What was spent between `before` and `self`.
+    pub fn since(&self, before: &MachineCpu) -> MachineCpu {
+        let d = |a: f64, b: f64| (a - b).max(0.0);
+        MachineCpu {
+            user_secs: d(self.user_secs, before.user_secs),
+            system_secs: d(self.system_secs, before.system_secs),
+            idle_secs: d(self.idle_secs, before.idle_secs),
+            iowait_secs: d(self.iowait_secs, before.iowait_secs),
+            steal_secs: d(self.steal_secs, before.steal_secs),
+            context_switches: self.context_switches.saturating_sub(before.context_switches),
+        }
+    }
+
+    /// CPU seconds the machine worked (user and kernel).
+    pub fn busy_secs(&self) -> f64 {
+        self.user_secs + self.system_secs
+    }
+
+    /// The share of its CPU time the machine had nothing to run (idle,
+    /// waiting for I/O included); `None` over no time.
+    pub fn idle_share(&self) -> Option<f64> {
+        let all = self.busy_secs() + self.idle_secs + self.iowait_secs + self.steal_secs;
+        (all > 0.0).then(|| (self.idle_secs + self.iowait_secs) / all)
+    }
 }
 
 /// The whole machine's CPU seconds since boot (`/proc/stat`'s first line):
@@ -914,6 +984,29 @@ mod tests {
         assert!(spun >= 0.1, "300 ms of spinning counted as {spun} s");
         assert!(slept < 0.1, "300 ms of sleep counted as {slept} s of CPU");
         assert!(machine_idle_secs().unwrap() >= idle0);
+    }
+
+    /// `/proc/stat` read by kind, with the context switches, and a span
+    /// as the difference of two readings.
+    #[test]
+    fn the_machines_cpu_by_kind_and_its_context_switches() {
+        let t0 = "cpu  100 20 300 4000 500 6 7 8 0 0\ncpu0 50 10 150 2000 250 3 3 4 0 0\nintr 1 2 3\nctxt 123456\nbtime 1\n";
+        let t1 = "cpu  200 20 500 4100 600 6 17 28 0 0\nctxt 223456\n";
+        let (a, b) = (parse_machine_cpu(t0).unwrap(), parse_machine_cpu(t1).unwrap());
+        assert_eq!(a, MachineCpu { user_secs: 1.2, system_secs: 3.13, idle_secs: 40.0, iowait_secs: 5.0, steal_secs: 0.08, context_switches: 123456 });
+        let d = b.since(&a);
+        assert!((d.user_secs - 1.0).abs() < 1e-9 && (d.system_secs - 2.1).abs() < 1e-9, "{d:?}");
+        assert!((d.idle_secs - 1.0).abs() < 1e-9 && (d.iowait_secs - 1.0).abs() < 1e-9 && (d.steal_secs - 0.2).abs() < 1e-9, "{d:?}");
+        assert_eq!(d.context_switches, 100_000);
+        assert!((d.idle_share().unwrap() - 2.0 / 5.3).abs() < 1e-9);
+        assert_eq!(MachineCpu::default().idle_share(), None);
+        // An older kernel's shorter line, a file without `ctxt`, and what is not `/proc/stat`.
+        assert_eq!(parse_machine_cpu("cpu 1 2 3 4\n").map(|c| (c.iowait_secs, c.context_switches)), Some((0.0, 0)));
+        assert_eq!(parse_machine_cpu("cpu 1 2\n"), None);
+        assert_eq!(parse_machine_cpu("intr 1\ncpu 1 2 3 4\n"), None);
+        assert_eq!(parse_machine_cpu(""), None);
+        let now = machine_cpu().expect("/proc/stat");
+        assert!(now.busy_secs() > 0.0 && now.context_switches > 0, "{now:?}");
     }
 
     #[test]
