@@ -241,11 +241,10 @@ pub fn machine_cpu() -> Option<MachineCpu> {
 }
 
 fn parse_machine_cpu(stat: &str) -> Option<MachineCpu> {
-    let t = cpu_line_ticks(stat)?;
-    let secs = |i: &[usize]| i.iter().map(|&i| t.get(i).copied().unwrap_or(0)).sum::<u64>() as f64 / USER_HZ;
     // user nice system idle iowait irq softirq steal (older kernels stop
-    // earlier: what is missing counts 0).
-    (t.len() >= 4).then_some(())?;
+    // after idle or later: what is missing counts 0).
+    let t = cpu_line_ticks(stat).filter(|t| t.len() >= 4)?;
+    let secs = |i: &[usize]| i.iter().map(|&i| t.get(i).copied().unwrap_or(0)).sum::<u64>() as f64 / USER_HZ;
     let context_switches = stat.lines().find_map(|l| l.strip_prefix("ctxt ")?.trim().parse().ok()).unwrap_or(0);
     Some(MachineCpu {
         user_secs: secs(&[0, 1]),
