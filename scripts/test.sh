@@ -36,7 +36,7 @@ step test-build+clippy cargo test --workspace --all-targets -q --no-run
 step package bash scripts/package.sh target/debian --from target/debug
 # The tests run in two lines side by side. The tests that take turns at
 # what the machine has one of (zmem_testkit::machine: swap areas, zram,
-# zswap, FUSE's io_uring switch, blkio throttles) are minutes of real
+# zswap, blkio throttles) are minutes of real
 # workloads that mostly wait on the kernel, one at a time; every other test
 # runs beside them. A test left out of this list still takes its turn; it
 # only waits for it in the other line.

@@ -397,7 +397,7 @@ struct Appender {
 /// [`MIN_READAHEAD`]; a miss just past the end of a window that served
 /// most of what it read doubles it, up to this. Not down to the record's
 /// own blocks: on a build swapping to a throttled disk that served fewer
-/// records a read and made the build far slower (docs/MEASUREMENTS.md,
+/// records a read and made the build far slower (docs/experiments/build-and-kv-set-by-set.md,
 /// `zmem bench swap`), and the disks a swap device meets run out of
 /// operations long before bandwidth (3,000 IOPS and 125 MB/s: 41 KB a
 /// read; an HDD's 150
@@ -419,7 +419,7 @@ pub const MIN_READAHEAD: usize = 8 << 10;
 /// it saves, and the floor is 0; from it on (a disk that counts its
 /// operations, or one that seeks) the floor is kept. A heap swapping to
 /// the benchmark's real disk and to its throttled one lies on either
-/// side of it (docs/MEASUREMENTS.md, "`--read-ahead auto`").
+/// side of it (docs/experiments/read-ahead-auto.md).
 pub const FAST_READ: Duration = Duration::from_micros(200);
 /// The reads over which the floor's choice judges what one costs.
 const COST_READS: u64 = 1024;
@@ -449,7 +449,7 @@ const RUN_GAP: u64 = 2 * PAGE_SIZE as u64;
 /// floor takes. 64 rather than 16 of 72 KiB each: in the same RAM a window
 /// lives four times as many misses before it is replaced, so a build
 /// swapping at the floor hits its read-ahead more often and reads the file
-/// less (docs/MEASUREMENTS.md, "Read windows the size of their reads").
+/// less (docs/experiments/read-windows.md).
 const WINDOWS: usize = 64;
 /// The most one window's read takes: the read-ahead, plus the record's
 /// own blocks at either end.

@@ -12,10 +12,7 @@
 //!   [`kernel_zram::Device`]);
 //! * **zmem-fuse**: the block device `zmem swap` builds (as root): `zmem
 //!   serve --fuse`, a loop device with direct I/O over its FUSE file, fio
-//!   `io_uring` with `O_DIRECT` on `/dev/loopN`, as on zram;
-//! * **zmem-fuse-uring**: the same with `--fuse-uring on`, the kernel's
-//!   FUSE-over-io_uring transport (its module parameter `enable_uring` is
-//!   switched on for the run and put back after).
+//!   `io_uring` with `O_DIRECT` on `/dev/loopN`, as on zram.
 //!
 //! Jobs, in order, each on a fresh device: `fill`, `randread`, `read-qd1`,
 //! `randwrite` (4 KiB, time-based; the random jobs at `iodepth`, `read-qd1`
@@ -61,7 +58,7 @@ use serde::Serialize;
 use crate::kernel_zram;
 use crate::zmem_stats;
 use zmem_host::shared_budget::rss_of;
-use zmem_host::{self as host, cpu_secs, have, run_limited, run_tool, wait_for_file, wait_for_socket, ChildGuard, Step, UnmountIfMounted};
+use zmem_host::{cpu_secs, have, run_limited, run_tool, wait_for_file, wait_for_socket, ChildGuard, Step, UnmountIfMounted};
 
 /// Everything a run needs.
 #[derive(Debug, Clone)]
@@ -129,7 +126,6 @@ pub struct RatioSet {
     pub zmem_vs_nbdkit_raw: Ratios,
     pub zmem_vs_zram: Ratios,
     pub zmem_fuse_vs_zram: Ratios,
-    pub zmem_fuse_uring_vs_zram: Ratios,
 }
 
 /// A whole run. (`zmem bench blockdev --json` prints it through a
@@ -142,8 +138,7 @@ pub struct Report {
     pub runtime_s: u64,
     pub iodepth: u32,
     pub compress_percentage: u32,
-    /// zmem, nbdkit, nbdkit-raw, zram, zmem-fuse, zmem-fuse-uring, in this
-    /// order.
+    /// zmem, nbdkit, nbdkit-raw, zram, zmem-fuse, in this order.
     pub targets: Vec<TargetResult>,
     pub ratios: RatioSet,
 }
@@ -443,16 +438,15 @@ fn bench_zram(cfg: &Config, plan: &Plan) -> anyhow::Result<TargetResult> {
 }
 
 /// The swap frontend's block device: `zmem serve --fuse`, and a loop device
-/// with direct I/O over its file; over io_uring if `uring`.
-fn bench_zmem_fuse(cfg: &Config, plan: &Plan, dir: &Path, uring: bool) -> anyhow::Result<TargetResult> {
+/// with direct I/O over its file.
+fn bench_zmem_fuse(cfg: &Config, plan: &Plan, dir: &Path) -> anyhow::Result<TargetResult> {
     let (sock, ctl, mnt, log) = (dir.join("fuse.sock"), dir.join("fuse.ctl"), dir.join("fuse"), dir.join("fuse-serve.log"));
-    let _switch = if uring { Some(host::FuseUringOn::new()?) } else { None };
     std::fs::create_dir_all(&mnt)?;
     let mut jobs = Vec::new();
     let (mut mem, mut rss) = (None, None);
     for job in &JOBS {
         let mut cmd = serve(cfg, &sock, &ctl);
-        cmd.arg("--fuse").arg(&mnt).args(["--fuse-uring", if uring { "on" } else { "off" }]);
+        cmd.arg("--fuse").arg(&mnt);
         let mut server = ChildGuard::spawn(&mut cmd, std::fs::File::create(&log)?.into())?;
         // Unmounts the file if its server did not (it had to be killed).
         let unmount = UnmountIfMounted(mnt.clone());
@@ -472,13 +466,8 @@ fn bench_zmem_fuse(cfg: &Config, plan: &Plan, dir: &Path, uring: bool) -> anyhow
         drop(unmount);
     }
     Ok(TargetResult {
-        target: if uring { "zmem-fuse-uring" } else { "zmem-fuse" }.into(),
-        detail: format!(
-            "{}{}, FUSE file{} + loop device (direct I/O), fio io_uring O_DIRECT",
-            cfg.compressor,
-            if cfg.dedup { "+dedup" } else { "" },
-            if uring { " over io_uring" } else { "" }
-        ),
+        target: "zmem-fuse".into(),
+        detail: format!("{}{}, FUSE file + loop device (direct I/O), fio io_uring O_DIRECT", cfg.compressor, if cfg.dedup { "+dedup" } else { "" }),
         jobs,
         mem_used_bytes: mem,
         rss_growth_bytes: rss,
@@ -555,25 +544,21 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Repor
     } else {
         bench_zram(cfg, &plan).unwrap_or_else(|e| skipped("zram", format!("{e:#}")))
     });
-    for (name, uring) in [("zmem-fuse", false), ("zmem-fuse-uring", true)] {
-        targets.push(if !cfg.fuse {
-            skipped(name, "--no-fuse".into())
-        } else if !root {
-            skipped(name, "needs root".into())
-        } else if !have("losetup") {
-            skipped(name, "losetup is not installed".into())
-        } else if uring && !Path::new(host::FUSE_URING_PARAM).exists() {
-            skipped(name, format!("this kernel has no FUSE over io_uring ({})", host::FUSE_URING_PARAM))
-        } else {
-            bench_zmem_fuse(cfg, &plan, dir.path(), uring).context(name)?
-        });
-    }
+    let name = "zmem-fuse";
+    targets.push(if !cfg.fuse {
+        skipped(name, "--no-fuse".into())
+    } else if !root {
+        skipped(name, "needs root".into())
+    } else if !have("losetup") {
+        skipped(name, "losetup is not installed".into())
+    } else {
+        bench_zmem_fuse(cfg, &plan, dir.path()).context(name)?
+    });
     let ratios = RatioSet {
         zmem_vs_nbdkit: ratios(&targets[0], &targets[1]),
         zmem_vs_nbdkit_raw: ratios(&targets[0], &targets[2]),
         zmem_vs_zram: ratios(&targets[0], &targets[3]),
         zmem_fuse_vs_zram: ratios(&targets[4], &targets[3]),
-        zmem_fuse_uring_vs_zram: ratios(&targets[5], &targets[3]),
     };
     Ok(Report {
         size: cfg.size,
@@ -623,7 +608,6 @@ pub fn render(r: &Report) -> String {
         ("zmem", "nbdkit-raw", &q.zmem_vs_nbdkit_raw),
         ("zmem", "zram", &q.zmem_vs_zram),
         ("zmem-fuse", "zram", &q.zmem_fuse_vs_zram),
-        ("zmem-fuse-uring", "zram", &q.zmem_fuse_uring_vs_zram),
     ];
     for (ours, name, v) in pairs {
         if let Some(m) = v {
@@ -672,8 +656,7 @@ mod tests {
         let raw = target("nbdkit-raw", &[("fill", 400.0)], None, Some(4 << 20));
         let zram = target("zram", &[("fill", 50.0)], Some(1 << 19), None);
         let fuse = target("zmem-fuse", &[("fill", 80.0)], Some(1 << 20), Some(2 << 20));
-        let targets =
-            vec![z.clone(), skipped("nbdkit", "--no-nbdkit".into()), raw.clone(), zram.clone(), fuse.clone(), skipped("zmem-fuse-uring", "--no-fuse".into())];
+        let targets = vec![z.clone(), skipped("nbdkit", "--no-nbdkit".into()), raw.clone(), zram.clone(), fuse.clone()];
         let r = Report {
             size: 16 << 20,
             data: PathBuf::from("/tmp/data"),
@@ -681,13 +664,7 @@ mod tests {
             runtime_s: 1,
             iodepth: 16,
             compress_percentage: 42,
-            ratios: RatioSet {
-                zmem_vs_nbdkit: None,
-                zmem_vs_nbdkit_raw: ratios(&z, &raw),
-                zmem_vs_zram: None,
-                zmem_fuse_vs_zram: ratios(&fuse, &zram),
-                zmem_fuse_uring_vs_zram: None,
-            },
+            ratios: RatioSet { zmem_vs_nbdkit: None, zmem_vs_nbdkit_raw: ratios(&z, &raw), zmem_vs_zram: None, zmem_fuse_vs_zram: ratios(&fuse, &zram) },
             targets,
         };
         let table = render(&r);
@@ -697,8 +674,8 @@ mod tests {
         assert_eq!(lines[2], "zmem            fill             10.0        100    10000.0        1.5        2.5");
         assert_eq!(lines[3], "nbdkit          skipped: --no-nbdkit");
         assert_eq!(lines[6], "zmem-fuse       fill              8.0         80    12500.0        1.5        2.5");
-        assert_eq!(lines[7], "zmem-fuse-uring skipped: --no-fuse");
-        assert_eq!(lines[10], "zmem                   1.0 MiB        2.0 MiB  zmem detail");
+        assert_eq!(lines[7], "");
+        assert_eq!(lines[9], "zmem                   1.0 MiB        2.0 MiB  zmem detail");
         assert_eq!(lines[lines.len() - 2], "zmem / nbdkit-raw: fill_iops 0.25, memory 0.50");
         assert_eq!(lines.last(), Some(&"zmem-fuse / zram: fill_iops 1.60, memory 2.00"));
         // The JSON `zmem bench blockdev --json` prints (keys sorted by name).

@@ -346,8 +346,8 @@ pub struct DeadShare {
     pub cap_last_bytes: u64,
     pub cap_samples: u64,
     pub backed_samples: u64,
-    /// Mean over the samples of the server's own count (`zmem swap on
-    /// --unmapped-first on|count`) of the pages in RAM that no page table
+    /// Mean over the samples of the server's own count (`zmem swap on`'s
+    /// scan of the page tables) of the pages in RAM that no page table
     /// pointed to at its last scan (`first_out_named / first_out_of`):
     /// the share of the pool's RAM that dead pages (or swap-cache and
     /// tmpfs pages) held; and the pages written back first for that.
@@ -772,9 +772,6 @@ struct Setup {
     swaps: Vec<SwapOn>,
     zram: Option<kernel_zram::Device>,
     zmem: Option<ZmemSwap>,
-    /// FUSE's io_uring switch, on while a zmem device asked for it
-    /// (`--zmem-arg=--fuse-uring --zmem-arg=on`), put back after it.
-    fuse_uring: Option<host::FuseUringOn>,
     /// zmem-remote's cluster, stopped after the device that uses it.
     cluster: Option<zmem_rig::redis_cluster::LocalCluster>,
 }
@@ -842,9 +839,6 @@ fn set_up(cfg: &Config, sys: System, cap: u64, disk: &LoopDisk, zswap: &ZswapPar
             let zmem = cfg.scratch.join("zmem-server");
             std::fs::copy(bin, &zmem).with_context(|| format!("cannot copy {} to {}", bin.display(), zmem.display()))?;
             let z = ZmemSwap { zmem: zmem.clone(), run_dir: run_dir.clone(), backing: backing.clone() };
-            if wants_fuse_uring(&args) {
-                s.fuse_uring = Some(host::FuseUringOn::new()?);
-            }
             host::run_tool(
                 Command::new(&zmem)
                     .args(["swap", "on", "--name", ZMEM_NAME, "--size"])
@@ -916,11 +910,6 @@ fn zmem_max_pool(cap: u64, zmem_args: &[String]) -> Vec<String> {
         return vec![];
     }
     vec!["--max-pool".into(), cap.to_string()]
-}
-
-/// Whether the zmem arguments turn on FUSE over io_uring.
-fn wants_fuse_uring(zmem_args: &[String]) -> bool {
-    zmem_args.windows(2).any(|w| w[0] == "--fuse-uring" && w[1] == "on") || zmem_args.iter().any(|a| a == "--fuse-uring=on")
 }
 
 /// The `--compressor` argument for `zmem swap on`: the bench's compressor
@@ -1566,18 +1555,18 @@ mod tests {
     /// sampler and the report skip stats that do not parse).
     #[test]
     fn an_older_servers_stats_still_parse() {
-        let mut st = serde_json::to_value(zmem_core::Stats { loads: 7, bd_reads: 3, reuse_first_near: 2, ..Default::default() }).unwrap();
-        st.as_object_mut().unwrap().retain(|k, _| !k.starts_with("reuse_first"));
+        let mut st = serde_json::to_value(zmem_core::Stats { loads: 7, bd_reads: 3, first_out_taken: 2, ..Default::default() }).unwrap();
+        st.as_object_mut().unwrap().retain(|k, _| !k.starts_with("first_out"));
         let read: zmem_core::Stats = serde_json::from_value(st).expect("stats without the newer counters");
-        assert_eq!((read.loads, read.bd_reads, read.reuse_first_near), (7, 3, 0));
+        assert_eq!((read.loads, read.bd_reads, read.first_out_taken), (7, 3, 0));
     }
 
     #[test]
     fn b_args_replace_the_same_options() {
         let v = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         assert_eq!(
-            with_b_args(&v("--unmapped-first count --extents on --compressor=zstd"), &v("--unmapped-first on --compressor=lz4")),
-            v("--extents on --unmapped-first on --compressor=lz4")
+            with_b_args(&v("--read-ahead 0 --threads 4 --compressor=zstd"), &v("--read-ahead auto --compressor=lz4")),
+            v("--threads 4 --read-ahead auto --compressor=lz4")
         );
         assert_eq!(with_b_args(&v("--dedup on"), &[]), v("--dedup on"));
     }
@@ -1588,15 +1577,6 @@ mod tests {
         assert_eq!(zmem_max_pool(1 << 20, &v("--dedup on")), v("--max-pool 1048576"));
         assert!(zmem_max_pool(1 << 20, &v("--max-pool 24M")).is_empty());
         assert!(zmem_max_pool(1 << 20, &v("--dedup on --max-pool=24M")).is_empty());
-    }
-
-    #[test]
-    fn fuse_uring_is_seen_in_either_spelling() {
-        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(wants_fuse_uring(&args(&["--threads", "4", "--fuse-uring", "on"])));
-        assert!(wants_fuse_uring(&args(&["--fuse-uring=on"])));
-        assert!(!wants_fuse_uring(&args(&["--fuse-uring", "off", "on"])));
-        assert!(!wants_fuse_uring(&args(&[])));
     }
 
     #[test]

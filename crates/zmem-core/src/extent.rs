@@ -11,23 +11,17 @@
 //! overflow is the kernel's swap map, a byte or two a slot.
 //!
 //! # What
-//! Every page the tier writes back is a member of an extent. With
-//! `PoolConfig::extents` the shrinker writes the objects of one 16-key
-//! index block (the victim and its neighbours in RAM: a swap device's
-//! neighbouring slots, swapped out together) as one record, an extent:
-//! this header, then the objects as they were in RAM, back to back (no
-//! recompression: no CPU spent). Every member's entry names the extent's
-//! record; when the block holds nothing else (same-filled zero pages
-//! aside), the index keeps its keys in a cold block (`index.rs`) instead
-//! of 16 entries and their access times: one id for the whole cold block
-//! when they are all it holds, else 4 bytes a key. A member's entry goes when its key is overwritten,
-//! freed or brought back; the record is freed with the last of them, which
-//! the index finds in the block alone (an extent never spans blocks) and
-//! marks on the entry it hands out (`Entry::last`).
-//!
-//! The cost: a load reads its whole extent, which pays only where a
-//! block's pages are read together. Without `extents` each page is an
-//! extent of its own (six bytes of header).
+//! Every page the tier writes back is the one member of an extent: this
+//! header, then the object as it was in RAM (no recompression: no CPU
+//! spent). The entry names the extent's record; when a block holds
+//! nothing else (same-filled zero pages aside), the index keeps its keys
+//! in a cold block (`index.rs`) instead of 16 entries and their access
+//! times: one id for the whole cold block when they are all it holds,
+//! else 4 bytes a key. The format (and the index) allow up to 16 members,
+//! one index block's pages in one record, freed with the last of them
+//! (`Entry::last`); the shrinker wrote such extents once (`--extents`,
+//! tried and not kept: a load read its whole extent; docs/experiments/),
+//! and now writes one member a record.
 //!
 //! # Format
 //! | bytes       | field                                             |
@@ -49,10 +43,6 @@ use crate::entry::{ObjInfo, PAGE_SIZE};
 const MAGIC: u8 = 0xE7;
 /// Members an extent may have: the keys of one index block.
 pub(crate) const MAX_MEMBERS: usize = 1 << crate::index::BLOCK_SHIFT;
-/// An extent's payload stays within this (one of the backing store's read
-/// windows holds a whole record): a block whose objects are larger is
-/// written as two extents or more.
-pub(crate) const MAX_PAYLOAD: usize = crate::cold::MAX_RECORD_PAYLOAD;
 
 /// Bytes of header for `n` members.
 pub(crate) fn header_len(n: usize) -> usize {
@@ -117,12 +107,6 @@ fn walk(head: &[u8]) -> impl Iterator<Item = (u8, ObjInfo, Range<usize>)> + '_ {
         off += len as usize;
         (m[0], ObjInfo { tag: m[1], len }, off - len as usize..off)
     })
-}
-
-/// Every member of the extent `payload`: its index in its block, how it
-/// is encoded, and where its object lies in `payload`.
-pub(crate) fn members(payload: &[u8]) -> Result<Vec<(u8, ObjInfo, Range<usize>)>, ExtentError> {
-    Ok(walk(header(payload)?).collect())
 }
 
 /// Where member `idx` lies in `payload`, and how it is encoded (a load's

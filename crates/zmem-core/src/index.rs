@@ -748,15 +748,15 @@ impl BlockIndex {
     }
 
     /// A load's access to `key`: record the access time and let `mark`
-    /// update the entry's flags (given the access time it replaces), in
+    /// update the entry's flags, in
     /// one lookup; returns the entry as it is then. `None` if the key is
     /// absent. (A cold block's keys keep no access times and no flags:
     /// they are not in RAM.)
-    pub fn access(&mut self, key: u64, now: u32, mark: impl FnOnce(&mut Entry, u32)) -> Option<Entry> {
+    pub fn access(&mut self, key: u64, now: u32, mark: impl FnOnce(&mut Entry)) -> Option<Entry> {
         let (id, i) = place(key);
         if let Some(k) = self.blocks.get_mut(&id).and_then(|b| b.get_mut(i)) {
-            let before = std::mem::replace(&mut k.ac, now);
-            mark(&mut k.e, before);
+            k.ac = now;
+            mark(&mut k.e);
             return Some(k.e);
         }
         let (cid, ci) = cold_place(key);
@@ -916,7 +916,9 @@ impl BlockIndex {
     }
 
     /// Every extent the index names, with the first key of its block and
-    /// the keys of the block that name it (pushed to `out`).
+    /// the keys of the block that name it (pushed to `out`): what the
+    /// tests below see of the records a block's keys share.
+    #[cfg(test)]
     pub fn extents(&self, out: &mut Vec<(u64, u64, u16)>) {
         fn name(out: &mut Vec<(u64, u64, u16)>, first: usize, id: u64, i: usize, rec: u64) {
             match out[first..].iter_mut().find(|x| x.0 == rec) {
@@ -1169,7 +1171,7 @@ mod tests {
         assert_eq!((ix.len(), ix.blocks.len(), ix.cold.len()), (16, 0, 1));
         assert_eq!(ix.get(16), Some(Entry::same(0)));
         assert_eq!(ix.get(17).and_then(Entry::record), Some(7));
-        assert_eq!(ix.access(17, 5, |_, _| panic!("no flags on a cold key")).and_then(Entry::record), Some(7));
+        assert_eq!(ix.access(17, 5, |_| panic!("no flags on a cold key")).and_then(Entry::record), Some(7));
         assert_eq!(ix.iter().count(), 16);
         let mut ext = Vec::new();
         ix.extents(&mut ext);

@@ -72,7 +72,7 @@ pub use cold::{ColdError, ColdStats, ColdStore, DropCold, Moved, RecordId, MAX_R
 pub use dict::{DictConfig, DictSource, TrainReport};
 pub use error::{Result, ZmemError};
 pub use latency::{BusyClock, Latencies, LatencyHistogram, LATENCY_BOUNDS_NS};
-pub use pool::{Pool, PoolConfig, Residency, ReuseSample, DEFAULT_HUGE_THRESHOLD};
+pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
 pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use stats::{RateLimited, Stats};
 pub use tier::{Resident, WritebackMode};

@@ -98,10 +98,6 @@ impl Objects {
         self.alloc.budget()
     }
 
-    pub fn set_limit(&self, limit: Option<u64>) {
-        self.alloc.set_limit(limit);
-    }
-
     /// The pool's dictionaries, unless it has none.
     pub fn dicts(&self) -> Option<&Dicts> {
         self.dicts.as_ref()

@@ -90,13 +90,6 @@ use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
 use crate::tier::{Resident, Tier, WritebackMode};
 
-/// [`Pool::reuse`]: hits served from RAM so far, near and far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ReuseSample {
-    pub near: u64,
-    pub far: u64,
-}
-
 /// A load whose record was freed or moved while it read starts again, at
 /// most this many times.
 const LOAD_TRIES: u32 = 8;
@@ -159,11 +152,6 @@ impl Pool {
         &self.e.cfg
     }
 
-    /// The compressor used for new stores.
-    pub fn compressor(&self) -> Compressor {
-        self.e.objects.compressor()
-    }
-
     /// Switch the compressor for new stores; existing objects keep theirs.
     pub fn set_compressor(&self, c: Compressor) {
         self.e.objects.set_compressor(c);
@@ -201,19 +189,6 @@ impl Pool {
         }
     }
 
-    /// Whether loads are exclusive now (false without a backing store).
-    pub fn exclusive_loads(&self) -> bool {
-        self.e.tier.as_ref().is_some_and(Tier::exclusive)
-    }
-
-    /// Change zram's `mem_limit` (None: unlimited). It caps
-    /// `mem_used_total`: allocator pages and every table the pool keeps.
-    /// Lowering it below what is held frees nothing; stores that need new
-    /// memory are refused until enough is freed.
-    pub fn set_mem_limit(&self, limit: Option<u64>) {
-        self.e.objects.set_limit(limit);
-    }
-
     /// Bytes charged against `mem_limit` now. Equal to
     /// `stats().mem_used_total` whenever no operation is in flight (during
     /// one it may be ahead: growth is charged before it happens).
@@ -229,15 +204,6 @@ impl Pool {
     pub fn max_pool_usage(&self) -> Option<(u64, u64)> {
         let max = self.e.admission.max_pages();
         (max != u64::MAX).then(|| (self.e.held_pages() * PAGE_SIZE as u64, max * PAGE_SIZE as u64))
-    }
-
-    /// How far back the pages this pool served from RAM were last used:
-    /// near hits (a workload given the pool's memory would have kept the
-    /// page) and far hits; None without a cold store. (Also in
-    /// [`Pool::stats`], which takes every shard's lock.)
-    pub fn reuse(&self) -> Option<ReuseSample> {
-        let (near, far) = self.e.tier.as_ref()?.reuse();
-        Some(ReuseSample { near, far })
     }
 
     /// Change zswap's `max_pool` (None: no limit).
@@ -302,24 +268,7 @@ impl Pool {
     /// over, and nothing is ever dropped. Returns the pages it names (0
     /// without a cold store, or when the budget has no room for the list).
     pub fn write_back_first(&self, pages: Resident) -> usize {
-        self.e.tier.as_ref().map_or(0, |t| t.write_first(self.e.budget(), pages, true))
-    }
-
-    /// Write back now the pages the last [`Pool::write_back_first`]
-    /// named that still hold what they held, whatever the pool holds
-    /// (not only when it next needs room), and free the memory they took.
-    /// Returns the pages written back (0 without a cold store).
-    pub fn write_back_named(&self) -> Result<u64> {
-        self.e.tier.as_ref().map_or(Ok(0), |t| t.write_back_named(&*self.e))
-    }
-
-    /// Count `pages` in the stats as [`Pool::write_back_first`] does
-    /// (`first_out_named` of `first_out_of`), and change nothing else:
-    /// the same measure without its effect. It drops the last hint.
-    pub fn note_first(&self, pages: Resident) {
-        if let Some(t) = &self.e.tier {
-            t.write_first(self.e.budget(), pages, false);
-        }
+        self.e.tier.as_ref().map_or(0, |t| t.write_first(self.e.budget(), pages))
     }
 
     /// The recompression priority of the object in RAM under `key`: 0 if
@@ -444,10 +393,7 @@ impl Engine {
         }
         match self.store_inner(key, page) {
             Ok(old) => {
-                let n = self.counters.stores.fetch_add(1, Relaxed);
-                if let Some(t) = &self.tier {
-                    t.note_store(self.now(), n);
-                }
+                self.counters.stores.fetch_add(1, Relaxed);
                 if let Some(o) = old {
                     self.release(o);
                 }
@@ -621,10 +567,7 @@ impl Engine {
         // clock's second.)
         let now = self.now();
         let r = self.load_inner(key, buf, now);
-        let n = self.counters.loads.fetch_add(1, Relaxed);
-        if let Some(t) = &self.tier {
-            t.note_load(now, n);
-        }
+        self.counters.loads.fetch_add(1, Relaxed);
         match &r {
             Ok(()) | Err(ZmemError::NotFound { .. }) => {}
             Err(e) => {
@@ -688,11 +631,6 @@ impl Engine {
         let a = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
         let e = a.entry;
         if let (Some(t), Slot::Obj(..)) = (&self.tier, e.slot()) {
-            let held = self.held_pages();
-            t.note_hit(a.last_access, now, self.counters.stores.load(Relaxed), held);
-            if a.newly_referenced {
-                t.note_first_hit(a.last_access, now, self.counters.loads.load(Relaxed), held);
-            }
             if a.newly_referenced && t.exclusive() {
                 // (Once: the bit now marks an object queued at the cold end.)
                 t.queue_cold(&s, self.index.shard_index(key), key, e, self.budget());

@@ -41,7 +41,7 @@
 //!   most one decompression.
 //! * An idle pass ([`Pool::recompress_idle_until`](crate::Pool::recompress_idle_until))
 //!   leaves alone the pages the pool was told to write back first (a swap
-//!   device's pages no page table points to, `--unmapped-first`): they
+//!   device's pages no page table points to, `zmem-swap`'s scan): they
 //!   leave RAM at the pool's next need for room, and most are dead, so
 //!   rewriting them is CPU for nothing. A pass asked for by hand
 //!   ([`Pool::recompress`](crate::Pool::recompress)) takes them too.

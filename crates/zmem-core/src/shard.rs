@@ -108,9 +108,6 @@ pub(crate) struct Access {
     pub entry: Entry,
     /// This access set the referenced bit.
     pub newly_referenced: bool,
-    /// The access time it replaced: the page's last store or load (0 for
-    /// a key without access times).
-    pub last_access: u32,
 }
 
 /// One shard of the index, with the counters for the entries it holds.
@@ -193,15 +190,14 @@ impl Shard {
     /// An object in RAM gets zswap's referenced bit in the same lookup
     /// (what it means is the writeback tier's: `tier.rs`).
     pub fn access(&mut self, key: u64, now: u32) -> Option<Access> {
-        let (mut newly, mut before) = (false, 0);
-        let entry = self.index.access(key, now, |e, ac| {
+        let mut newly = false;
+        let entry = self.index.access(key, now, |e| {
             newly = matches!(e.slot(), Slot::Obj(..)) && !e.referenced();
-            before = ac;
             if newly {
                 *e = e.with_referenced(true);
             }
         })?;
-        Some(Access { entry, newly_referenced: newly, last_access: before })
+        Some(Access { entry, newly_referenced: newly })
     }
 
     /// Change only the flags of `key`'s entry (what it stores stays).
@@ -263,12 +259,6 @@ impl Shard {
     /// not change: the pages are written back either way.
     pub fn rename_record(&mut self, key: u64, from: u64, to: u64, b: &Budget) -> bool {
         self.index.rename_record(key, from, to, b)
-    }
-
-    /// Every extent this shard's entries name: `(record, first key of its
-    /// block, keys of the block naming it)`.
-    pub fn extents(&self, out: &mut Vec<(u64, u64, u16)>) {
-        self.index.extents(out);
     }
 
     /// `e` with the shard's next generation (the writeback tier tells the

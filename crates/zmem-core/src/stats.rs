@@ -273,22 +273,11 @@ pub struct Stats {
     pub backing_in_flight: u64,
     /// Written-back pages a load brought back into RAM.
     pub promoted_pages: u64,
-    /// Loads served from RAM of pages last used fewer stores ago than the
-    /// pool holds pages of memory: a workload given that memory would have
-    /// kept them (near), or further back (far: by that measure, a read
-    /// from the cold store saved). `tier/reuse.rs`.
-    pub reuse_near: u64,
-    pub reuse_far: u64,
-    /// Of them, the first loads since the page's store, near or far by
-    /// the loads since its store (each took a page of the workload's
-    /// memory): the kernel's refault distance, counted from the eviction.
-    pub reuse_first_near: u64,
-    pub reuse_first_far: u64,
     /// Loaded pages queued at the cold end under exclusive loads, and
     /// whether loads are exclusive now (`--exclusive-loads auto` switches).
     pub cold_queued_pages: u64,
     /// The last [`Pool::write_back_first`](crate::Pool::write_back_first)
-    /// hint (or [`Pool::note_first`](crate::Pool::note_first) count):
+    /// hint:
     /// pages it named, of the objects in RAM when they were listed;
     /// and pages the shrinker has taken from hints in all.
     pub first_out_named: u64,
@@ -297,10 +286,6 @@ pub struct Stats {
     pub exclusive_loads: bool,
     /// Writeback batches that failed (the pages stayed in RAM).
     pub writeback_fail: u64,
-    /// Extents (records of one index block's pages) emptied by a repack:
-    /// mostly dead ones whose pages were brought back to RAM when a write
-    /// failed, so that their space in the cold store came free.
-    pub extents_repacked: u64,
     /// zswap's max_pool as bytes (0: none), and accept_threshold_percent.
     pub max_pool_bytes: u64,
     /// What max_pool is compared with: pool pages plus the metadata that

@@ -16,14 +16,12 @@
 //! * **Compressed writeback.** The object goes to the file as it is in RAM,
 //!   packed with its neighbours in one write, so a written-back page costs
 //!   its compressed size in I/O, not 4 KiB.
-//! * **Extents** (`PoolConfig::extents`). A victim takes with it the
-//!   other objects in RAM of its 16-key index block, and they are one
-//!   record (`extent.rs`): a page on the file then costs the tables a few
-//!   bytes of RAM, not a record and an index entry each (about 40 bytes),
-//!   so `max_pool` holds pages; but a load reads the whole extent. Off,
-//!   each page is an extent of its own.
-//!   A record is freed with the last key naming it; mostly dead extents
-//!   are repacked when a write fails ([`Tier::repack`]).
+//! * **A record a page.** Each page goes to the file as a record of its
+//!   own (an extent of one member, `extent.rs`), laid out in key order
+//!   within the batch, so that a swap device's neighbouring slots sit
+//!   side by side on the file. (Extents of a whole index block were tried:
+//!   the cap held more pages, but every read read its whole extent;
+//!   docs/experiments/.)
 //! * **No LRU inversion.** A store that meets a full pool is not sent to the
 //!   disk while cold pages stay in RAM (zswap's behaviour when it rejects):
 //!   it waits for the shrinker to push the cold end out, then goes in.
@@ -120,7 +118,6 @@ use crate::cold::{ColdError, ColdStore, RecordId};
 use crate::latency::BusyClock;
 
 mod lru;
-mod reuse;
 
 use crate::dedup::DedupTable;
 use crate::dedup::{DedupLock, DedupShard, ToCold};
@@ -132,16 +129,11 @@ use crate::shard::{Shard, ShardLock};
 use crate::stats::Counters;
 use crate::stats::Stats;
 use lru::{Lru, LruItem, Queues};
-use reuse::Reuse;
 
 /// Pages written back per batch (one write to the file).
 const BATCH: usize = 64;
 /// How long a store over `max_pool` waits for the shrinker to make room.
 const ADMIT_WAIT: Duration = Duration::from_secs(10);
-/// Extents a repack reads at most, when a write failed.
-const REPACK_READS: usize = 4 * BATCH;
-/// Repacks a shrinker round tries at most before it reports the failure.
-const MAX_REPACKS: u32 = 8;
 /// Pause after a shrinker round that failed, before the next.
 const BACKOFF: Duration = Duration::from_millis(100);
 
@@ -230,9 +222,6 @@ pub(crate) struct Tier {
     pub store: Box<dyn ColdStore>,
     /// Time with a read of the store in flight (`backing_read_busy_ns`).
     read_busy: BusyClock,
-    /// [`PoolConfig::extents`](crate::PoolConfig::extents): a victim goes
-    /// with its block's other pages in RAM, in one record.
-    extents: bool,
     /// [`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads),
     /// changed at run time by [`Pool::set_exclusive_loads`](crate::Pool::set_exclusive_loads):
     /// an entry's referenced bit then means "loaded, queued at the cold
@@ -258,9 +247,6 @@ pub(crate) struct Tier {
     /// A store asked for a round (checked and cleared by the shrinker).
     wanted: AtomicBool,
     written_back: AtomicU64,
-    /// Extents emptied by a repack, and where the next repack starts.
-    repacked: AtomicU64,
-    repack_cursor: std::sync::atomic::AtomicUsize,
     /// Pages handed to the cold store in batches it took (zram's
     /// `bd_writes`: pages, whatever records they went in).
     pages_written: AtomicU64,
@@ -277,8 +263,6 @@ pub(crate) struct Tier {
     first: Mutex<FirstOut>,
     /// The LRU: a queue per index shard and per dedup shard (`tier/lru.rs`).
     queues: Queues,
-    /// How far back the pages served from RAM were last used (`tier/reuse.rs`).
-    reuse: Reuse,
 }
 
 /// The pages a user of the pool named as most likely unneeded (a swap
@@ -398,12 +382,9 @@ impl Tier {
     /// A tier over `store`, with a queue for each of `index_shards` index
     /// shards and `dedup_shards` dedup shards (whose fixed cost,
     /// [`Tier::fixed_bytes`], the caller charges).
-    pub fn new(store: Box<dyn ColdStore>, loads: Loads, extents: bool, index_shards: usize, dedup_shards: usize) -> Tier {
+    pub fn new(store: Box<dyn ColdStore>, loads: Loads, index_shards: usize, dedup_shards: usize) -> Tier {
         Tier {
             queues: Queues::new(index_shards, dedup_shards),
-            reuse: Reuse::new(),
-            // (A store that drops what it is given gets single objects.)
-            extents: extents && store.keeps(),
             store,
             read_busy: BusyClock::default(),
             exclusive: AtomicBool::new(loads.exclusive),
@@ -416,8 +397,6 @@ impl Tier {
             wanted: AtomicBool::new(false),
             written_back: AtomicU64::new(0),
             pages_written: AtomicU64::new(0),
-            repacked: AtomicU64::new(0),
-            repack_cursor: std::sync::atomic::AtomicUsize::new(0),
             evicted: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             cold_queued: AtomicU64::new(0),
@@ -428,18 +407,14 @@ impl Tier {
         }
     }
 
-    /// Replace the pages to write back first with `r`'s (see [`FirstOut`]),
-    /// or with none but `apply`; the counts are kept either way. Its table
-    /// is charged to the budget; without room the hint is dropped. Returns
-    /// the pages it names.
-    pub(crate) fn write_first(&self, b: &Budget, mut r: Resident, apply: bool) -> usize {
+    /// Replace the pages to write back first with `r`'s (see [`FirstOut`]).
+    /// Its table is charged to the budget; without room the hint is
+    /// dropped. Returns the pages it names.
+    pub(crate) fn write_first(&self, b: &Budget, mut r: Resident) -> usize {
         let mut f = self.first.lock();
         (f.named, f.of) = (r.items.len() as u64, r.of);
         b.uncharge(std::mem::take(&mut f.charged));
         f.keys = Vec::new();
-        if !apply {
-            return r.items.len();
-        }
         r.items.shrink_to_fit();
         let bytes = (r.items.capacity() * std::mem::size_of::<(u64, Entry)>()) as u64;
         if b.try_charge(bytes).is_err() {
@@ -470,39 +445,9 @@ impl Tier {
         self.seq.fetch_add(1, Relaxed)
     }
 
-    /// Bytes of the queue array and the store clock, held from creation
-    /// to drop.
+    /// Bytes of the queue array, held from creation to drop.
     pub fn fixed_bytes(&self) -> u64 {
-        self.queues.fixed_bytes() + Reuse::fixed_bytes()
-    }
-
-    /// A page was stored at `now` (seconds), the pool's store number `n`:
-    /// the clock hits are measured by.
-    pub fn note_store(&self, now: u32, n: u64) {
-        self.reuse.note_store(now, n);
-    }
-
-    /// A load served from RAM at `now` a page last used at `last`, after
-    /// the pool's `stores` so far, while it holds `pool_pages` pages of
-    /// memory (near or far: `tier/reuse.rs`).
-    pub fn note_hit(&self, last: u32, now: u32, stores: u64, pool_pages: u64) {
-        self.reuse.note_hit(last, now, stores, pool_pages);
-    }
-
-    /// A page was loaded at `now`, the pool's load number `n`.
-    pub fn note_load(&self, now: u32, n: u64) {
-        self.reuse.note_load(now, n);
-    }
-
-    /// The first hit since its store of a page stored at `stored`
-    /// (`tier/reuse.rs`).
-    pub fn note_first_hit(&self, stored: u32, now: u32, loads: u64, pool_pages: u64) {
-        self.reuse.note_first_hit(stored, now, loads, pool_pages);
-    }
-
-    /// (near hits, far hits) so far.
-    pub fn reuse(&self) -> (u64, u64) {
-        self.reuse.hits()
+        self.queues.fixed_bytes()
     }
 
     /// `e`, about to be published under a key of index shard `shard`
@@ -686,9 +631,6 @@ impl Tier {
         st.cold_queued_pages = self.cold_queued.load(Relaxed);
         st.exclusive_loads = self.exclusive();
         st.writeback_fail = self.writeback_fail.load(Relaxed);
-        st.extents_repacked = self.repacked.load(Relaxed);
-        (st.reuse_near, st.reuse_far) = self.reuse.hits();
-        (st.reuse_first_near, st.reuse_first_far) = self.reuse.first_hits();
         let f = self.first.lock();
         st.lru_bytes += f.charged + self.queues.bytes() + self.fixed_bytes();
         st.first_out_named = f.named;
@@ -786,7 +728,6 @@ impl Tier {
         let target = h.admission().shrink_target();
         let mut total = 0;
         let mut exhausted = false;
-        let mut repacks = 0;
         while h.held_pages() > target && !self.stopping() {
             // Write back only what compaction cannot free. Under a store
             // storm, new objects fill the holes writeback leaves, so spans
@@ -804,18 +745,7 @@ impl Tier {
             // pool may hold fewer objects than a full batch.
             let r = self.writeback_lru_batch(h, need.saturating_mul(PAGE_SIZE as u64) as usize, &mut buf);
             self.note_progress();
-            let (written, examined) = match r {
-                Ok(r) => r,
-                // The store may be full of mostly dead extents: empty
-                // some, and try again, while repacks free some (each
-                // reads at most REPACK_READS extents; a store that waits
-                // for room is refused only when they no longer help).
-                Err(_) if repacks < MAX_REPACKS && self.repack(h) > 0 => {
-                    repacks += 1;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
+            let (written, examined) = r?;
             total += written;
             if examined == 0 {
                 exhausted = true;
@@ -826,78 +756,6 @@ impl Tier {
             h.objects().compact_spans();
         }
         Ok((total, exhausted))
-    }
-
-    /// Bring back to RAM the pages of extents that are mostly dead (at
-    /// most half their pages still named), so that their records are freed
-    /// and the shrinker writes the pages out again with their neighbours.
-    /// An extent's space returns only with its last page: pages freed one
-    /// by one (a swap device's scattered frees) can fill a store with
-    /// records that are mostly dead. Run after a failed write (the store
-    /// may be full). Reads at most [`REPACK_READS`] extents a call, going
-    /// on from the shard where the last call stopped; returns the extents
-    /// it emptied.
-    fn repack(&self, h: &impl TierHost) -> u64 {
-        let shards = h.index().shards();
-        let mut cands = Vec::new();
-        let (mut reads, mut emptied) = (0, 0);
-        for _ in 0..shards.len() {
-            let i = self.repack_cursor.fetch_add(1, Relaxed) % shards.len();
-            cands.clear();
-            shards[i].lock().extents(&mut cands);
-            // (An extent has at most 16 pages: more than 8 named is not sparse.)
-            for &(rec, base, live) in cands.iter().filter(|c| c.2.count_ones() as usize <= crate::extent::MAX_MEMBERS / 2) {
-                if reads == REPACK_READS {
-                    return emptied;
-                }
-                reads += 1;
-                emptied += self.repack_one(h, &shards[i], rec, base, live) as u64;
-            }
-        }
-        emptied
-    }
-
-    /// [`repack`](Self::repack) one extent, `rec`, of the block at `base`
-    /// whose keys `live` name it; returns whether its record was freed.
-    fn repack_one(&self, h: &impl TierHost, shard: &ShardLock, rec: u64, base: u64, live: u16) -> bool {
-        OBJ.with_borrow_mut(|obj| {
-            // Gone meanwhile, or unreadable (a load of it will say so).
-            if self.read_store(RecordId::from_raw(rec), base, obj).is_err() {
-                return false;
-            }
-            let Ok(members) = crate::extent::members(obj) else { return false };
-            let n = members.len();
-            let keep: Vec<_> = members.into_iter().filter(|m| live >> m.0 & 1 == 1).collect();
-            if keep.len() * 2 > n {
-                return false;
-            }
-            let mut released = Vec::new();
-            {
-                let mut s = shard.lock();
-                for (idx, info, r) in keep {
-                    let key = base | idx as u64;
-                    if s.get(key).and_then(Entry::record) != Some(rec) {
-                        continue;
-                    }
-                    let Ok(handle) = h.objects().write(&obj[r]) else { break };
-                    match h.publish_locked(&mut s, key, Entry::obj(handle, info)) {
-                        Ok(old) => released.extend(old),
-                        Err(_) => {
-                            released.push(Entry::obj(handle, info));
-                            break;
-                        }
-                    }
-                }
-            }
-            let freed = released.iter().any(|e| e.last());
-            for e in released {
-                h.release(e);
-            }
-            if freed {
-                self.repacked.fetch_add(1, Relaxed);
-            }
-            freed
-        })
     }
 
     /// One batch: the globally coldest objects across every LRU (index
@@ -962,32 +820,6 @@ impl Tier {
         Ok((self.commit(h, &sources, victims, buf)?, examined))
     }
 
-    /// Write back now every page the last hint named ([`FirstOut`]) that
-    /// still holds what it held, whatever the pool holds: a batch at a
-    /// time (a store waiting for room, or a shrinker round, gets the
-    /// writer's lock between two), then the allocator's spans compacted,
-    /// so the memory they held is free. Returns the pages written back.
-    pub(crate) fn write_back_named(&self, h: &impl TierHost) -> Result<u64> {
-        let sources: Vec<Source<'_>> = h.index().shards().iter().enumerate().map(|(i, sh)| Source::Index(sh, self.queues.of_index(i))).collect();
-        let mut total = 0;
-        while !self.stopping() {
-            let mut buf = self.writing.lock();
-            buf.clear();
-            let mut victims = Vec::with_capacity(BATCH);
-            if self.pick_first(h, &mut victims, &mut buf, BATCH * PAGE_SIZE) == 0 {
-                break;
-            }
-            if !victims.is_empty() {
-                total += self.commit(h, &sources, victims, &buf)?;
-                self.note_progress();
-            }
-        }
-        if total > 0 {
-            h.objects().compact_spans();
-        }
-        Ok(total)
-    }
-
     /// Take the pages named to go first ([`FirstOut`]) into the batch,
     /// those still holding what they held when named and not loaded since.
     /// Their LRU items stay queued and are skipped once they have gone.
@@ -1009,36 +841,18 @@ impl Tier {
             let Some(off) = h.objects().copy_out(handle, info, buf) else { continue };
             victims.push(Victim { src, key, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
             taken += 1;
-            if self.extents {
-                let mut p = Pick { t: self, now: 0, bound: None, src, victims, buf, max_bytes, examined: 0 };
-                Self::pick_block_mates(h, &s, &mut p, key);
-            }
         }
         f.taken += taken;
         looked
     }
 
     /// Pop cold objects from a shard's LRU into the batch, copying their
-    /// bytes; referenced ones get a second chance at the hot end. With a
-    /// store that keeps what it is given, each victim brings the other
-    /// objects of its index block that are in RAM and not referenced (a
-    /// swap device's neighbouring slots, swapped out together): they go
-    /// to the file with it, in one extent (`extent.rs`). Their own LRU
-    /// items stay queued, and are skipped once they have gone; one popped
-    /// during the same batch is attached to its victim, so a failed write
-    /// puts it back.
+    /// bytes; referenced ones get a second chance at the hot end.
     fn pick_cold_keys(h: &impl TierHost, s: &mut Shard, lru: &mut Lru, p: &mut Pick<'_>) {
-        let mates = p.t.extents;
         while let Some(item) = p.next(lru) {
             lru.pop_front();
             let Some(e) = s.queued_object(item.key, item.gen) else { continue };
             let Slot::Obj(handle, info) = e.slot() else { continue };
-            if let Some(v) = p.victims.iter_mut().filter(|_| mates).find(|v| v.src == p.src && v.key == item.key && v.item.is_none()) {
-                // Already in the batch as a neighbour of an older victim.
-                v.item = Some(item);
-                lru.take_out();
-                continue;
-            }
             if e.referenced() && !p.t.exclusive() {
                 s.set_flags(item.key, e.with_referenced(false));
                 lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
@@ -1048,24 +862,6 @@ impl Tier {
             lru.take_out();
             let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
             p.victims.push(v);
-            if mates {
-                Self::pick_block_mates(h, s, p, item.key);
-            }
-        }
-    }
-
-    /// The objects in RAM of `key`'s index block, but `key`'s, that are
-    /// not referenced (unless loads are exclusive) and not in the batch.
-    fn pick_block_mates(h: &impl TierHost, s: &Shard, p: &mut Pick<'_>, key: u64) {
-        let base = key & !crate::index::BLOCK_MASK;
-        for k in (base..=base | crate::index::BLOCK_MASK).filter(|&k| k != key) {
-            let Some(e) = s.get(k) else { continue };
-            let Slot::Obj(handle, info) = e.slot() else { continue };
-            if (e.referenced() && !p.t.exclusive()) || p.victims.iter().any(|v| v.src == p.src && v.key == k) {
-                continue;
-            }
-            let Some(off) = h.objects().copy_out(handle, info, p.buf) else { continue };
-            p.victims.push(Victim { src: p.src, key: k, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
         }
     }
 
@@ -1093,11 +889,11 @@ impl Tier {
     /// a write error nothing changes: every victim stays in RAM and on its
     /// LRU (where a load during the write put it: the hot end).
     ///
-    /// A store that keeps what it is given gets the pages' objects as
-    /// extents, one record per index block (`extent.rs`); shared objects,
-    /// and everything given to a store that drops it, go one a record.
+    /// A store that keeps what it is given gets each page's object as an
+    /// extent of one (`extent.rs`); shared objects, and everything given
+    /// to a store that drops it, go as they are.
     fn commit(&self, h: &impl TierHost, sources: &[Source<'_>], victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
-        let (records, rec_of) = layout_records(&victims, sources, buf, self.extents, self.store.keeps());
+        let (records, rec_of) = layout_records(&victims, sources, buf, self.store.keeps());
         let recs: Vec<(u64, &[u8])> = records.iter().map(|r| (r.key, &r.bytes[..])).collect();
         let mut by_src: Vec<usize> = victims.iter().map(|v| v.src).collect();
         by_src.sort_unstable();
@@ -1393,53 +1189,30 @@ struct Record<'b> {
     bytes: std::borrow::Cow<'b, [u8]>,
 }
 
-/// Lay a batch out as records: for a store that `keeps` them, the pages
-/// of each index block (of one source) together with `extents`, in key
-/// order, as extents of at most
-/// [`extent::MAX_PAYLOAD`](crate::extent::MAX_PAYLOAD) bytes, else each in
-/// an extent of its own; each shared object, and each object given to a
-/// store that drops it, alone (no extent header). Returns the records
-/// and each victim's record (the victims keep their order: a failed write
-/// puts them back on their LRUs in it).
-fn layout_records<'b>(victims: &[Victim], sources: &[Source<'_>], buf: &'b [u8], extents: bool, keeps: bool) -> (Vec<Record<'b>>, Vec<usize>) {
+/// Lay a batch out as records, in key order (of each source): for a
+/// store that `keeps` them, each page's object in an extent of its own,
+/// written under its block's first key; each shared object, and each
+/// object given to a store that drops it, alone (no extent header).
+/// Returns the records and each victim's record (the victims keep their
+/// order: a failed write puts them back on their LRUs in it).
+fn layout_records<'b>(victims: &[Victim], sources: &[Source<'_>], buf: &'b [u8], keeps: bool) -> (Vec<Record<'b>>, Vec<usize>) {
     use crate::extent;
     let mut order: Vec<usize> = (0..victims.len()).collect();
     order.sort_unstable_by_key(|&i| (victims[i].src, victims[i].key));
-    let bytes = |v: &Victim| -> &'b [u8] { &buf[v.off..v.off + v.info.len as usize] };
-    let block = |v: &Victim| (v.src, v.key & !crate::index::BLOCK_MASK);
-    let mut records: Vec<Record> = Vec::new();
+    let mut records: Vec<Record> = Vec::with_capacity(victims.len());
     let mut rec_of = vec![0; victims.len()];
-    let mut i = 0;
-    while i < order.len() {
-        let v = &victims[order[i]];
+    for i in order {
+        let v = &victims[i];
+        let bytes = &buf[v.off..v.off + v.info.len as usize];
+        rec_of[i] = records.len();
         if !keeps || matches!(sources[v.src], Source::Shared(..)) {
-            records.push(Record { key: v.key, bytes: bytes(v).into() });
-            rec_of[order[i]] = records.len() - 1;
-            i += 1;
+            records.push(Record { key: v.key, bytes: bytes.into() });
             continue;
         }
-        // The run of this block's victims that fits one extent.
-        let mut j = i;
-        let mut len = 0;
-        let most = if extents { extent::MAX_MEMBERS } else { 1 };
-        while j < order.len() && block(&victims[order[j]]) == block(v) && j - i < most {
-            let add = victims[order[j]].info.len as usize;
-            if j > i && extent::header_len(j - i + 1) + len + add > extent::MAX_PAYLOAD {
-                break;
-            }
-            len += add;
-            j += 1;
-        }
-        let run = &order[i..j];
-        let members: Vec<(u8, ObjInfo)> = run.iter().map(|&m| ((victims[m].key & crate::index::BLOCK_MASK) as u8, victims[m].info)).collect();
-        let mut rec = Vec::with_capacity(extent::header_len(run.len()) + len);
-        extent::put_header(&members, &mut rec);
-        for &m in run {
-            rec.extend_from_slice(bytes(&victims[m]));
-            rec_of[m] = records.len();
-        }
-        records.push(Record { key: block(v).1, bytes: rec.into() });
-        i = j;
+        let mut rec = Vec::with_capacity(extent::header_len(1) + bytes.len());
+        extent::put_header(&[((v.key & crate::index::BLOCK_MASK) as u8, v.info)], &mut rec);
+        rec.extend_from_slice(bytes);
+        records.push(Record { key: v.key & !crate::index::BLOCK_MASK, bytes: rec.into() });
     }
     (records, rec_of)
 }

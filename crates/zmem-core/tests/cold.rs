@@ -125,45 +125,6 @@ fn a_dropped_shared_object_makes_all_its_keys_miss() {
     assert_eq!(get(&p, 58).unwrap(), compressible(8));
 }
 
-#[test]
-fn every_hit_from_ram_is_weighed_near_or_far() {
-    let p = cache(64 << 20, false);
-    assert_eq!(Pool::new(PoolConfig::default()).unwrap().reuse(), None, "no tier, nothing to weigh");
-    for k in 0..300u64 {
-        p.store(k, &compressible(k)).unwrap();
-    }
-    p.store(1000, &[0u8; PAGE]).unwrap();
-    // (Distances are counted in whole seconds of stores: the loads come in
-    // a later second than any store.)
-    std::thread::sleep(Duration::from_millis(1100));
-    for k in 0..300u64 {
-        assert!(get(&p, k).unwrap() == compressible(k));
-    }
-    // A same-filled page is no object: not a hit the pool's memory served.
-    assert!(get(&p, 1000).is_some());
-    let r = p.reuse().unwrap();
-    assert_eq!(r.near + r.far, 300, "{r:?}");
-    let st = p.stats();
-    assert_eq!((st.reuse_near, st.reuse_far), (r.near, r.far));
-    // Loaded again a second later: each last used (by the load) with no
-    // store since, within any pool: near.
-    std::thread::sleep(Duration::from_millis(1100));
-    for k in 0..300u64 {
-        get(&p, k).unwrap();
-    }
-    let again = p.reuse().unwrap();
-    assert_eq!((again.near - r.near, again.far - r.far), (300, 0), "{again:?}");
-    // The first hit since a store is counted apart, once: the second
-    // round's loads were not the first since the pages' stores.
-    let st = p.stats();
-    assert_eq!(st.reuse_first_near + st.reuse_first_far, 300, "{st:?}");
-    // Stored again: the next load is a first hit again.
-    p.store(5, &compressible(5)).unwrap();
-    get(&p, 5).unwrap();
-    let st2 = p.stats();
-    assert_eq!(st2.reuse_first_near + st2.reuse_first_far, 301, "{st2:?}");
-}
-
 /// A cold store in RAM whose writes fail until `heals_at` (a cluster
 /// failing over), and which says its failures heal within `ride`.
 struct Healing {

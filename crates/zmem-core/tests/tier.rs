@@ -15,8 +15,7 @@ const MIB: u64 = 1 << 20;
 
 fn tiered(max_pool: u64, file: Arc<FaultyFile<MemFile>>) -> Pool {
     let store = BackingStore::new(Box::new(file), None);
-    // (Extents on: most of this file's tests then write them.)
-    let cfg = PoolConfig { max_pool: Some(max_pool), shards: 8, extents: true, ..PoolConfig::default() };
+    let cfg = PoolConfig { max_pool: Some(max_pool), shards: 8, ..PoolConfig::default() };
     Pool::with_cold_store(cfg, Box::new(store)).unwrap()
 }
 
@@ -64,8 +63,7 @@ fn without_backing_the_limit_rejects_with_hysteresis() {
 fn lru_keeps_the_newest_and_the_hot() {
     let file = mem_file();
     let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
-    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, extents: true, ..PoolConfig::default() }, Box::new(store))
-        .unwrap();
+    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, ..PoolConfig::default() }, Box::new(store)).unwrap();
     let hot = 3u64;
     let mut buf = vec![0u8; PAGE];
     let n = 2000u64;
@@ -116,12 +114,12 @@ fn exclusive_loads_write_loaded_pages_back_first_and_leave_them_on_file() {
         let store = BackingStore::new(Box::new(mem_file()), None);
         let cfg = PoolConfig { max_pool: Some(MIB), shards: 8, max_span_pages: 4, exclusive_loads: built, ..PoolConfig::default() };
         let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
-        assert_eq!(p.exclusive_loads(), built);
+        assert_eq!(p.stats().exclusive_loads, built);
         if let Some(on) = switched {
             p.set_exclusive_loads(on);
         }
         let exclusive = switched.unwrap_or(built);
-        assert_eq!(p.exclusive_loads(), exclusive);
+        assert_eq!(p.stats().exclusive_loads, exclusive);
         // Fill to 80 % of the cap, under the shrinker's marks, then load
         // the newest tenth.
         let mut n = 0u64;
@@ -172,14 +170,13 @@ fn exclusive_loads_write_loaded_pages_back_first_and_leave_them_on_file() {
 
 #[test]
 fn a_request_reads_its_written_back_pages_in_one_operation() {
-    // The pages of one request, written back (64 pages, four to an index
-    // block, so an extent holds four): a prefetch reads the request's
-    // records together, and their loads then read nothing more, and give
+    // The pages of one request, written back (64 pages, one in four keys):
+    // a prefetch reads the request's records together, and their loads then read nothing more, and give
     // every byte back. (That a batch lies in key order whatever the tier's
     // order is zmem-backing's test.) One index shard: an explicit
     // writeback writes each shard's pages in batches of their own.
     let store = BackingStore::new(Box::new(mem_file()), None);
-    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(64 * MIB), shards: 1, extents: true, ..PoolConfig::default() }, Box::new(store)).unwrap();
+    let p = Pool::with_cold_store(PoolConfig { max_pool: Some(64 * MIB), shards: 1, ..PoolConfig::default() }, Box::new(store)).unwrap();
     let keys: Vec<u64> = (0..64u64).map(|i| (i * 37) % 64 * 4 + 1000).collect();
     for &k in &keys {
         p.store(k, &compressible(k)).unwrap();
@@ -188,7 +185,7 @@ fn a_request_reads_its_written_back_pages_in_one_operation() {
     assert!(keys.iter().all(|&k| p.residency(k) == Some(Residency::Backed)));
     let (ops0, busy0) = (p.stats().backing_read_ops, p.stats().backing_read_busy_ns);
     let t = std::time::Instant::now();
-    // Pages 1020..1052: eight pages in three index blocks, three extents.
+    // Pages 1020..1052: eight pages, eight records side by side.
     assert_eq!(p.prefetch(1020..1052), 1);
     let mut buf = vec![0u8; PAGE];
     for k in (1020..1052).step_by(4) {
@@ -205,7 +202,6 @@ fn a_request_reads_its_written_back_pages_in_one_operation() {
     p.store(5, &compressible(5)).unwrap();
     assert_eq!(p.prefetch(0..10), 0);
     assert_eq!(p.prefetch(1100..1101), 0, "a single page is read by its load");
-    assert_eq!(p.prefetch(1104..1116), 0, "the pages of one extent are read by the first load");
 }
 
 #[test]
@@ -476,14 +472,14 @@ fn backing_file_stays_bounded_under_churn() {
 /// new ids: the pool names each copy wherever it named the old record
 /// (a key's entry, a cold block, a shared object) and frees the old one,
 /// or frees the copy of a record nothing names. Under churn through a
-/// small pool, with shared pages and without extents: every page reads
+/// small pool, with shared pages and without: every page reads
 /// back right while records move, and once every key is gone no record
 /// is left (none leaked, none freed twice).
 #[test]
 fn records_the_file_moves_are_named_again_and_none_leak() {
-    for (dedup, extents) in [(true, false), (false, true)] {
+    for dedup in [true, false] {
         let store = BackingStore::new(Box::new(mem_file()), None);
-        let cfg = PoolConfig { max_pool: Some(256 * 1024), shards: 8, dedup, extents, ..PoolConfig::default() };
+        let cfg = PoolConfig { max_pool: Some(256 * 1024), shards: 8, dedup, ..PoolConfig::default() };
         let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
         let mut r = xorshift(31);
         let keys = 4000u64;
@@ -504,7 +500,7 @@ fn records_the_file_moves_are_named_again_and_none_leak() {
                 let k = r() % keys;
                 if let Some(&i) = now.get(&k) {
                     p.load(k, &mut buf).unwrap();
-                    assert!(buf == content(i), "key {k} (dedup {dedup}, extents {extents})");
+                    assert!(buf == content(i), "key {k} (dedup {dedup})");
                 }
             }
         }
@@ -516,14 +512,14 @@ fn records_the_file_moves_are_named_again_and_none_leak() {
         assert!(st.backing_file_bytes <= bound, "file {} > 2 x live {} + 4 MiB", st.backing_file_bytes, st.backing_live_bytes);
         for (&k, &i) in &now {
             p.load(k, &mut buf).unwrap();
-            assert!(buf == content(i), "key {k} (dedup {dedup}, extents {extents})");
+            assert!(buf == content(i), "key {k} (dedup {dedup})");
         }
         for &k in now.keys() {
             assert!(p.invalidate(k));
         }
         let st = p.stats();
         assert_eq!((st.stored_pages, st.bd_count), (0, 0), "{st:?}");
-        assert_eq!((st.backing_live_bytes, st.free_fail), (0, 0), "every record freed once (dedup {dedup}, extents {extents}): {st:?}");
+        assert_eq!((st.backing_live_bytes, st.free_fail), (0, 0), "every record freed once (dedup {dedup}): {st:?}");
     }
 }
 
@@ -623,7 +619,7 @@ fn max_pool_bounds_pages_and_tables() {
 
 /// What a page costs in RAM once written back, every table included
 /// (its share of the index, the backing store's record tables), must not
-/// grow past this (issue 32), with extents or without.
+/// grow past this (issue 32).
 const TABLE_BYTES_PER_BACKED_PAGE: f64 = 8.0;
 
 /// A swap device's stream through a small pool: slots written, rewritten
@@ -637,7 +633,7 @@ const TABLE_BYTES_PER_BACKED_PAGE: f64 = 8.0;
 fn written_back_pages_cost_little_ram_and_stale_lru_items_do_not_pile_up() {
     const SHARDS: u64 = 8;
     let store = BackingStore::new(Box::new(mem_file()), None);
-    let cfg = PoolConfig { max_pool: Some(4 * MIB), shards: SHARDS as usize, extents: true, ..PoolConfig::default() };
+    let cfg = PoolConfig { max_pool: Some(4 * MIB), shards: SHARDS as usize, ..PoolConfig::default() };
     let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
     let n = 40_000u64;
     for round in 0..4u64 {
@@ -673,34 +669,30 @@ fn written_back_pages_cost_little_ram_and_stale_lru_items_do_not_pile_up() {
     }
 }
 
-/// `PoolConfig::extents` off (the default): every page its own record, as
-/// much RAM a page on the file as its record (2 bytes in its segment's
-/// list) and its record id in a cold index block (4 bytes, its share of
-/// the block's masks and of its slot in the map) take, and no more; on:
-/// one record a block, less. Either reads back right.
+/// Every page its own record: as much RAM a page on the file as its
+/// record (2 bytes in its segment's list) and its record id in a cold
+/// index block (4 bytes, its share of the block's masks and of its slot
+/// in the map) take, and no more; and it reads back right.
 #[test]
-fn extents_are_a_choice_of_the_pool() {
-    let mut per_page = Vec::new();
-    for extents in [false, true] {
-        let store = BackingStore::new(Box::new(mem_file()), None);
-        let p = Pool::with_cold_store(PoolConfig { shards: 8, extents, ..PoolConfig::default() }, Box::new(store)).unwrap();
-        for k in 0..4096u64 {
-            p.store(k, &compressible(k)).unwrap();
-        }
-        assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), 4096);
-        let st = p.stats();
-        per_page.push(st.table_bytes_per_backed_page().unwrap());
-        let mut buf = vec![0u8; PAGE];
-        p.load(77, &mut buf).unwrap();
-        assert_eq!(buf, compressible(77));
+fn a_page_on_the_file_costs_its_record_and_its_id() {
+    let store = BackingStore::new(Box::new(mem_file()), None);
+    let p = Pool::with_cold_store(PoolConfig { shards: 8, ..PoolConfig::default() }, Box::new(store)).unwrap();
+    for k in 0..4096u64 {
+        p.store(k, &compressible(k)).unwrap();
     }
-    eprintln!("bytes of RAM a page on the file, without and with extents: {per_page:?}");
-    assert!(per_page[0] <= TABLE_BYTES_PER_BACKED_PAGE && per_page[1] < per_page[0], "bytes of RAM a page on the file: {per_page:?}");
+    assert_eq!(p.writeback(WritebackMode::All, None).unwrap(), 4096);
+    let st = p.stats();
+    assert_eq!(st.bd_count, 4096, "a record a page: {st:?}");
+    let per_page = st.table_bytes_per_backed_page().unwrap();
+    eprintln!("bytes of RAM a page on the file: {per_page:.2}");
+    assert!(per_page <= TABLE_BYTES_PER_BACKED_PAGE, "bytes of RAM a page on the file: {per_page:.2}");
+    let mut buf = vec![0u8; PAGE];
+    p.load(77, &mut buf).unwrap();
+    assert_eq!(buf, compressible(77));
 }
 
 /// A swap device's pages on the file as the build leaves them: a pool of
-/// the default shards, every page its own record (extents off, the
-/// default), and of each block three keys in four written back while the
+/// the default shards, every page its own record, and of each block three keys in four written back while the
 /// fourth was stored again (in RAM). A written-back page costs the tables
 /// at most the issue's bound, [`TABLE_BYTES_PER_BACKED_PAGE`]: the
 /// written-back keys of sixteen neighbouring blocks share one cold block.
@@ -729,43 +721,6 @@ fn pages_written_back_beside_pages_in_ram_cost_the_bound() {
         p.load(k, &mut buf).unwrap();
         assert_eq!(buf, compressible(if k % 4 == 0 { k + 1 } else { k }), "key {k}");
     }
-}
-
-/// `write_back_named` writes the named pages back at once, in a pool far
-/// under its cap, and only those (not one changed since it was named):
-/// their memory is free afterwards and every page reads back as stored.
-#[test]
-fn named_pages_are_written_back_at_once_when_asked() {
-    let file = mem_file();
-    let store = BackingStore::new(Box::new(Arc::clone(&file)), None);
-    let cfg = PoolConfig { max_pool: Some(64 * MIB), shards: 8, max_span_pages: 4, ..PoolConfig::default() };
-    let p = Pool::with_cold_store(cfg, Box::new(store)).unwrap();
-    let n = 2_000u64;
-    for k in 0..n {
-        p.store(k, &compressible(k)).unwrap();
-    }
-    let before = p.stats();
-    assert_eq!(before.written_back_pages, 0);
-    assert_eq!(p.write_back_named().unwrap(), 0, "nothing named yet");
-    let mut named = p.resident();
-    named.retain(|k| k % 2 == 1);
-    assert_eq!(p.write_back_first(named), (n / 2) as usize);
-    let (loaded, restored) = (1, 3);
-    let mut buf = vec![0u8; PAGE];
-    p.load(loaded, &mut buf).unwrap();
-    p.store(restored, &compressible(restored + 1_000_000)).unwrap();
-    assert_eq!(p.write_back_named().unwrap(), n / 2 - 2);
-    let st = p.stats();
-    assert_eq!((st.written_back_pages, st.first_out_taken), (n / 2 - 2, n / 2 - 2), "{st:?}");
-    assert!(st.compr_data_size < before.compr_data_size * 6 / 10, "{} of {}", st.compr_data_size, before.compr_data_size);
-    assert!(st.pool_total_size < before.pool_total_size * 7 / 10, "{} of {}", st.pool_total_size, before.pool_total_size);
-    for k in 0..n {
-        let want = if k % 2 == 1 && k != loaded && k != restored { Residency::Backed } else { Residency::Ram };
-        assert_eq!(p.residency(k), Some(want), "key {k}");
-        p.load(k, &mut buf).unwrap();
-        assert_eq!(buf, compressible(if k == restored { k + 1_000_000 } else { k }), "key {k}");
-    }
-    assert_eq!(p.write_back_named().unwrap(), 0, "the hint is used up");
 }
 
 /// Pages named by `write_back_first` leave RAM before older pages on the

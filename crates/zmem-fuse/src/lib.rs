@@ -37,18 +37,11 @@
 //! none: the kernel calls it in the faulting thread. `zmem bench
 //! blockdev`'s `read-qd1` job measures one synchronous 4 KiB read through
 //! this file against zram (figures in docs/MEASUREMENTS.md). Several workers (each
-//! with its own cloned fd) serve requests in parallel. With
-//! [`FuseConfig::uring`], the kernel's FUSE-over-io_uring transport carries
-//! them instead (`uring.rs`): a queue per CPU keeps a request on the CPU
-//! that issued it, and one syscall answers it and waits for the next, for
-//! `threads` threads and about 2 MiB of buffers per thread, per CPU. It is
-//! off by default: its module parameter is the operator's to set, and it
-//! needs Linux 6.14.
+//! with its own cloned fd) serve requests in parallel. (The kernel's
+//! FUSE-over-io_uring transport was tried and lost on swap: its
+//! measurements are in docs/experiments/, its code in git history.)
 
 #![deny(unsafe_code)]
-
-mod proto;
-mod uring;
 
 use std::ffi::OsStr;
 use std::io;
@@ -81,25 +74,19 @@ pub struct FuseConfig {
     /// Let users other than the mounter open the file (`allow_other`). The
     /// file's mode is 0600 either way.
     pub allow_other: bool,
-    /// Serve the file's requests over io_uring, a queue per CPU with
-    /// `threads` threads each (the kernel's FUSE-over-io_uring transport;
-    /// needs its module parameter `enable_uring`). The `threads` workers on
-    /// `/dev/fuse` still serve INIT, forgets and interrupts.
-    pub uring: bool,
     /// Threads that serve, off the `/dev/fuse` workers, the reads that may
     /// wait for a disk (a page written back to the pool's cold store, or
     /// one a cache must fetch from its origin: `Export::read_may_wait`) of
     /// at most [`HANDED_OFF_MAX`] bytes: the workers go on to the requests
     /// the pool answers from RAM, and the disk gets as many reads at once
     /// as there are threads here, not as there are workers. 0 serves every
-    /// read on the worker that read it; more than 64 are 64. (Over
-    /// io_uring, reads are served on their queue's threads.)
+    /// read on the worker that read it; more than 64 are 64.
     pub read_threads: usize,
 }
 
 impl Default for FuseConfig {
     fn default() -> Self {
-        FuseConfig { file_name: "image".into(), threads: 2, allow_other: false, uring: false, read_threads: 0 }
+        FuseConfig { file_name: "image".into(), threads: 2, allow_other: false, read_threads: 0 }
     }
 }
 
@@ -112,17 +99,14 @@ pub struct FuseStats {
     pub bytes_written: AtomicU64,
     pub discards: AtomicU64,
     pub errors: AtomicU64,
-    /// Requests answered over io_uring ([`FuseConfig::uring`]).
-    pub uring_requests: AtomicU64,
     /// Reads served by the read threads ([`FuseConfig::read_threads`]).
     pub reads_handed_off: AtomicU64,
     /// How long reads and writes take to run.
     pub latency: zmem_core::LatencyHistogram,
 }
 
-/// What the file system answers, whichever transport carries the request
-/// (fuser's classic `/dev/fuse` loop, or [`uring`]): one directory holding
-/// one file over the export.
+/// What the file system answers, apart from fuser's types: one directory
+/// holding one file over the export.
 struct FileOps {
     export: Arc<Export>,
     name: String,
@@ -134,7 +118,7 @@ struct FileOps {
     stats: Arc<FuseStats>,
 }
 
-/// An inode's attributes, as both transports encode them.
+/// An inode's attributes.
 struct Attr {
     ino: u64,
     size: u64,
@@ -146,7 +130,7 @@ struct Attr {
     time: (u64, u32),
 }
 
-/// The block size every transport reports (`st_blksize`, `f_bsize`).
+/// The block size the file system reports (`st_blksize`, `f_bsize`).
 const BLKSIZE: u32 = 4096;
 
 impl Attr {
@@ -308,7 +292,7 @@ impl FileOps {
     }
 }
 
-/// fuser's side: the classic transport, and INIT.
+/// fuser's side: the `/dev/fuse` loop, and INIT.
 struct ImageFs {
     ops: Arc<FileOps>,
     /// Read buffers, one per worker, allocated and written when the image
@@ -319,8 +303,6 @@ struct ImageFs {
     /// buffers of the largest request ([`MAX_IO`]) held a swap server's
     /// memory for reads a swap device is not sent.
     bufs: std::sync::Mutex<Vec<Vec<u8>>>,
-    /// Ask for FUSE over io_uring at INIT (the rings are ready to register).
-    uring: bool,
     /// The read threads' queue ([`FuseConfig::read_threads`]); dropped
     /// with the session, which ends them.
     readers: Option<crossbeam_channel::Sender<ReadJob>>,
@@ -420,13 +402,6 @@ impl Filesystem for ImageFs {
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_PARALLEL_DIROPS);
         let _ = config.set_max_background(256);
         let _ = config.set_congestion_threshold(192);
-        if self.uring {
-            // Checked before mounting (the module parameter); refused here
-            // only by a kernel without the transport.
-            if let Err(e) = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
-                tracing::warn!("the kernel did not offer FUSE over io_uring ({e:?}): serving through /dev/fuse");
-            }
-        }
         Ok(())
     }
 
@@ -572,18 +547,12 @@ impl Filesystem for ImageFs {
 pub struct Mounted {
     session: Option<BackgroundSession>,
     stats: Arc<FuseStats>,
-    rings: Option<uring::Threads>,
     readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Mounted {
     pub fn stats(&self) -> &Arc<FuseStats> {
         &self.stats
-    }
-
-    /// Whether requests go over io_uring ([`FuseConfig::uring`]).
-    pub fn uring(&self) -> bool {
-        self.rings.is_some()
     }
 
     /// Unmount and wait for the session's threads.
@@ -596,12 +565,8 @@ impl Mounted {
             Some(s) => s.umount_and_join(),
             None => Ok(()),
         };
-        // The unmount ended the rings' entries (or failed, and then the
-        // threads are left to the process's exit).
+        // (If the unmount failed, the threads are left to the process's exit.)
         let limit = if r.is_ok() { Duration::from_secs(5) } else { Duration::ZERO };
-        if let Some(t) = self.rings.take() {
-            t.join(limit);
-        }
         // The session's end dropped the read threads' queue.
         join_within(std::mem::take(&mut self.readers), limit, "a FUSE read thread");
         r
@@ -625,19 +590,6 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     }
     let threads = cfg.threads.clamp(1, 64);
     let stats = Arc::new(FuseStats::default());
-    // The rings first: without them the kernel must not be told to use them.
-    let queues = if cfg.uring {
-        if !uring::enabled() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "FUSE over io_uring is off in this kernel: as root, `echo Y > /sys/module/fuse/parameters/enable_uring` (Linux 6.14 or later with CONFIG_FUSE_IO_URING), or serve without it",
-            ));
-        }
-        // The payload holds the largest request (max_write, or max_pages).
-        Some(uring::prepare(MAX_IO as usize + (64 << 10), threads).map_err(|e| io::Error::new(e.kind(), format!("setting up io_uring for FUSE: {e}")))?)
-    } else {
-        None
-    };
     let born = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let ops = Arc::new(FileOps {
         export,
@@ -650,7 +602,7 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     // (On an error below, the filesystem, and with it the read threads'
     // queue, is dropped: the threads end on their own.)
     let (queue, readers) = match cfg.read_threads {
-        n if n > 0 && queues.is_none() => {
+        n if n > 0 => {
             let (tx, threads) = start_readers(&ops, n.min(64))?;
             (Some(tx), threads)
         }
@@ -660,7 +612,6 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
         ops: Arc::clone(&ops),
         // Not zero: calloc would leave the pages untouched.
         bufs: std::sync::Mutex::new((0..threads).map(|_| vec![0xa5u8; HANDED_OFF_MAX as usize]).collect()),
-        uring: queues.is_some(),
         readers: queue,
     };
     let mut config = Config::default();
@@ -677,11 +628,5 @@ pub fn mount(export: Arc<Export>, mountpoint: &Path, cfg: &FuseConfig) -> io::Re
     config.n_threads = Some(threads);
     config.clone_fd = true;
     let session = fuser::Session::new(fs, mountpoint, &config)?;
-    let fd = queues.as_ref().map(|_| std::os::fd::AsFd::as_fd(&session).try_clone_to_owned()).transpose()?;
-    let mut mounted = Mounted { session: Some(session.spawn()?), stats, rings: None, readers };
-    if let (Some(queues), Some(fd)) = (queues, fd) {
-        // (Dropping `mounted` on an error unmounts.)
-        mounted.rings = Some(uring::start(queues, fd, ops)?);
-    }
-    Ok(mounted)
+    Ok(Mounted { session: Some(session.spawn()?), stats, readers })
 }

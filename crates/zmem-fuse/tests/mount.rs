@@ -1,8 +1,6 @@
 //! The FUSE image, mounted for real (root, /dev/fuse): file I/O, holes,
-//! bounds, and a loop device with direct I/O over it, discards included;
-//! each through `/dev/fuse` and over io_uring. Every test unmounts and
-//! detaches what it set up, and puts the kernel's io_uring switch back,
-//! even when it fails.
+//! bounds, and a loop device with direct I/O over it, discards included.
+//! Every test unmounts and detaches what it set up, even when it fails.
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -10,13 +8,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use zmem_core::{Pool, PoolConfig};
 use zmem_export::Export;
 use zmem_fuse::{mount, FuseConfig, Mounted};
-use zmem_host::{FuseUringOn, FUSE_URING_PARAM as URING_PARAM};
-use zmem_testkit::machine::Turn;
 use zmem_testkit::XorShift;
 
 const SIZE: u64 = 64 << 20;
@@ -33,76 +29,28 @@ fn usable() -> bool {
     true
 }
 
-/// The tests using it, and the switch (on, and put back as found when it
-/// drops) with the turn at the machine it is taken in (other test binaries
-/// flip the switch too; the switch drops first).
-static URING_USERS: Mutex<(usize, Option<(FuseUringOn, Turn)>)> = Mutex::new((0, None));
-
-/// The kernel's FUSE-over-io_uring switch, on while any test here needs it,
-/// and back to what it was once the last is done (also when one fails).
-struct UringOn;
-
-impl UringOn {
-    fn new() -> UringOn {
-        let mut g = URING_USERS.lock().unwrap_or_else(|p| p.into_inner());
-        if g.0 == 0 {
-            let turn = zmem_testkit::machine::turn();
-            g.1 = Some((FuseUringOn::new().expect("switch on FUSE over io_uring"), turn));
-        }
-        g.0 += 1;
-        UringOn
-    }
-}
-
-impl Drop for UringOn {
-    fn drop(&mut self) {
-        let mut g = URING_USERS.lock().unwrap_or_else(|p| p.into_inner());
-        g.0 -= 1;
-        if g.0 == 0 {
-            g.1 = None;
-        }
-    }
-}
-
-fn uring_usable() -> bool {
-    if !Path::new(URING_PARAM).exists() {
-        zmem_testkit::ci::skip("this kernel has no FUSE over io_uring");
-        return false;
-    }
-    usable()
-}
-
 struct Fixture {
     pool: Arc<Pool>,
     mounted: Option<Mounted>,
     dir: tempfile::TempDir,
-    /// Dropped after the unmount.
-    _uring: Option<UringOn>,
 }
 
 impl Fixture {
-    fn new(uring: bool) -> Fixture {
-        Fixture::with(Pool::new(PoolConfig::default()).unwrap(), FuseConfig { uring, ..FuseConfig::default() })
+    fn new() -> Fixture {
+        Fixture::with(Pool::new(PoolConfig::default()).unwrap(), FuseConfig::default())
     }
 
     fn with(pool: Pool, cfg: FuseConfig) -> Fixture {
-        let on = cfg.uring.then(UringOn::new);
         let pool = Arc::new(pool);
         let export = Arc::new(Export::new(Arc::clone(&pool), SIZE));
         let dir = tempfile::tempdir().unwrap();
         let mounted = mount(export, dir.path(), &cfg).expect("mount the image");
-        assert_eq!(mounted.uring(), cfg.uring);
-        Fixture { pool, mounted: Some(mounted), dir, _uring: on }
+        Fixture { pool, mounted: Some(mounted), dir }
     }
 
     /// Reads the read threads served so far.
     fn handed_off(&self) -> u64 {
         self.mounted.as_ref().map_or(0, |m| m.stats().reads_handed_off.load(Relaxed))
-    }
-
-    /// Requests answered over io_uring so far.
-    fn uring_requests(&self) -> u64 {
-        self.mounted.as_ref().map_or(0, |m| m.stats().uring_requests.load(Relaxed))
     }
 
     fn file(&self) -> PathBuf {
@@ -154,28 +102,14 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 #[test]
 fn the_image_is_a_file_of_the_export() {
     if usable() {
-        file_io(false);
-    }
-}
-
-#[test]
-fn the_image_is_a_file_of_the_export_over_io_uring() {
-    if uring_usable() {
-        file_io(true);
+        file_io();
     }
 }
 
 #[test]
 fn a_loop_device_with_direct_io_over_it() {
     if usable() {
-        loop_io(false);
-    }
-}
-
-#[test]
-fn a_loop_device_with_direct_io_over_it_over_io_uring() {
-    if uring_usable() {
-        loop_io(true);
+        loop_io();
     }
 }
 
@@ -223,8 +157,8 @@ fn reads_of_written_back_pages_go_to_the_read_threads() {
     assert!(fx.handed_off() > PAGES + backed);
 }
 
-fn file_io(uring: bool) {
-    let fx = Fixture::new(uring);
+fn file_io() {
+    let fx = Fixture::new();
     let meta = std::fs::metadata(fx.file()).unwrap();
     assert_eq!(meta.len(), SIZE);
     let names: Vec<_> = std::fs::read_dir(fx.dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -265,12 +199,10 @@ fn file_io(uring: bool) {
     assert!(got.iter().all(|&x| x == 0));
     f.flush().unwrap();
     f.sync_all().unwrap();
-    // Every request after INIT went over the rings, or none did.
-    assert_eq!(fx.uring_requests() > 0, uring, "{} requests over io_uring", fx.uring_requests());
 }
 
-fn loop_io(uring: bool) {
-    let fx = Fixture::new(uring);
+fn loop_io() {
+    let fx = Fixture::new();
     let lo = Loop::attach(&fx.file());
     let data = pattern(7, 16 << 20);
     {
@@ -297,5 +229,4 @@ fn loop_io(uring: bool) {
     let s = fx.mounted.as_ref().unwrap().stats();
     assert!(s.writes.load(Relaxed) > 0);
     assert!(s.discards.load(Relaxed) > 0);
-    assert_eq!(fx.uring_requests() > 0, uring, "{} requests over io_uring", fx.uring_requests());
 }

@@ -825,34 +825,6 @@ pub fn zswap_counter_path(name: &str) -> PathBuf {
     Path::new(ZSWAP_DEBUGFS).join(name)
 }
 
-/// FUSE's switch for its io_uring transport (system-wide).
-pub const FUSE_URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
-
-/// FUSE's io_uring switch, on for a run (`zmem ... --fuse-uring on` needs
-/// it) and put back as found on drop.
-pub struct FuseUringOn {
-    was: String,
-}
-
-impl FuseUringOn {
-    pub fn new() -> Result<FuseUringOn> {
-        let was = read_trim(FUSE_URING_PARAM).map_err(|_| HostError::Unsupported {
-            what: "FUSE over io_uring",
-            path: FUSE_URING_PARAM,
-            needs: "it came with Linux 6.14 (CONFIG_FUSE_IO_URING)",
-        })?;
-        write_attr(FUSE_URING_PARAM, "Y")?;
-        Ok(FuseUringOn { was })
-    }
-}
-
-impl Drop for FuseUringOn {
-    fn drop(&mut self) {
-        let by_hand = format!("echo {} > {FUSE_URING_PARAM}", self.was);
-        undo("restore FUSE's enable_uring", &by_hand, || write_attr(FUSE_URING_PARAM, &self.was));
-    }
-}
-
 /// zswap's module parameters as found; restored on drop (disabled first,
 /// so nothing is stored while the others change back, `enabled` last).
 pub struct ZswapParams {

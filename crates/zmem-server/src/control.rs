@@ -119,7 +119,6 @@ fn fuse_reply(fs: &FuseStats) -> FuseReply {
         bytes_written: n(&fs.bytes_written),
         discards: n(&fs.discards),
         errors: n(&fs.errors),
-        uring_requests: n(&fs.uring_requests),
         reads_handed_off: n(&fs.reads_handed_off),
         latency: fs.latency.snapshot(),
     }

@@ -144,7 +144,6 @@ pub const COUNTERS: &[&str] = &[
     "fuse_bytes_written",
     "fuse_discards",
     "fuse_errors",
-    "fuse_uring_requests",
     "fuse_reads_handed_off",
     "shared_budget_updates",
     "shared_budget_refused",

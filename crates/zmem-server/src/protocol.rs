@@ -184,8 +184,6 @@ pub struct FuseReply {
     pub bytes_written: u64,
     pub discards: u64,
     pub errors: u64,
-    /// Requests answered over io_uring.
-    pub uring_requests: u64,
     /// Reads served by the read threads (`--read-threads`).
     #[serde(default)]
     pub reads_handed_off: u64,

@@ -5,14 +5,13 @@
 //! A swap device's pool shares the machine's RAM with the workload: every
 //! page of it is a page the workload does not have. Whether that pays
 //! depends on the workload, and measured, no fixed cap wins both of the
-//! built-in ones (docs/MEASUREMENTS.md, "Pool size"): a build's short
+//! built-in ones (docs/experiments/pool-size.md): a build's short
 //! processes fault their pages back soon or never, so a large pool mostly
 //! serves faults its own memory caused and the build runs fastest with a
 //! small one; a long-lived heap read at random saves disk reads with every
 //! page the pool holds. Nothing the pool counts tells the two apart (the
-//! refault distance of its hits, `tier/reuse.rs`, splits both about
-//! evenly: the kernel evicts clean swap-cache pages without telling the
-//! device). The kernel's zswap shrinker does not either: it shrinks the
+//! refault distance of its hits, once counted, split both about evenly:
+//! the kernel evicts clean swap-cache pages without telling the device). The kernel's zswap shrinker does not either: it shrinks the
 //! pool under any memory pressure, protecting as many pages as were
 //! recently read back from the disk, and both workloads read back about
 //! everything they write.
@@ -31,7 +30,7 @@
 //! at each tick, which mode the running process is in, so a workload that
 //! spends half its CPU in the kernel (one bound by its swap-ins) gets a
 //! user time whose error is a few percent of a trial's, as large as what a
-//! step of the cap changes (measured: docs/MEASUREMENTS.md, "Pool size").
+//! step of the cap changes (measured: docs/experiments/pool-size-auto.md).
 //! A B that wins becomes the cap and the next trial steps the same way; a
 //! B that loses turns the direction, and the cap rests at A before the
 //! next trial: a trial's length after the first loss in a row, doubling to
@@ -53,8 +52,7 @@
 //! throttled disk allows) that is small and the trials win; on a disk
 //! whose every read costs a seek (the bench's HDD profile, 150 IOPS) it
 //! is what decides: there a cap the trials shrank took the build far
-//! longer than the fixed cap (docs/MEASUREMENTS.md, "The build on the HDD
-//! profile"). So
+//! longer than the fixed cap (docs/experiments/hdd.md). So
 //! while the cold store's reads cost [`SLOW_READ`] or more each (its busy
 //! time over its reads in an epoch, [`judge`]) the cap stays at
 //! `--max-pool` and no trial runs.
@@ -65,7 +63,7 @@
 //! cgroup, work is the whole machine's user time, so another job's pace
 //! moves it too: that is noise a trial must outweigh (on a workload bound
 //! by its swap-ins, whose CPU is a few percent of the machine's, it did
-//! not: docs/MEASUREMENTS.md), and it only ever moves the cap within its
+//! not: docs/experiments/pool-size-trials.md), and it only ever moves the cap within its
 //! bounds. A cgroup counts only its processes: each one's user time and
 //! that of its children it has waited for (`utime` and `cutime`), so the
 //! short processes of a build count once they exit. A shrink takes effect at once (the

@@ -7,7 +7,15 @@
 //! ([`area_layout`]: so that the slots in use gather in the first ones),
 //! puts a loop device with direct I/O over each, runs mkswap and `swapon
 //! --discard`, so that slots the kernel frees leave the pool (zram's
-//! `notify_free`; but see [`Discard`]: only whole clusters).
+//! `notify_free`; but a block device other than zram learns of a freed
+//! slot only through a discard, and the kernel discards whole clusters,
+//! 512 slots, once every slot in them is free: a slot freed alone keeps
+//! its page in the pool until the kernel writes it again, or until
+//! `unmapped.rs` finds no page table pointing to it). Each area is
+//! declared rotational before swapon: the kernel then hands out its slots
+//! in one sequence, not per CPU, and reads ahead by slot (the
+//! `page-cluster` slots around a fault), so slots zmem keeps side by side
+//! are what a swap-in asks for together (docs/experiments/).
 //! Everything a device is made of lives under one directory, `RUN_DIR/NAME/`: the mountpoint `mnt/` (with `image`),
 //! the control socket, the server's log and `state.json`. [`off`] undoes
 //! every step in reverse from what it finds there and in the kernel's own
@@ -43,50 +51,11 @@ use zmem_server::side::{SideJob, SideThreads};
 mod error;
 mod unmapped;
 pub use error::{Result, SwapError};
-pub use unmapped::UnmappedFirst;
 
 /// The FUSE file a device's server serves, under its mountpoint.
 pub const IMAGE: &str = "image";
 /// Where devices keep their runtime state unless told otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/run/zmem/swap";
-
-/// swapon's discard policy. A block device other than zram learns of a
-/// freed slot only through a discard, and the kernel discards whole
-/// clusters (512 slots) once every slot in them is free; a slot freed alone
-/// keeps its page in the pool until the kernel writes that slot again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Discard {
-    /// `--discard`: the whole device at swapon, and each cluster as it
-    /// comes free.
-    Both,
-    /// `--discard=pages`: each cluster as it comes free.
-    Pages,
-    /// `--discard=once`: the whole device at swapon only.
-    Once,
-    /// No discards.
-    Off,
-}
-
-impl Discard {
-    /// Every policy, by its name.
-    pub const ALL: [(&'static str, Discard); 4] = [("both", Discard::Both), ("pages", Discard::Pages), ("once", Discard::Once), ("off", Discard::Off)];
-
-    fn swapon_flag(self) -> Option<&'static str> {
-        match self {
-            Discard::Both => Some("--discard"),
-            Discard::Pages => Some("--discard=pages"),
-            Discard::Once => Some("--discard=once"),
-            Discard::Off => None,
-        }
-    }
-}
-
-impl std::str::FromStr for Discard {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Discard, String> {
-        Discard::ALL.iter().find(|(n, _)| *n == s).map(|&(_, d)| d).ok_or_else(|| format!("bad discard policy `{s}`: both, pages, once or off"))
-    }
-}
 
 /// A swap device to bring up ([`on`]).
 #[derive(Clone, Debug)]
@@ -100,9 +69,6 @@ pub struct Device {
     /// Swap areas the device is cut into ([`area_layout`]); 0 for as many
     /// as its size makes worth it.
     pub areas: u32,
-    pub discard: Discard,
-    /// Declare the device rotational before swapon.
-    pub rotational: bool,
     pub run_dir: PathBuf,
     /// The memory cgroup whose limit the server's memory counts against.
     pub charge_to: Option<PathBuf>,
@@ -122,9 +88,8 @@ pub struct Device {
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub size: u64,
-    /// Threads serving the FUSE image, and whether over io_uring.
+    /// Threads serving the FUSE image.
     pub threads: u16,
-    pub fuse_uring: bool,
     /// Threads reading written-back pages off the FUSE threads
     /// (`zmem_fuse::FuseConfig::read_threads`).
     pub read_threads: u16,
@@ -141,8 +106,6 @@ pub struct ServerConfig {
     pub backing: Option<String>,
     /// The policy threads beside the pool.
     pub policies: Policies,
-    /// Write back first the pages no page table points to (`unmapped.rs`).
-    pub unmapped_first: UnmappedFirst,
     /// Serve Prometheus metrics here (off: `None`).
     pub metrics: Option<zmem_server::metrics::MetricsAddr>,
 }
@@ -276,11 +239,11 @@ fn bring_up(a: &Device, dir: &Path) -> Result<State> {
         if wbt.exists() {
             zmem_host::write_attr(&wbt, "0")?;
         }
-        zmem_host::write_attr(queue.join("rotational"), if a.rotational { "1" } else { "0" })?;
+        zmem_host::write_attr(queue.join("rotational"), "1")?;
         let label = if i == 0 { format!("zmem-{}", a.name) } else { format!("zmem-{}-{i}", a.name) };
         tool(Command::new("mkswap").args(["-q", "-L", &label]).arg(&dev))?;
         let prio = area.priority.map(|p| vec!["-p".to_string(), p.to_string()]).unwrap_or_default();
-        tool(Command::new("swapon").args(a.discard.swapon_flag()).args(prio).arg(&dev))?;
+        tool(Command::new("swapon").arg("--discard").args(prio).arg(&dev))?;
     }
     Ok(st)
 }
@@ -300,7 +263,7 @@ pub const AREA_MIN: u64 = 256 << 20;
 /// The most areas [`area_layout`] cuts when it chooses the count (the
 /// smaller the areas, the fewer dead pages the frontier area holds;
 /// [`auto_areas`] also leaves the swap types other areas take): 24 areas
-/// measured no better than 16 on the build (MEASUREMENTS, "Swap areas").
+/// measured no better than 16 on the build (docs/experiments/swap-areas.md).
 pub const AREAS_AUTO_MAX: u32 = 16;
 /// The most areas a device may be cut into: the swap types every x86
 /// kernel has (32 less those its configuration takes for migration,
@@ -724,13 +687,7 @@ pub fn serve(
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
     std::fs::create_dir_all(&mnt).map_err(|e| SwapError::file("create", &mnt, e))?;
-    let cfg = zmem_fuse::FuseConfig {
-        file_name: IMAGE.into(),
-        threads: a.threads.into(),
-        allow_other: false,
-        uring: a.fuse_uring,
-        read_threads: a.read_threads.into(),
-    };
+    let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false, read_threads: a.read_threads.into() };
     let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).map_err(|source| SwapError::Mount { mnt: mnt.clone(), source })?;
     // The workers' stacks and fuser's receive buffers are locked as they
     // are touched (MCL_ONFAULT), not faulted in whole: fuser sizes each
@@ -751,11 +708,8 @@ pub fn serve(
     let ready = a.dir.join("ready");
     std::fs::write(&ready, format!("{}\n", std::process::id())).map_err(|e| SwapError::file("write", &ready, e))?;
     let image = mnt.join(IMAGE);
-    let mut jobs: Vec<SideJob> = Vec::new();
-    if a.unmapped_first != UnmappedFirst::Off {
-        let (pool, image, size, mode) = (export.pool(), &image, a.size, a.unmapped_first);
-        jobs.push(Box::new(move |quit| unmapped::run(pool, image, size, mode, quit)));
-    }
+    let (pool, scanned, size) = (export.pool(), &image, a.size);
+    let jobs: Vec<SideJob> = vec![Box::new(move |quit| unmapped::run(pool, scanned, size, quit))];
     // The side threads stop when the loop below ends, not at every
     // signal: a stray SIGTERM to an active device's server is refused
     // there, and the control socket, the metrics and the policies must go
@@ -845,14 +799,6 @@ mod tests {
         assert_eq!(area_layout(512 << 20, 4, 1).len(), 2, "priority 1 leaves room for 2");
         assert_eq!(area_layout(100 * 4096, 16, 32767).len(), 6, "16 pages an area at least");
         assert_eq!(area_layout(1 << 30, 99, 100).len(), AREAS_MAX as usize);
-    }
-
-    #[test]
-    fn discard_policies_by_name() {
-        for (n, d) in Discard::ALL {
-            assert_eq!(n.parse::<Discard>(), Ok(d));
-        }
-        assert!("sometimes".parse::<Discard>().unwrap_err().contains("both, pages, once or off"));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Pages no page table points to go first (`--unmapped-first`).
+//! Pages no page table points to go first.
 //!
 //! The kernel frees a swap slot without telling a loop device (zram hears
 //! of each through `swap_slot_free_notify`; a loop device only of whole
@@ -11,10 +11,6 @@
 //! out (`VmSwap` above zero), and hands the pool the pages none of them
 //! points to: the shrinker writes those back before its LRU's cold end.
 //!
-//! With `drain` it writes those pages back at once instead of when the
-//! pool next needs room: the pool's RAM then holds pages still swapped
-//! out, and what the others held goes back to the workload.
-//!
 //! It is a guess, so it orders writeback and never drops a page: a slot
 //! held only by the swap cache (a page swapped in and still mapped) or by
 //! tmpfs is in no page table, and its page must still read back right.
@@ -25,53 +21,16 @@
 //! A scan reads every such process's page tables, so it runs at most
 //! every [`MIN_PERIOD`] and waits [`IDLE_FACTOR`] times its own length
 //! before the next: a bounded share of a CPU whatever the machine runs.
+//!
+//! (Once an option, `--unmapped-first`: off, counting only, and writing
+//! those pages back at once were measured and did no better; see
+//! docs/experiments/.)
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use zmem_core::Pool;
-
-/// `--unmapped-first`: whether the server scans, and what for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UnmappedFirst {
-    /// No scans.
-    Off,
-    /// Scan and count the pages in RAM no page table points to
-    /// (`first_out_named` of `first_out_of` in the pool's stats), but
-    /// leave the writeback order alone: the measure without the lever.
-    Count,
-    /// Scan, count, and write those pages back first.
-    On,
-    /// Scan, count, and write those pages back at once, whatever the
-    /// pool holds: their RAM goes back to the workload (whose limit is
-    /// the budget less the pool) instead of waiting for the pool to fill.
-    Drain,
-}
-
-impl std::str::FromStr for UnmappedFirst {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "off" => Ok(UnmappedFirst::Off),
-            "count" => Ok(UnmappedFirst::Count),
-            "on" => Ok(UnmappedFirst::On),
-            "drain" => Ok(UnmappedFirst::Drain),
-            _ => Err(format!("`{s}`: use on, off, count or drain")),
-        }
-    }
-}
-
-impl UnmappedFirst {
-    pub fn name(self) -> &'static str {
-        match self {
-            UnmappedFirst::Off => "off",
-            UnmappedFirst::Count => "count",
-            UnmappedFirst::On => "on",
-            UnmappedFirst::Drain => "drain",
-        }
-    }
-}
 
 /// The shortest time between two scans.
 const MIN_PERIOD: Duration = Duration::from_secs(1);
@@ -81,9 +40,8 @@ const IDLE_FACTOR: u32 = 20;
 
 /// Until `stop`: every period, name the pages in RAM that no page table
 /// points to (see the module's doc). `image` is the device's FUSE file of
-/// `size` bytes: the swap areas are the loop devices over it. `mode` is
-/// `Count` or `On` (the server starts no thread for `Off`).
-pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, stop: &AtomicBool) {
+/// `size` bytes: the swap areas are the loop devices over it.
+pub(crate) fn run(pool: &Pool, image: &Path, size: u64, stop: &AtomicBool) {
     // A bit per page of the device, kept between scans: 32 KiB per GiB,
     // where a set of the slots in use held 16 bytes or more per slot.
     let mut live = Slots::new(size / 4096);
@@ -102,13 +60,8 @@ pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, sto
             continue;
         }
         if !said {
-            let what = match mode {
-                UnmappedFirst::Drain => "writing back at once",
-                UnmappedFirst::On => "writing back first",
-                _ => "counting",
-            };
             let types: Vec<String> = areas.iter().map(|a| a.swap_type.to_string()).collect();
-            eprintln!("zmem: {what} the pages in RAM no page table points to (swap types {})", types.join(", "));
+            eprintln!("zmem: writing back first the pages in RAM no page table points to (swap types {})", types.join(", "));
             said = true;
         }
         let start = Instant::now();
@@ -118,19 +71,8 @@ pub(crate) fn run(pool: &Pool, image: &Path, size: u64, mode: UnmappedFirst, sto
             live.clear();
             zmem_host::swapped_slots(&zmem_host::other_pids(), &areas, &mut |slot| live.insert(slot));
             pages.retain(|key| !live.contains(key));
-            match mode {
-                UnmappedFirst::On | UnmappedFirst::Drain => {
-                    pool.write_back_first(pages);
-                }
-                _ => pool.note_first(pages),
-            }
+            pool.write_back_first(pages);
             scan = start.elapsed();
-            // (A failed write leaves the pages in RAM, named first: the
-            // shrinker's next round meets the error and reports it.) The
-            // writes are not the scan's: they do not lengthen the rest.
-            if mode == UnmappedFirst::Drain {
-                let _ = pool.write_back_named();
-            }
         }
         wait = MIN_PERIOD.max(scan * IDLE_FACTOR).saturating_sub(start.elapsed() - scan);
     }

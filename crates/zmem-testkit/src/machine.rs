@@ -8,7 +8,6 @@
 //!   the highest priority, so another test's area would take part of a
 //!   workload's pages, and its `swapoff` would have to swap them back in);
 //! * `/dev/zram0` and zswap's parameters;
-//! * FUSE's io_uring switch (`/sys/module/fuse/parameters/enable_uring`);
 //! * the root blkio cgroup's throttles.
 //!
 //! Those tests take a [`turn`] for as long as they hold any of it, and put

@@ -68,7 +68,7 @@ pub struct Args {
     pub zmem_args: Vec<String>,
     /// An extra argument for the `zmem-b` runs alone, after the --zmem-arg
     /// ones (a second setting in the same set: `--systems
-    /// disk,zmem,zmem-b --zmem-b-arg=--unmapped-first --zmem-b-arg=on`).
+    /// disk,zmem,zmem-b --zmem-b-arg=--read-ahead --zmem-b-arg=0`).
     #[arg(long = "zmem-b-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub zmem_b_args: Vec<String>,
     /// Kill a run that takes longer than this many seconds.

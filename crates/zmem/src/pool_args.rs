@@ -11,18 +11,27 @@ use zmem_server::sizing::Work;
 
 use crate::util::{parse_on_off, parse_pool_limit, parse_size};
 
+/// The help heading of the options a user seldom sets: the pool's finer
+/// settings (compression, dedup, limits).
+pub const POOL: &str = "Pool";
+/// The backing file's and the remote tier's settings beyond where.
+pub const COLD: &str = "Cold store";
+/// The help heading of the options whose behaviour the machine decides by
+/// default (docs/USAGE.md, "Expert options", says when another value won).
+pub const EXPERT: &str = "Expert (the defaults adapt by themselves)";
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct PoolArgs {
     /// Compressor: lz4, zstd[:LEVEL] or lzo.
     #[arg(long, default_value = "lz4")]
     pub compressor: String,
     /// Deduplicate identical pages: on or off.
-    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set, help_heading = POOL)]
     pub dedup: bool,
     /// Cap on the pool's memory (zram's mem_limit, e.g. 256M): compressed
     /// pages and every table the pool keeps (mem_used_total never exceeds
     /// it); writes that need memory past it fail with ENOSPC.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, help_heading = POOL)]
     pub mem_limit: Option<u64>,
     /// zswap's max_pool: a size (512M) or a share of RAM (20%), for the
     /// compressed pages and the tables that grow with them. Without
@@ -31,7 +40,7 @@ pub struct PoolArgs {
     #[arg(long, default_value = "20%", value_parser = parse_pool_limit)]
     pub max_pool: u64,
     /// zswap's accept_threshold_percent.
-    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100), help_heading = POOL)]
     pub accept_threshold: u8,
     /// Backing store for writeback: a regular file (created with mode 0600)
     /// or a block device; O_DIRECT where the file system allows. Cold pages
@@ -40,17 +49,17 @@ pub struct PoolArgs {
     #[arg(long)]
     pub backing: Option<PathBuf>,
     /// Overwrite whatever the --backing file or device holds.
-    #[arg(long, requires = "backing")]
+    #[arg(long, requires = "backing", help_heading = COLD)]
     pub force: bool,
     /// Cap on the backing file's size (e.g. 4G).
-    #[arg(long, value_parser = parse_size, requires = "backing")]
+    #[arg(long, value_parser = parse_size, requires = "backing", help_heading = COLD)]
     pub backing_limit: Option<u64>,
     /// The least a read of the --backing file reads past the page it
     /// wants, for the pages written back next to it (0: the page's own
     /// sectors alone); reads that come in runs grow it, up to 64K. auto:
     /// 8K while a read of the file costs 0.2 ms or more (a disk that
     /// counts its operations or seeks), 0 while it costs less.
-    #[arg(long, value_name = "SIZE|auto", default_value = "auto", value_parser = parse_read_ahead)]
+    #[arg(long, value_name = "SIZE|auto", default_value = "auto", value_parser = parse_read_ahead, help_heading = EXPERT)]
     pub read_ahead: ReadAhead,
     /// Write cold pages back to a Redis Cluster (or Valkey) instead of a
     /// file: redis://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…], the cluster's
@@ -64,32 +73,32 @@ pub struct PoolArgs {
     /// This device's namespace on the cluster (default HOST/DEVICE).
     /// Records an earlier server left under it are deleted at start; a
     /// second live server under it is refused.
-    #[arg(long, value_name = "NAME", requires = "remote")]
+    #[arg(long, value_name = "NAME", requires = "remote", help_heading = COLD)]
     pub remote_namespace: Option<String>,
     /// Replicas that must acknowledge a batch (Redis WAIT) before its
     /// pages leave RAM; 0 for a cluster without replicas.
-    #[arg(long, value_name = "N", default_value_t = 1, requires = "remote")]
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "remote", help_heading = COLD)]
     pub remote_replicas: u32,
     /// Deadline of a read from the cluster, and of a batch's
     /// acknowledgement (500ms, 2s).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::util::parse_millis, requires = "remote")]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::util::parse_millis, requires = "remote", help_heading = COLD)]
     pub remote_timeout: std::time::Duration,
     /// How long a read of a written-back page keeps asking the record's
     /// master, its replicas and the cluster's new map while none answers
     /// (20s: Redis Cluster's default cluster-node-timeout of 15 s, then
     /// the election). A read that a replica can answer does not wait.
-    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = crate::util::parse_millis, requires = "remote")]
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = crate::util::parse_millis, requires = "remote", help_heading = COLD)]
     pub remote_failover: std::time::Duration,
     /// The CA (a PEM file) that signed a TLS cluster's certificates
     /// (rediss://); without it, the system's roots.
-    #[arg(long, value_name = "FILE", requires = "remote")]
+    #[arg(long, value_name = "FILE", requires = "remote", help_heading = COLD)]
     pub remote_ca: Option<PathBuf>,
     /// A client certificate (PEM) for a TLS cluster that asks for one
     /// (tls-auth-clients), with --remote-key.
-    #[arg(long, value_name = "FILE", requires_all = ["remote", "remote_key"])]
+    #[arg(long, value_name = "FILE", requires_all = ["remote", "remote_key"], help_heading = COLD)]
     pub remote_cert: Option<PathBuf>,
     /// The client certificate's private key (PEM).
-    #[arg(long, value_name = "FILE", requires_all = ["remote", "remote_cert"])]
+    #[arg(long, value_name = "FILE", requires_all = ["remote", "remote_cert"], help_heading = COLD)]
     pub remote_key: Option<PathBuf>,
     /// zswap's exclusive loads: on, off or auto. On: a page read from the
     /// pool is taken to be held by the kernel's swap or page cache from
@@ -100,61 +109,54 @@ pub struct PoolArgs {
     /// full (then the kernel frees a slot as soon as it has read it in),
     /// off below that (it keeps the slot of a page faulted in for reading,
     /// evicts the page clean and reads the slot again).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, help_heading = EXPERT)]
     pub exclusive_loads: Option<ExclusiveLoads>,
     /// A written-back page read from the file comes back to RAM while the
     /// pool has room (on), or is served from the file and stays there
     /// (off: zram's way with its backing device, and exclusive loads'),
     /// so that the pool's RAM holds pages not read since they were
     /// stored [default: on; zmem swap: off].
-    #[arg(long, value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    #[arg(long, value_parser = parse_on_off, action = clap::ArgAction::Set, help_heading = EXPERT)]
     pub promote_loads: Option<bool>,
     /// zram's recomp_algorithm: an algorithm for `zmem recompress` and
     /// --recompress-idle, repeated for up to three, by priority [default:
     /// zstd:9; zmem swap: zstd:3].
-    #[arg(long = "recomp-algo", value_name = "ALGO", action = clap::ArgAction::Append)]
+    #[arg(long = "recomp-algo", value_name = "ALGO", action = clap::ArgAction::Append, help_heading = POOL)]
     pub recomp_algo: Vec<String>,
     /// Recompress pages idle this long in the background (300s, 5m), or
     /// off [default: off, as zram, which does it only when told (`zmem
     /// recompress`); zmem swap: 1s].
-    #[arg(long, value_name = "DURATION|off", value_parser = parse_recompress_idle)]
+    #[arg(long, value_name = "DURATION|off", value_parser = parse_recompress_idle, help_heading = EXPERT)]
     pub recompress_idle: Option<RecompressIdle>,
     /// The share of one CPU --recompress-idle may use, in percent; auto:
     /// half of what the machine's CPUs leave idle (up to one CPU), so a
-    /// workload that keeps them busy keeps them [default: 10; zmem swap:
-    /// auto].
-    #[arg(long, value_name = "PERCENT|auto", value_parser = parse_recompress_cpu)]
+    /// workload that keeps them busy keeps them.
+    #[arg(long, value_name = "PERCENT|auto", value_parser = parse_recompress_cpu, help_heading = EXPERT)]
     pub recompress_cpu: Option<RecompressCpu>,
     /// Compression dictionary: auto (the pool trains one from a sample of
     /// its pages, and a new one when the data drifts), off, or the path of
     /// a zstd dictionary (`zstd --train` output).
     /// zstd compression uses it (stores with --compressor zstd, and
     /// recompression); lz4 stores only with --dict-lz4 on.
-    #[arg(long, value_name = "auto|off|PATH", default_value = "off")]
+    #[arg(long, value_name = "auto|off|PATH", default_value = "off", help_heading = POOL)]
     pub dict: String,
     /// lz4 stores use the dictionary too (2-7 % smaller on this machine's
     /// data sets; zstd gains 7-11 %).
-    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set, help_heading = EXPERT)]
     pub dict_lz4: bool,
-    /// Write back a page with the other pages in RAM of its 16-page block,
-    /// as one record (an extent): a page on the file costs a few bytes of
-    /// RAM instead of about 40, so --max-pool holds more pages; but a read
-    /// from the file reads the whole extent.
-    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
-    pub extents: bool,
     /// fixed: the pool's cap is --max-pool. auto: the cap starts at
     /// --max-pool and moves down to an eighth of it and back, to wherever
     /// the workload gets the most work done (its user CPU time, compared in
     /// trials of 20 s while it swaps; only a difference beyond the
     /// measurement's noise moves it). Default: auto for `zmem swap on`,
     /// fixed for `zmem serve`.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, help_heading = EXPERT)]
     pub pool_size: Option<PoolSize>,
     /// The cgroup of the workload whose CPU time --pool-size auto counts
     /// as its work (a directory with cgroup.procs, v1 or v2; it may be made
     /// after the server starts). Default for a swap device: its --charge-to
     /// or --cgroup; otherwise every process but the server.
-    #[arg(long, value_name = "CGROUP")]
+    #[arg(long, value_name = "CGROUP", help_heading = EXPERT)]
     pub workload_cgroup: Option<PathBuf>,
 }
 
@@ -183,7 +185,6 @@ pub struct Defaults {
     pub promote_loads: bool,
     pub pool_size: PoolSize,
     pub recompress_idle: RecompressIdle,
-    pub recompress_cpu: RecompressCpu,
     /// The recompression algorithm (`--recomp-algo`).
     pub recomp_algo: &'static str,
 }
@@ -195,7 +196,6 @@ impl Defaults {
         promote_loads: true,
         pool_size: PoolSize::Fixed,
         recompress_idle: RecompressIdle::Off,
-        recompress_cpu: RecompressCpu::Percent(10),
         recomp_algo: "zstd:9",
     };
 }
@@ -426,7 +426,6 @@ impl PoolArgs {
             accept_threshold_percent: self.accept_threshold,
             recomp_algorithms: algos.iter().map(|a| a.parse()).collect::<Result<_, _>>().context("--recomp-algo")?,
             dict: DictConfig { source: parse_dict(&self.dict)?, lz4: self.dict_lz4, ..DictConfig::default() },
-            extents: self.extents,
             ..Default::default()
         };
         Ok((cfg, comp))
@@ -451,7 +450,7 @@ impl PoolArgs {
     /// The policy threads these options ask of a server's pool, with the
     /// command's defaults for the options not given.
     pub fn policies(&self, default: &Defaults) -> Policies {
-        let cpu = self.recompress_cpu.unwrap_or(default.recompress_cpu);
+        let cpu = self.recompress_cpu.unwrap_or(RecompressCpu::Spare);
         Policies {
             follow_swap_fullness: self.exclusive_mode(default.exclusive_loads) == ExclusiveLoads::Auto,
             recompress_idle: match self.recompress_idle.unwrap_or(default.recompress_idle) {
@@ -514,7 +513,6 @@ impl PoolArgs {
             v.extend(["--recompress-cpu".into(), recompress_cpu_arg(c)]);
         }
         v.extend(["--dict".into(), self.dict.clone(), "--dict-lz4".into(), if self.dict_lz4 { "on" } else { "off" }.into()]);
-        v.extend(["--extents".into(), if self.extents { "on" } else { "off" }.into()]);
         if self.remote.is_some() {
             // The URL itself goes by the environment ([`PoolArgs::to_env`]).
             v.extend(["--remote-replicas".into(), self.remote_replicas.to_string()]);

@@ -16,7 +16,10 @@ use anyhow::{bail, Context};
 use zmem_nbd::{Export, ServerConfig};
 use zmem_server::device::{DeviceConfig, Endpoint};
 
-use crate::pool_args::{Defaults, PoolArgs};
+use crate::pool_args::{Defaults, PoolArgs, EXPERT};
+
+/// The help heading of the NBD server's limits and names.
+const NBD: &str = "NBD server";
 use crate::util::parse_size;
 
 #[derive(clap::Args, Debug)]
@@ -40,7 +43,7 @@ pub struct Args {
     /// and takes most of the page cache's memory (`zmem bench cache`
     /// measures both). 4096 keeps every page, one that does not compress
     /// as it is.
-    #[arg(long, default_value_t = 4095, value_parser = clap::value_parser!(u16).range(64..=4096), requires = "origin")]
+    #[arg(long, default_value_t = 4095, value_parser = clap::value_parser!(u16).range(64..=4096), requires = "origin", help_heading = EXPERT)]
     pub cache_max_compressed: u16,
     /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/zmem.sock, or
     /// /run/zmem.sock as root, else /tmp/zmem.sock].
@@ -53,7 +56,7 @@ pub struct Args {
     #[command(flatten)]
     pub pool: PoolArgs,
     /// Name of the export ("" is the default export clients ask for).
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", help_heading = NBD)]
     pub export_name: String,
     /// Serve Prometheus metrics (every counter `zmem stat` shows) at
     /// http://ADDR/metrics (127.0.0.1:9940) or on a unix socket
@@ -63,30 +66,30 @@ pub struct Args {
     pub metrics: Option<zmem_server::metrics::MetricsAddr>,
     /// Control socket for `zmem stat` [default: zmem.ctl in the directory
     /// of the default socket]; `none` disables it.
-    #[arg(long)]
+    #[arg(long, help_heading = NBD)]
     pub control: Option<PathBuf>,
     /// Worker threads per connection (for requests over 128 KiB).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=MAX_WORKERS as i64))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=MAX_WORKERS as i64), help_heading = NBD)]
     pub workers: u16,
     /// Let this group (a name or a gid) use the device: its socket is made
     /// mode 0660 and owned by the group. Without it the socket is 0600, for
     /// the server's user only.
-    #[arg(long, value_parser = parse_group)]
+    #[arg(long, value_parser = parse_group, help_heading = NBD)]
     pub group: Option<u32>,
     /// Seconds a client has to finish the NBD handshake.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600), help_heading = NBD)]
     pub handshake_timeout: u32,
     /// Seconds a request has to arrive whole once it has begun, and a reply
     /// to be taken by the client; past it the connection is dropped. Idle
     /// time between requests is not limited.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=3600), help_heading = NBD)]
     pub io_timeout: u32,
     /// Connections at most (one still in its handshake is dropped to make
     /// room for a new one).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096), help_heading = NBD)]
     pub max_connections: u32,
     /// Bytes of READ/WRITE data in flight over all connections (e.g. 256M).
-    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    #[arg(long, default_value = "256M", value_parser = parse_size, help_heading = NBD)]
     pub max_inflight: u64,
     /// Also serve the device as the file DIR/image in a FUSE filesystem
     /// mounted on DIR (an existing empty directory): `losetup --direct-io=on
@@ -97,16 +100,13 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,
     /// Threads serving the FUSE file.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64), requires = "fuse")]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64), requires = "fuse", help_heading = EXPERT)]
     pub fuse_threads: u16,
     /// Threads that read the pages the FUSE file's reads must fetch from a
     /// disk (written back, or from `--origin`), off the threads serving
     /// it (as `zmem swap on --read-threads`); 0 reads them there.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64), requires = "fuse")]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64), requires = "fuse", help_heading = EXPERT)]
     pub fuse_read_threads: u16,
-    /// Serve the FUSE file over io_uring (as `zmem swap on --fuse-uring`).
-    #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set, requires = "fuse")]
-    pub fuse_uring: bool,
 }
 
 /// Upper bound for --workers: each connection may run this many threads.
@@ -219,9 +219,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
         nbd,
         // The file is `image`, as for `zmem swap`.
-        fuse: a.fuse.clone().map(|dir| {
-            (dir, zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), uring: a.fuse_uring, read_threads: a.fuse_read_threads.into(), ..Default::default() })
-        }),
+        fuse: a
+            .fuse
+            .clone()
+            .map(|dir| (dir, zmem_fuse::FuseConfig { threads: a.fuse_threads.into(), read_threads: a.fuse_read_threads.into(), ..Default::default() })),
         algorithm: comp.to_string(),
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&serve_device(&a.export_name)),

@@ -188,14 +188,13 @@ origin: {}: {} reads ({}), {} writes ({}), {} flushes, {} trims, {} zeroings, {}
 fn fuse_line(v: &StatsReply) -> Option<String> {
     let f = v.fuse.as_ref()?;
     Some(format!(
-        "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}{}\n",
+        "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}\n",
         f.reads,
         human(f.bytes_read),
         f.writes,
         human(f.bytes_written),
         f.discards,
         f.errors,
-        if f.uring_requests > 0 { format!("; {} requests over io_uring", f.uring_requests) } else { String::new() },
         if f.reads_handed_off > 0 { format!("; {} reads on the read threads", f.reads_handed_off) } else { String::new() }
     ))
 }
@@ -265,12 +264,6 @@ fn pool_lines(v: &StatsReply) -> Option<String> {
     }
     if let (Some(share), true) = (st.pool_data_share(), st.max_pool_bytes > 0) {
         out += &format!("pool holds: {:.0}% compressed data, the rest allocator slack and tables\n", share * 100.0);
-    }
-    if st.reuse_near + st.reuse_far > 0 {
-        out += &format!(
-            "hits from RAM: {} near, {} far (last used fewer or more stores ago than the pool holds pages of memory); first since a store: {} near, {} far (by loads since)\n",
-            st.reuse_near, st.reuse_far, st.reuse_first_near, st.reuse_first_far
-        );
     }
     if st.first_out_of > 0 {
         out += &format!(

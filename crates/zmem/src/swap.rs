@@ -5,31 +5,30 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use zmem_server::policy::RecompressCpu;
-use zmem_swap::{Device, Discard, ServerConfig};
+use zmem_swap::{Device, ServerConfig};
 
-use crate::pool_args::{Defaults, ExclusiveLoads, PoolArgs, PoolSize, RecompressIdle};
+use crate::pool_args::{Defaults, ExclusiveLoads, PoolArgs, PoolSize, RecompressIdle, EXPERT};
 use crate::util::parse_size;
 
-/// A swap device's pool options unless given (docs/MEASUREMENTS.md gives
-/// the measurements behind each):
+/// A swap device's pool options unless given, where they differ from
+/// `zmem serve`'s (docs/USAGE.md, "Defaults of `zmem serve` and `zmem swap
+/// on`"; the measurements behind each are in docs/experiments/):
 /// - `--exclusive-loads auto`: the kernel's own rule, on while the
-///   system's swap is more than half full ("Exclusive loads");
+///   system's swap is more than half full (exclusive-loads.md);
 /// - `--promote-loads off`: a page read from the backing file stays
 ///   there, the kernel holding it now, so the pool's RAM holds pages not
-///   read since they were stored ("Loads that stay on the file");
+///   read since they were stored (promote-loads.md);
 /// - `--pool-size auto`: the pool's cap follows the workload's work
-///   ("Pool size");
-/// - idle recompression, `--recompress-idle 1s --recompress-cpu auto
-///   --recomp-algo zstd:3`: pages a second untouched are rewritten with
-///   zstd on half the CPU the machine leaves idle, so the cap holds more
-///   of them ("Idle recompression on swap").
+///   (pool-size-auto.md);
+/// - idle recompression, `--recompress-idle 1s --recomp-algo zstd:3`:
+///   pages a second untouched are rewritten with zstd on half the CPU the
+///   machine leaves idle, so the cap holds more of them
+///   (idle-recompression.md).
 pub(crate) const DEFAULTS: Defaults = Defaults {
     exclusive_loads: ExclusiveLoads::Auto,
     promote_loads: false,
     pool_size: PoolSize::Auto,
     recompress_idle: RecompressIdle::After(1),
-    recompress_cpu: RecompressCpu::Spare,
     recomp_algo: "zstd:3",
 };
 
@@ -73,51 +72,19 @@ pub struct OnArgs {
     /// leave the pool), while the later ones drain and are discarded.
     /// `auto`: one per 256 MiB, at most 16 and at most 24 less the swap
     /// areas already on (the kernel has 24 swap types at least); 1 to 24.
-    #[arg(long, default_value = "auto", value_parser = parse_areas)]
+    #[arg(long, default_value = "auto", value_parser = parse_areas, help_heading = EXPERT)]
     pub areas: u32,
     /// Threads serving the FUSE image.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64), help_heading = EXPERT)]
     pub threads: u16,
     /// Threads that read the pages written back to the backing file (or
     /// the remote tier), so that the threads serving the image go on to
     /// the pages in RAM meanwhile and the disk gets that many reads at
     /// once; 0 reads them on the serving threads.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=64))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=64), help_heading = EXPERT)]
     pub read_threads: u16,
-    /// Serve the image over io_uring: the kernel's FUSE-over-io_uring
-    /// transport, with a queue and a thread per CPU, so that a request is
-    /// answered on the CPU that issued it (Linux 6.14+; needs
-    /// /sys/module/fuse/parameters/enable_uring set to Y, which zmem
-    /// leaves to the operator).
-    #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
-    pub fuse_uring: bool,
-    /// How the kernel tells the pool which slots it freed (swapon's
-    /// --discard policy).
-    #[arg(long, default_value = "both", value_parser = parse_discard)]
-    pub discard: Discard,
-    /// Declare the device rotational (its queue's `rotational` flag) before
-    /// swapon. The kernel then hands out its slots in one sequence, not
-    /// per CPU, and, while any swap device is rotational, reads ahead by
-    /// slot (the `page-cluster` slots around a fault) instead of by
-    /// address, for every swap device: slots zmem keeps side by side are
-    /// then what a swap-in asks for together. On by default: it measured
-    /// faster on both built-in workloads of `zmem bench swap` (docs/MEASUREMENTS.md).
-    /// `off` leaves the kernel's address read-ahead to the other swap
-    /// devices.
-    #[arg(long, default_value = "on", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
-    pub rotational: bool,
-    /// Write back first the pages that no process's page table points to
-    /// (most are pages of processes that have exited, whose slots the
-    /// kernel freed without telling the device): the server reads the
-    /// page tables of the processes with pages swapped out, at most every
-    /// second and 1/21 of a CPU. It only orders writeback: no page is
-    /// dropped. `count` scans and counts them (`zmem stat`) but leaves the
-    /// order alone; `drain` writes them back at each scan, whatever the
-    /// pool holds, so their RAM goes back to the processes.
-    #[arg(long, default_value = "on")]
-    pub unmapped_first: zmem_swap::UnmappedFirst,
     /// Where devices keep their runtime state.
-    #[arg(long, default_value = zmem_swap::DEFAULT_RUN_DIR)]
+    #[arg(long, default_value = zmem_swap::DEFAULT_RUN_DIR, help_heading = EXPERT)]
     pub run_dir: PathBuf,
     /// Run the server in this cgroup (a directory with `cgroup.procs`, v1
     /// or v2), so that its pool is charged to the same memory budget as the
@@ -171,10 +138,6 @@ pub struct ServeArgs {
     pub threads: u16,
     #[arg(long, default_value_t = 0)]
     pub read_threads: u16,
-    #[arg(long, default_value = "off", value_parser = crate::util::parse_on_off, action = clap::ArgAction::Set)]
-    pub fuse_uring: bool,
-    #[arg(long, default_value = "on")]
-    pub unmapped_first: zmem_swap::UnmappedFirst,
     /// The device's directory (mountpoint, control socket, ready file).
     #[arg(long)]
     pub dir: PathBuf,
@@ -195,11 +158,6 @@ fn parse_areas(s: &str) -> Result<u32, String> {
             _ => Err(format!("`{s}`: use auto or 1 to {}", zmem_swap::AREAS_MAX)),
         },
     }
-}
-
-/// swapon's discard policy (`--discard`): both, pages, once or off.
-fn parse_discard(s: &str) -> Result<Discard, String> {
-    s.parse()
 }
 
 pub fn run(cmd: SwapCmd) -> anyhow::Result<()> {
@@ -244,8 +202,6 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
     let mut server: Vec<std::ffi::OsString> = vec![exe.into()];
     server.extend(["swap", "serve", "--size", &size.to_string(), "--threads", &a.threads.to_string()].map(Into::into));
     server.extend(["--read-threads".into(), a.read_threads.to_string().into()]);
-    server.extend(["--fuse-uring", if a.fuse_uring { "on" } else { "off" }].map(Into::into));
-    server.extend(["--unmapped-first", a.unmapped_first.name()].map(Into::into));
     server.extend(a.pool.to_args().into_iter().map(Into::into));
     for (flag, path) in [("--cgroup", &a.cgroup), ("--charge-to", &a.charge_to)] {
         if let Some(p) = path {
@@ -260,8 +216,6 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
         size,
         priority: a.priority,
         areas: a.areas,
-        discard: a.discard,
-        rotational: a.rotational,
         run_dir: a.run_dir.clone(),
         charge_to: a.charge_to.clone(),
         max_pool: a.pool.max_pool,
@@ -286,7 +240,6 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         size: a.size,
         threads: a.threads,
         read_threads: a.read_threads,
-        fuse_uring: a.fuse_uring,
         dir: a.dir.clone(),
         cgroup: a.cgroup.clone(),
         charge_to: a.charge_to.clone(),
@@ -294,7 +247,6 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         dedup: a.pool.dedup,
         backing: a.pool.cold_store(&device_name(&a.dir)),
         policies: swap_policies(&a),
-        unmapped_first: a.unmapped_first,
         metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
@@ -419,12 +371,10 @@ mod tests {
             "remote",
             "remote-replicas",
             "remote-timeout",
-            "discard",
             "exclusive-loads",
             "dict",
             "threads",
             "read-threads",
-            "fuse-uring",
             "recompress-idle",
             "name",
             "config",

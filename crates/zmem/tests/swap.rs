@@ -10,7 +10,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use zmem_host::{FuseUringOn, FUSE_URING_PARAM as FUSE_URING};
 
 const T: Duration = Duration::from_secs(180);
 
@@ -309,82 +308,9 @@ fn areas_fill_in_priority_order_and_read_back_right() {
 }
 
 /// The loop device's queue flag, "0" or "1".
-#[test]
-fn swap_over_io_uring_then_off() {
-    if !usable_with_cgroups() {
-        return;
-    }
-    if !Path::new(FUSE_URING).exists() {
-        zmem_testkit::ci::skip("this kernel has no FUSE over io_uring");
-        return;
-    }
-    let _turn = exclusive();
-    let run = RunDir::new();
-    // Without the kernel's switch: refused, saying how to turn it on, and
-    // nothing is left.
-    let was = std::fs::read_to_string(FUSE_URING).unwrap();
-    if was.trim() != "Y" {
-        let out = run.zmem(&["swap", "on", "--name", "u0", "--size", "512M", "--fuse-uring", "on"]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains("enable_uring"), "{err}");
-        assert!(loops_under(run.path()).is_empty() && !run.device("u0").exists(), "{err}");
-    }
-    // On for this test, and put back as found when `switch` drops (also
-    // when the test fails).
-    let switch = FuseUringOn::new().expect("switch on FUSE over io_uring");
-    run.ok(&["swap", "on", "--name", "u0", "--size", "512M", "--max-pool", "256M", "--priority", "32767", "--fuse-uring", "on"]);
-    let lo = run.loop_dev("u0");
-    let pid = run.server_pid("u0");
-
-    swap_160m_in_64m(&run, "uring");
-
-    let stats = run.server_stats("u0");
-    let st = &stats["stats"];
-    assert!(st["stores"].as_u64().unwrap() >= 8192, "at least 32 MiB went to swap: {st}");
-    assert_eq!((st["failed_writes"].as_u64(), st["failed_reads"].as_u64()), (Some(0), Some(0)), "{st}");
-    // The pages went over the rings, not /dev/fuse.
-    let f = &stats["fuse"];
-    let (reqs, io) = (f["uring_requests"].as_u64().unwrap(), f["reads"].as_u64().unwrap() + f["writes"].as_u64().unwrap());
-    assert!(reqs >= io && io > 0, "{f}");
-    let out = run.zmem(&["swap", "off", "--name", "u0"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_gone(&run, "u0", &lo, pid);
-    drop(switch);
-    assert_eq!(std::fs::read_to_string(FUSE_URING).unwrap(), was, "{FUSE_URING} is back as it was");
-}
-
 fn rotational(lo: &str) -> String {
     let p = Path::new("/sys/block").join(lo.trim_start_matches("/dev/")).join("queue/rotational");
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).trim().to_string()
-}
-
-/// `--discard off` reaches swapon: the same workload leaves its pages in
-/// the pool (no discard, no notify_free), where the default dropped them.
-/// `--discard` takes only swapon's policies. (`--rotational off` reaches
-/// the device's queue: the workload's bytes come back right with the
-/// kernel's address read-ahead too.)
-#[test]
-fn discard_off_leaves_freed_slots_in_the_pool() {
-    if !usable_with_cgroups() {
-        return;
-    }
-    let _turn = exclusive();
-    let run = RunDir::new();
-    let bad = run.zmem(&["swap", "on", "--name", "t3", "--size", "64M", "--discard", "sometimes"]);
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("once"), "the error names the choices");
-    run.ok(&["swap", "on", "--name", "t3", "--size", "512M", "--max-pool", "256M", "--priority", "32767", "--discard", "off", "--rotational", "off"]);
-    let (lo, pid) = (run.loop_dev("t3"), run.server_pid("t3"));
-    assert_eq!(rotational(&lo), "0");
-    swap_160m_in_64m(&run, "discard-");
-    let stats = run.server_stats("t3");
-    let st = &stats["stats"];
-    assert!(st["stores"].as_u64().unwrap() >= 8192, "at least 32 MiB went to swap: {st}");
-    assert_eq!(stats["fuse"]["discards"].as_u64(), Some(0), "{}", stats["fuse"]);
-    assert_eq!(st["notify_free"].as_u64(), Some(0), "{st}");
-    assert!(st["stored_pages"].as_u64().unwrap() >= 8192, "the workload's pages are still held: {st}");
-    run.ok(&["swap", "off", "--name", "t3"]);
-    assert_gone(&run, "t3", &lo, pid);
 }
 
 /// `zmem swap on` at the highest priority with a backing file in the run
@@ -432,11 +358,10 @@ fn auto_exclusive_loads_follow_swap_fullness() {
     run.ok(&["swap", "off", "--name", "x0"]);
 }
 
-/// The swap-cache case, with `--unmapped-first on` and `drain`: pages
-/// swapped out, faulted back read-only (the kernel keeps their slots: the
-/// page tables point to the pages, no longer to the slots, so the server
-/// names them and the shrinker writes them back first, or the scanner at
-/// once), evicted clean while another buffer pushes them out (the kernel
+/// The swap-cache case: pages swapped out, faulted back read-only (the
+/// kernel keeps their slots: the page tables point to the pages, no longer
+/// to the slots, so the server names them and the shrinker writes them
+/// back first), evicted clean while another buffer pushes them out (the kernel
 /// writes nothing, its copy on swap is current), then read again: every
 /// byte comes back from the pool or its file. A named page is written
 /// back, never dropped.
@@ -471,26 +396,24 @@ fn unmapped_first_writes_back_swap_cache_pages_and_reads_them_right() {
         return;
     }
     let _turn = exclusive();
-    for mode in ["on", "drain"] {
-        let run = RunDir::new();
-        on_with_backing(&run, "u0", "512M", "16M", &["--unmapped-first", mode, "--exclusive-loads", "off"]);
-        let cg = Cgroup::create(&format!("zmem-swap-test-unmapped-{mode}-{}", std::process::id()), 64 << 20);
-        let script = run.path().join("sc.py");
-        std::fs::write(&script, SWAP_CACHE_WORKLOAD).unwrap();
-        let out = run_ok(cg.python(&script, "96").stderr(Stdio::piped()), T);
-        assert_eq!(out.trim(), "OK", "{mode}: workload output: {out}");
-        let st = run.server_stats("u0")["stats"].clone();
-        eprintln!(
-            "unmapped first, {mode}: {} named of {} in RAM at the last scan, {} taken; {} written back, {} read back",
-            st["first_out_named"], st["first_out_of"], st["first_out_taken"], st["written_back_pages"], st["bd_reads"]
-        );
-        assert!(st["first_out_of"].as_u64().unwrap() > 0, "{mode}: the server scanned: {st}");
-        assert!(st["first_out_taken"].as_u64().unwrap() > 0, "{mode}: named pages were written back first: {st}");
-        assert!(st["bd_reads"].as_u64().unwrap() > 0, "{mode}: pages came back from the file: {st}");
-        assert_eq!(st["failed_reads"].as_u64(), Some(0), "{mode}: {st}");
-        assert_eq!(st["failed_writes"].as_u64(), Some(0), "{mode}: {st}");
-        run.ok(&["swap", "off", "--name", "u0"]);
-    }
+    let run = RunDir::new();
+    on_with_backing(&run, "u0", "512M", "16M", &["--exclusive-loads", "off"]);
+    let cg = Cgroup::create(&format!("zmem-swap-test-unmapped-{}", std::process::id()), 64 << 20);
+    let script = run.path().join("sc.py");
+    std::fs::write(&script, SWAP_CACHE_WORKLOAD).unwrap();
+    let out = run_ok(cg.python(&script, "96").stderr(Stdio::piped()), T);
+    assert_eq!(out.trim(), "OK", "workload output: {out}");
+    let st = run.server_stats("u0")["stats"].clone();
+    eprintln!(
+        "unmapped first: {} named of {} in RAM at the last scan, {} taken; {} written back, {} read back",
+        st["first_out_named"], st["first_out_of"], st["first_out_taken"], st["written_back_pages"], st["bd_reads"]
+    );
+    assert!(st["first_out_of"].as_u64().unwrap() > 0, "the server scanned: {st}");
+    assert!(st["first_out_taken"].as_u64().unwrap() > 0, "named pages were written back first: {st}");
+    assert!(st["bd_reads"].as_u64().unwrap() > 0, "pages came back from the file: {st}");
+    assert_eq!(st["failed_reads"].as_u64(), Some(0), "{st}");
+    assert_eq!(st["failed_writes"].as_u64(), Some(0), "{st}");
+    run.ok(&["swap", "off", "--name", "u0"]);
 }
 
 /// `on` twice is refused; `off` cleans up after a server killed with

@@ -75,7 +75,7 @@ pub struct PoolConfig {
     /// `vm_swap_full()`). Where most loads are read faults whose pages the
     /// kernel keeps the slots of, evicts clean and reads again, writing
     /// them back first costs more reads from the file than it saves
-    /// (docs/MEASUREMENTS.md, "Exclusive loads").
+    /// (docs/experiments/exclusive-loads.md).
     /// Off by default; [`Pool::set_exclusive_loads`] switches them at run
     /// time (`zmem swap on` does, following the swap's fullness).
     pub exclusive_loads: bool,
@@ -88,13 +88,6 @@ pub struct PoolConfig {
     /// until it needs the memory, a promoted page is a second copy of one
     /// the workload holds. On by default.
     pub promote_loads: bool,
-    /// Write back a victim with the other pages in RAM of its 16-key index
-    /// block, as one record (an extent, `extent.rs`): a page on the file
-    /// then costs the tables a few bytes of RAM instead of about 40, but a
-    /// load reads its whole extent. Off: every page its own record. Off by
-    /// default until a page can be read from its extent alone
-    /// (docs/MEASUREMENTS.md, "What the cap holds").
-    pub extents: bool,
     /// zram's `recomp_algorithm`: up to three algorithms for
     /// [`Pool::recompress`], by priority (the first is priority 1; the
     /// pool's `compressor` is priority 0). Empty: no recompression.
@@ -131,7 +124,6 @@ impl Default for PoolConfig {
             accept_threshold_percent: 90,
             exclusive_loads: false,
             promote_loads: true,
-            extents: false,
             recomp_algorithms: Vec::new(),
             dict: DictConfig::default(),
         }

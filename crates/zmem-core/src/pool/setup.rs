@@ -81,7 +81,6 @@ impl Engine {
             Tier::new(
                 st,
                 Loads { exclusive: cfg.exclusive_loads, promote: cfg.promote_loads },
-                cfg.extents,
                 index.shards().len(),
                 dedup.as_ref().map_or(0, |d| d.shards().len()),
             )
