@@ -360,7 +360,7 @@ impl Engine {
     fn held_pages(&self) -> u64 {
         // Not counted: the cold store's buffers once made, and the bound
         // charged ahead of a write to it in flight.
-        let uncounted = self.tier.as_ref().map_or(0, |t| t.store.buffer_bytes() + t.reserved_now());
+        let uncounted = self.tier.as_ref().map_or(0, Tier::uncounted_bytes);
         self.admission.held_pages(self.objects.pages_used(), self.budget().used(), uncounted)
     }
 
@@ -539,11 +539,7 @@ impl Engine {
             // A member of an extent that other keys of its block still name.
             Slot::Backed(..) if !e.last() => Ok(()),
             Slot::Backed(id, _) => match &self.tier {
-                Some(t) => {
-                    let r = t.store.free(crate::cold::RecordId::from_raw(id)).map_err(|e| e.to_string());
-                    t.settle_backing(self.budget(), 0);
-                    r
-                }
+                Some(t) => t.free_record(id, self.budget()),
                 None => Err("a written-back entry in a pool without a backing store".into()),
             },
             Slot::Obj(h, _) => self.objects.free(h).map_err(|e| e.to_string()),

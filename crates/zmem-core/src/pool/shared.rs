@@ -111,11 +111,7 @@ impl Engine {
             Released::Nothing => Ok(()),
             Released::Object(h) => self.objects.free(h).map_err(|e| e.to_string()),
             Released::Record(id) => match &self.tier {
-                Some(t) => {
-                    let r = t.store.free(crate::cold::RecordId::from_raw(id)).map_err(|e| e.to_string());
-                    t.settle_backing(self.budget(), 0);
-                    r
-                }
+                Some(t) => t.free_record(id, self.budget()),
                 None => Err("a written-back shared object in a pool without a backing store".into()),
             },
         }
