@@ -89,10 +89,6 @@ impl Objects {
         decode_compressor(self.compressor.load(Relaxed))
     }
 
-    pub fn set_compressor(&self, c: Compressor) {
-        self.compressor.store(encode_compressor(c), Relaxed);
-    }
-
     /// What every growth of the pool is charged to (zram's mem_limit).
     pub fn budget(&self) -> &Budget {
         self.alloc.budget()

@@ -74,7 +74,6 @@ use std::time::Instant;
 
 use parking_lot::MutexGuard;
 use zmem_alloc::{Budget, Handle};
-use zmem_compress::Compressor;
 
 pub use config::{PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
 
@@ -150,11 +149,6 @@ impl Pool {
 
     pub fn config(&self) -> &PoolConfig {
         &self.e.cfg
-    }
-
-    /// Switch the compressor for new stores; existing objects keep theirs.
-    pub fn set_compressor(&self, c: Compressor) {
-        self.e.objects.set_compressor(c);
     }
 
     /// zram's `recompress`: rewrite the objects in RAM that `req` picks

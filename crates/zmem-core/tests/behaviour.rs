@@ -106,24 +106,6 @@ fn rejecting_incompressible_pages_like_zswap() {
 }
 
 #[test]
-fn changing_compressor_keeps_old_entries_readable() {
-    let p = pool(false);
-    let mut buf = vec![0u8; PAGE];
-    for (i, c) in ["lz4", "zstd:1", "zstd:19", "lzo"].iter().enumerate() {
-        p.set_compressor(c.parse().unwrap());
-        for k in 0..8 {
-            p.store(i as u64 * 100 + k, &compressible(i as u64 * 100 + k)).unwrap();
-        }
-    }
-    for i in 0..4u64 {
-        for k in 0..8 {
-            p.load(i * 100 + k, &mut buf).unwrap();
-            assert_eq!(buf, compressible(i * 100 + k));
-        }
-    }
-}
-
-#[test]
 fn dedup_shares_and_frees_with_last_user() {
     let p = pool(true);
     for k in 0..10 {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use zmem_backing::{BackingStore, FaultyFile, MemFile};
-use zmem_core::{Algorithm, Compressor, Pool, PoolConfig, Residency, WritebackMode, ZmemError};
+use zmem_core::{Algorithm, Compressor, Pool, PoolConfig, Recompress, Residency, WritebackMode, ZmemError};
 
 const KIB: u64 = 1024;
 const WAIT: Duration = Duration::from_secs(20);
@@ -322,7 +322,7 @@ fn shared_body(s: u64) -> Vec<u8> {
 }
 
 /// Many threads store, load, overwrite and invalidate the same 64 keys,
-/// while another switches the compressor and (with a tier) writeback and
+/// while another recompresses some of them and (with a tier) writeback and
 /// compaction run. Every load returns some version that was stored under
 /// that key, never torn or foreign bytes. Keys are overwritten thousands of
 /// times, so the 8-bit LRU generations wrap many times over.
@@ -331,17 +331,19 @@ fn hammer(dedup: bool, tier: bool) {
     const THREADS: u64 = 4;
     const OPS: u64 = 6000;
     let file = mem_file();
-    let cfg = PoolConfig { dedup, shards: 4, max_span_pages: 4, max_pool: Some(96 * KIB), ..PoolConfig::default() };
+    let recomp_algorithms = vec![Compressor { algorithm: Algorithm::Zstd, level: 1 }, Compressor { algorithm: Algorithm::Lzo, level: 0 }];
+    let cfg = PoolConfig { dedup, shards: 4, max_span_pages: 4, max_pool: Some(96 * KIB), recomp_algorithms, ..PoolConfig::default() };
     let p = Arc::new(if tier { tiered_with(cfg, &file) } else { Pool::new(PoolConfig { max_pool: None, ..cfg }).unwrap() });
     let issued: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let churn = {
         let (p, stop) = (Arc::clone(&p), Arc::clone(&stop));
         thread::spawn(move || {
-            let algs = [Compressor::default(), Compressor { algorithm: Algorithm::Zstd, level: 1 }, Compressor { algorithm: Algorithm::Lzo, level: 0 }];
             let mut i = 0;
             while !stop.load(SeqCst) {
-                p.set_compressor(algs[i % 3]);
+                // Objects of three algorithms: lz4, and what a pass
+                // rewrites with zstd:1 or LZO.
+                p.recompress(&Recompress { limit: Some(16), ..Recompress::default() }).unwrap();
                 if tier && i % 7 == 0 {
                     p.writeback(WritebackMode::All, Some(32)).unwrap();
                 }

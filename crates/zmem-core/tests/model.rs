@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use common::*;
 use proptest::prelude::*;
-use zmem_core::{Compressor, Pool, PoolConfig, ZmemError};
+use zmem_core::{Pool, PoolConfig, Recompress, ZmemError};
 
 #[derive(Clone, Debug)]
 enum Kind {
@@ -37,7 +37,9 @@ enum Op {
     Invalidate(u64),
     InvalidateRange(u64, u64),
     Compact,
-    SetCompressor(u8),
+    /// A recompression pass at this priority (1..=3): objects of
+    /// several algorithms in one pool.
+    Recompress(u8),
 }
 
 fn kind() -> impl Strategy<Value = Kind> {
@@ -58,12 +60,13 @@ fn op() -> impl Strategy<Value = Op> {
         2 => key.clone().prop_map(Op::Invalidate),
         1 => (key.clone(), 0u64..16).prop_map(|(a, n)| Op::InvalidateRange(a, a + n)),
         1 => Just(Op::Compact),
-        1 => (0u8..4).prop_map(Op::SetCompressor),
+        1 => (1u8..=3).prop_map(Op::Recompress),
     ]
 }
 
 fn run(dedup: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let pool = Pool::new(PoolConfig { dedup, shards: 4, ..PoolConfig::default() }).unwrap();
+    let recomp_algorithms = ["zstd", "zstd:9", "lzo"].iter().map(|a| a.parse().unwrap()).collect();
+    let pool = Pool::new(PoolConfig { dedup, shards: 4, recomp_algorithms, ..PoolConfig::default() }).unwrap();
     let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
     let mut buf = vec![0u8; PAGE];
     for op in ops {
@@ -87,9 +90,8 @@ fn run(dedup: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Compact => {
                 pool.compact();
             }
-            Op::SetCompressor(i) => {
-                let c: Compressor = ["lz4", "zstd", "zstd:9", "lzo"][i as usize].parse().unwrap();
-                pool.set_compressor(c);
+            Op::Recompress(prio) => {
+                pool.recompress(&Recompress { prio: Some(prio), ..Recompress::default() }).unwrap();
             }
         }
         let st = pool.stats();

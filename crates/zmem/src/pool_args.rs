@@ -128,9 +128,9 @@ pub struct PoolArgs {
     /// recompress`); zmem swap: 1s].
     #[arg(long, value_name = "DURATION|off", value_parser = parse_recompress_idle, help_heading = EXPERT)]
     pub recompress_idle: Option<RecompressIdle>,
-    /// The share of one CPU --recompress-idle may use, in percent; auto:
-    /// half of what the machine's CPUs leave idle (up to one CPU), so a
-    /// workload that keeps them busy keeps them.
+    /// The share of one CPU --recompress-idle may use, in percent; auto
+    /// (the default): half of what the machine's CPUs leave idle (up to
+    /// one CPU), so a workload that keeps them busy keeps them.
     #[arg(long, value_name = "PERCENT|auto", value_parser = parse_recompress_cpu, help_heading = EXPERT)]
     pub recompress_cpu: Option<RecompressCpu>,
     /// Compression dictionary: auto (the pool trains one from a sample of

@@ -25,7 +25,7 @@ pub enum Residency {
 /// How a pool is set up. `PoolConfig::default()` is zram's behaviour with lz4.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
-    /// Compressor for new objects; may be changed later with [`Pool::set_compressor`].
+    /// Compressor for new objects (recompression may rewrite them with another).
     pub compressor: Compressor,
     /// Share identical pages (hash to find candidates, full compare to confirm).
     pub dedup: bool,
