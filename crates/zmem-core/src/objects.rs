@@ -3,8 +3,8 @@
 //!
 //! # What it owns
 //! The allocator (`zmem-alloc`'s `ZsPool`, and through it the pool's one
-//! [`Budget`]), the compressor new objects are written with (changeable at
-//! run time, so one atomic word), the pool's dictionaries (`dict.rs`), and
+//! [`Budget`]), the compressor new objects are written with (fixed at
+//! creation; recompression rewrites objects with others), the pool's dictionaries (`dict.rs`), and
 //! the rule for pages that do not compress: below the huge threshold an
 //! object is stored compressed; at or over it, raw (zram's huge pages), or
 //! refused (`store_incompressible` off: zswap's `reject_compress_poor`).
@@ -52,7 +52,7 @@ pub(crate) fn with_page_buf<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
 /// The allocator and the codec (see the module notes).
 pub(crate) struct Objects {
     alloc: ZsPool,
-    compressor: AtomicU64,
+    compressor: Compressor,
     dicts: Option<Dicts>,
     huge_threshold: usize,
     store_incompressible: bool,
@@ -61,20 +61,11 @@ pub(crate) struct Objects {
     huge_pages_since: AtomicU64,
 }
 
-fn encode_compressor(c: Compressor) -> u64 {
-    (c.algorithm.tag() as u64) | ((c.level as u32 as u64) << 8)
-}
-
-fn decode_compressor(v: u64) -> Compressor {
-    let algorithm = Algorithm::from_tag(v as u8).unwrap_or_default();
-    Compressor { algorithm, level: (v >> 8) as u32 as i32 }
-}
-
 impl Objects {
     pub fn new(alloc: ZsPool, compressor: Compressor, dicts: Option<Dicts>, huge_threshold: usize, store_incompressible: bool) -> Objects {
         Objects {
             alloc,
-            compressor: AtomicU64::new(encode_compressor(compressor)),
+            compressor,
             dicts,
             huge_threshold,
             store_incompressible,
@@ -86,7 +77,7 @@ impl Objects {
 
     /// The compressor new objects are written with.
     pub fn compressor(&self) -> Compressor {
-        decode_compressor(self.compressor.load(Relaxed))
+        self.compressor
     }
 
     /// What every growth of the pool is charged to (zram's mem_limit).
