@@ -72,7 +72,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use parking_lot::MutexGuard;
 use zmem_alloc::{Budget, Handle};
 
 pub use config::{PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
@@ -87,7 +86,7 @@ use crate::objects::Objects;
 use crate::recompress::{self, Recompress, RecompressReport};
 use crate::shard::{Index, Shard};
 use crate::stats::{Counters, Stats};
-use crate::tier::{Resident, Tier, WritebackMode};
+use crate::tier::{Parts, Place, Resident, Tier, WritebackMode};
 
 /// A load whose record was freed or moved while it read starts again, at
 /// most this many times.
@@ -125,10 +124,28 @@ struct Engine {
     counters: Counters,
     /// zswap's `max_pool`, its marks and its pool-full flag (`admission.rs`).
     admission: Admission,
-    /// The writeback tier, if the pool has a backing store.
-    tier: Option<Tier>,
+    /// The writeback tier: with no cold store, one that does nothing.
+    tier: Tier,
     /// Time zero for access times.
     epoch: Instant,
+}
+
+/// A publish made under a shard's lock, and what is left to do once the
+/// lock is dropped ([`Engine::finish`]): release the entry it replaced,
+/// and queue the new object in the tier's LRU, in the place made for it.
+#[must_use]
+struct Published {
+    old: Option<Entry>,
+    place: Place,
+    key: u64,
+    gen: u8,
+    /// The shard's objects in RAM after the publish (the queue's bound).
+    live: usize,
+}
+
+impl Published {
+    /// Nothing replaced, nothing to queue (an object rewritten in place).
+    const NOTHING: Published = Published { old: None, place: Place::NONE, key: 0, gen: 0, live: 0 };
 }
 
 impl Pool {
@@ -176,11 +193,9 @@ impl Pool {
 
     /// Switch exclusive loads on or off ([`PoolConfig::exclusive_loads`]),
     /// e.g. when the kernel starts or stops freeing swap slots on swap-in.
-    /// A pool without a backing store has no writeback tier and ignores it.
+    /// A pool without a backing store has nothing to load exclusively.
     pub fn set_exclusive_loads(&self, on: bool) {
-        if let Some(t) = &self.e.tier {
-            t.set_exclusive(on);
-        }
+        self.e.tier.set_exclusive(on);
     }
 
     /// Bytes charged against `mem_limit` now. Equal to
@@ -225,7 +240,7 @@ impl Pool {
     /// file, a cluster, or a cache's dropping store): without one no page
     /// is ever [`Residency::Backed`].
     pub fn has_cold_store(&self) -> bool {
-        self.e.tier.is_some()
+        self.e.tier.writes_back()
     }
 
     /// Where the page under `key` lives, if there is one.
@@ -239,14 +254,14 @@ impl Pool {
     /// loads that follow find them read. A hint: it changes no page and
     /// reports no error. Returns the read operations it made.
     pub fn prefetch(&self, keys: Range<u64>) -> usize {
-        self.e.tier.as_ref().map_or(0, |t| t.prefetch(&*self.e, keys))
+        self.e.tier.prefetch(&*self.e, keys)
     }
 
     /// The pages that are objects of their own in RAM now (see
     /// [`Resident`]); empty without a cold store.
     pub fn resident(&self) -> Resident {
         let mut items = Vec::new();
-        if self.e.tier.is_some() {
+        if self.has_cold_store() {
             for sh in self.e.index.shards() {
                 items.extend(sh.lock().iter_in_ram().filter(|(_, e, _)| matches!(e.slot(), Slot::Obj(..))).map(|(k, e, _)| (k, e)));
             }
@@ -262,7 +277,7 @@ impl Pool {
     /// over, and nothing is ever dropped. Returns the pages it names (0
     /// without a cold store, or when the budget has no room for the list).
     pub fn write_back_first(&self, pages: Resident) -> usize {
-        self.e.tier.as_ref().map_or(0, |t| t.write_first(self.e.budget(), pages))
+        self.e.tier.write_first(self.e.budget(), pages)
     }
 
     /// The recompression priority of the object in RAM under `key`: 0 if
@@ -330,32 +345,26 @@ impl Pool {
     /// `limit_pages` of them (zram's `writeback_limit`). A shared object
     /// counts once. Runs while the shrinker is idle. Returns pages written.
     pub fn writeback(&self, mode: WritebackMode, limit_pages: Option<u64>) -> Result<u64> {
-        let t = self.e.tier.as_ref().ok_or(ZmemError::NoBackingStore)?;
-        t.writeback(&*self.e, mode, limit_pages)
+        self.e.tier.writeback(&*self.e, mode, limit_pages)
     }
 
     /// Wait (up to `timeout`) until the shrinker has nothing left to do:
     /// the pool is under its high mark, or the shrinker's last round gave up.
     /// Returns whether it settled in time. Immediate without a backing store.
     pub fn settle(&self, timeout: std::time::Duration) -> bool {
-        match &self.e.tier {
-            Some(t) => t.settle(timeout),
-            None => true,
-        }
+        self.e.tier.settle(timeout)
     }
 }
 
 impl Engine {
-    /// What `max_pool` bounds, in pages: the allocator's pages plus the
-    /// metadata that grows with the data, of which at most 3/4 of
-    /// `max_pool` counts. O(1): the budget's total, less the allocator's
-    /// pages, the fixed costs and the bound charged ahead of a backing
-    /// write in flight (a write's growth counts once it has happened).
+    /// What `max_pool` bounds, in pages ([`Tier::held_pages`]).
     fn held_pages(&self) -> u64 {
-        // Not counted: the cold store's buffers once made, and the bound
-        // charged ahead of a write to it in flight.
-        let uncounted = self.tier.as_ref().map_or(0, Tier::uncounted_bytes);
-        self.admission.held_pages(self.objects.pages_used(), self.budget().used(), uncounted)
+        self.tier.held_pages(&self.parts())
+    }
+
+    /// The components the tier moves objects between.
+    fn parts(&self) -> Parts<'_> {
+        Parts { index: &self.index, dedup: self.dedup.as_ref(), objects: &self.objects, counters: &self.counters, admission: &self.admission }
     }
 
     /// What every growth of the pool is charged to (zram's mem_limit).
@@ -371,7 +380,7 @@ impl Engine {
             counters: &self.counters,
             algs: &self.cfg.recomp_algorithms,
             epoch: self.epoch,
-            tier: self.tier.as_ref(),
+            tier: &self.tier,
         }
     }
 
@@ -386,11 +395,9 @@ impl Engine {
             return Err(ZmemError::BadPageSize { len: page.len() });
         }
         match self.store_inner(key, page) {
-            Ok(old) => {
+            Ok(p) => {
                 self.counters.stores.fetch_add(1, Relaxed);
-                if let Some(o) = old {
-                    self.release(o);
-                }
+                self.finish(p);
                 self.kick_shrinker();
                 Ok(())
             }
@@ -401,8 +408,8 @@ impl Engine {
         }
     }
 
-    /// Store, returning the replaced entry (to be released by the caller).
-    fn store_inner(&self, key: u64, page: &[u8]) -> Result<Option<Entry>> {
+    /// Store, returning what is left to do once no lock is held.
+    fn store_inner(&self, key: u64, page: &[u8]) -> Result<Published> {
         if let Some(pattern) = same_filled(page) {
             return self.publish(key, Entry::same(pattern));
         }
@@ -418,7 +425,7 @@ impl Engine {
                 return self.publish(key, new);
             }
         }
-        if self.tier.is_some() {
+        if self.tier.writes_back() {
             // May wait for the shrinker, so before any lock is taken.
             self.admit()?;
             return self.objects.encode(page, |bytes, info| {
@@ -435,7 +442,7 @@ impl Engine {
                 if let Slot::Obj(h, _) = old.slot() {
                     if self.objects.rewrite(h, bytes).map_err(|e| self.alloc_failed(e))? {
                         s.replace(key, old, Entry::obj(h, info));
-                        return Ok(None);
+                        return Ok(Published::NOTHING);
                     }
                 }
             }
@@ -447,39 +454,48 @@ impl Engine {
         })
     }
 
-    /// Put `new` under `key`; returns the entry it replaced, to be released
-    /// by the caller. If the key is refused (it needs index memory the
-    /// budget cannot pay for), `new` is released here: the caller's
-    /// reference to its object is given back.
-    fn publish(&self, key: u64, new: Entry) -> Result<Option<Entry>> {
+    /// Put `new` under `key`; returns what is left to do once no lock is
+    /// held. If the key is refused (it needs index memory the budget
+    /// cannot pay for), `new` is released here: the caller's reference to
+    /// its object is given back.
+    fn publish(&self, key: u64, new: Entry) -> Result<Published> {
         let r = self.publish_locked(&mut self.index.shard(key).lock(), key, new);
         self.or_release(r, new)
     }
 
     /// A refused publish gives back what `new` holds (no lock may be held).
-    fn or_release(&self, r: Result<Option<Entry>>, new: Entry) -> Result<Option<Entry>> {
+    fn or_release<T>(&self, r: Result<T>, new: Entry) -> Result<T> {
         if r.is_err() {
             self.release(new);
         }
         r
     }
 
-    /// Put `new` under `key` in its (locked) shard. Charges what the key
-    /// needs first (an index block, the map's growth, its place in the
-    /// tier); a refusal changes nothing and leaves `new` to the caller.
-    /// Returns the entry replaced, to be released once the shard lock is
-    /// dropped.
-    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
+    /// Put `new` under `key` in its (locked) shard, stamped with the
+    /// shard's next generation. Charges what the key needs first (an index
+    /// block, the map's growth, its place in the tier's queue); a refusal
+    /// changes nothing and leaves `new` to the caller. Returns what is
+    /// left to do once the shard lock is dropped ([`Engine::finish`]).
+    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Published> {
         let (b, shard) = (self.budget(), self.index.shard_index(key));
-        let new = match &self.tier {
-            Some(t) => t.prepare(s, shard, new, b).map_err(|e| self.alloc_failed(e))?,
-            None => new,
-        };
-        let old = s.insert(key, new, self.now(), b).map_err(|e| self.alloc_failed(e))?;
-        if let Some(t) = &self.tier {
-            t.queue(s, shard, key, new, b);
+        let place = self.tier.reserve(shard, new, b).map_err(|e| self.alloc_failed(e))?;
+        let new = s.stamp(new);
+        match s.insert(key, new, self.now(), b) {
+            Ok(old) => Ok(Published { old, place, key, gen: new.gen(), live: s.ram_objects() }),
+            Err(e) => {
+                self.tier.cancel(place);
+                Err(self.alloc_failed(e))
+            }
         }
-        Ok(old)
+    }
+
+    /// With no lock held, after a publish: queue the new object in the
+    /// tier and release what it replaced.
+    fn finish(&self, p: Published) {
+        self.tier.queue(self, p.place, p.key, p.gen, p.live);
+        if let Some(o) = p.old {
+            self.release(o);
+        }
     }
 
     /// zswap's admission check, made only by a store that needs new memory.
@@ -493,12 +509,12 @@ impl Engine {
             return Ok(());
         }
         let used = self.held_pages();
-        if let Some(t) = &self.tier {
+        if self.tier.writes_back() {
             if used < max {
                 return Ok(());
             }
             self.counters.pool_limit_hit.fetch_add(1, Relaxed);
-            return t.wait_for_room(self, max);
+            return self.tier.wait_for_room(self, max);
         }
         match self.admission.judge(used) {
             Verdict::Accept => Ok(()),
@@ -532,10 +548,7 @@ impl Engine {
             Slot::Same(_) => Ok(()),
             // A member of an extent that other keys of its block still name.
             Slot::Backed(..) if !e.last() => Ok(()),
-            Slot::Backed(id, _) => match &self.tier {
-                Some(t) => t.free_record(id, self.budget()),
-                None => Err("a written-back entry in a pool without a backing store".into()),
-            },
+            Slot::Backed(id, _) => self.tier.free_record(id, self.budget()),
             Slot::Obj(h, _) => self.objects.free(h).map_err(|e| e.to_string()),
             Slot::Dedup(hash, _) => self.release_shared(hash),
         };
@@ -576,14 +589,25 @@ impl Engine {
         let mut tries = 0;
         loop {
             tries += 1;
-            let s = self.index.shard(key).lock();
-            let (mut s, e) = self.access(s, key, now)?;
+            let mut s = self.index.shard(key).lock();
+            let a = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
+            let e = a.entry;
             let r = match e.slot() {
                 Slot::Same(p) => {
                     fill_pattern(buf, p);
                     return Ok(());
                 }
-                Slot::Obj(h, info) => return self.objects.read_object(key, h, info, buf),
+                Slot::Obj(h, info) => {
+                    let r = self.objects.read_object(key, h, info, buf);
+                    if a.newly_referenced {
+                        // (Once: with exclusive loads the bit now marks an
+                        // object queued at the cold end.)
+                        let live = s.ram_objects();
+                        drop(s);
+                        self.tier.queue_cold(self, self.index.shard_index(key), key, e, live);
+                    }
+                    return r;
+                }
                 Slot::Dedup(hash, _) => {
                     let d = self.dedup.as_ref().ok_or(ZmemError::Inconsistent { key, what: "a shared-page entry in a pool without dedup".into() })?;
                     let mut ds = d.lock_under(&mut s, hash);
@@ -597,13 +621,13 @@ impl Engine {
                         Loc::Backed(id) => {
                             drop(ds);
                             drop(s);
-                            self.tier()?.load_backed_shared(self, key, hash, id, info, buf)
+                            self.tier.load_backed_shared(self, key, hash, id, info, buf)
                         }
                     }
                 }
                 Slot::Backed(id, _) => {
                     drop(s);
-                    self.tier()?.load_backed(self, key, id, buf)
+                    self.tier.load_backed(self, key, id, buf)
                 }
             };
             match r {
@@ -613,20 +637,6 @@ impl Engine {
                 r => return r,
             }
         }
-    }
-
-    /// Look `key` up under its shard lock and record the access at `now`
-    /// (zram's ac_time, and zswap's referenced bit).
-    fn access<'a>(&self, mut s: MutexGuard<'a, Shard>, key: u64, now: u32) -> Result<(MutexGuard<'a, Shard>, Entry)> {
-        let a = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
-        let e = a.entry;
-        if let (Some(t), Slot::Obj(..)) = (&self.tier, e.slot()) {
-            if a.newly_referenced && t.exclusive() {
-                // (Once: the bit now marks an object queued at the cold end.)
-                t.queue_cold(&s, self.index.shard_index(key), key, e, self.budget());
-            }
-        }
-        Ok((s, e))
     }
 
     fn invalidate(&self, key: u64) -> bool {

@@ -137,7 +137,7 @@ pub(crate) struct Pass<'a> {
     pub epoch: Instant,
     /// The writeback tier, whose pages named to go first an idle pass
     /// leaves alone.
-    pub tier: Option<&'a Tier>,
+    pub tier: &'a Tier,
 }
 
 /// What became of one candidate.
@@ -181,10 +181,10 @@ impl Pass<'_> {
                 break;
             }
             let mut picked = self.candidates(&shard.lock(), req, top, now);
-            if let Some(t) = self.tier.filter(|_| spare_first) {
+            if spare_first {
                 // Not under the shard lock: the tier takes its list's lock
                 // before a shard's.
-                rep.going_first += t.retain_not_named_first(&mut picked) as u64;
+                rep.going_first += self.tier.retain_not_named_first(&mut picked) as u64;
             }
             rep.candidates += picked.len() as u64;
             for (key, e) in picked {

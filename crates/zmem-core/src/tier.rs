@@ -35,7 +35,7 @@
 //!
 //! # The shrinker thread and the three marks
 //! `max_pool` is a limit, as zswap's is, on the pool's pages plus the
-//! metadata that grows with the data (`TierHost::held_pages`; zswap counts
+//! metadata that grows with the data ([`Tier::held_pages`]; zswap counts
 //! pages only; `admission.rs` keeps it and its marks). Below it sit two
 //! marks: the
 //! **high mark**, halfway between the accept threshold and `max_pool`, and
@@ -69,13 +69,20 @@
 //! RAM, so they cannot pile up behind written-back pages). A load sets
 //! the referenced bit (the entry's, or the shared record's: zswap's
 //! `referenced` lives in its entry too); the shrinker clears it and
-//! re-queues the item at the hot end instead of writing it back. A queue
-//! changes only under the lock of the shard it belongs to, which the store
-//! or load already holds; the shard is asked one thing of an item: whether
-//! it still names the object it was queued for
-//! ([`Shard::queued_object`], [`DedupShard::cold_candidate`]). The policy
-//! (what to write back, in which order, who gets a second chance) is all
-//! in this file.
+//! re-queues the item at the hot end instead of writing it back. The
+//! pool hands the tier no lock: a store makes its item's place
+//! ([`Tier::reserve`]) in the critical section that publishes the page and
+//! queues the item once its shard's lock is dropped ([`Tier::queue`], as
+//! zswap adds an entry to its `list_lru` after the tree's store); what
+//! looks at what an item names (a pick, a settlement, a sweep) takes the
+//! shard's lock, then the queue's (`tier/lru.rs`). A page's object and a
+//! shared one go through the same paths: what differs is what their shard
+//! answers about an item (`tier/holder.rs`). The policy (what to write
+//! back, in which order, who gets a second chance) is all in this file.
+//!
+//! A pool without a cold store has a tier too, one that does nothing
+//! ([`Tier::writes_back`] is false: no queues, no shrinker thread), so the
+//! pool calls it the same way whatever its store.
 //!
 //! With exclusive loads (zswap drops an entry when the kernel loads it into
 //! its swap cache; a block device is not told when the slot is freed, so
@@ -117,32 +124,31 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::{Condvar, Mutex};
-use zmem_alloc::{Budget, Handle};
+use zmem_alloc::{AllocError, Budget};
 
 use crate::admission::Admission;
-use crate::cold::ColdStore;
+use crate::cold::{ColdError, ColdStore, RecordId};
 use crate::latency::BusyClock;
 
 mod first;
+mod holder;
 mod lru;
 mod shrinker;
 mod transfer;
 
 use first::FirstOut;
 pub use first::Resident;
+use holder::{Candidate, Found, Holder};
 pub(crate) use shrinker::shrinker_main;
 use shrinker::Ctl;
 use transfer::BackingCharge;
 
-use crate::dedup::DedupTable;
-use crate::dedup::{DedupLock, DedupShard};
+use crate::dedup::{DedupLock, DedupTable};
 use crate::entry::{Entry, ObjInfo, Slot, PAGE_SIZE};
-use crate::error::Result;
+use crate::error::{Result, ZmemError};
 use crate::objects::Objects;
-use crate::shard::Index;
-use crate::shard::{Shard, ShardLock};
-use crate::stats::Counters;
-use crate::stats::Stats;
+use crate::shard::{Index, ShardLock};
+use crate::stats::{Counters, Stats};
 use lru::{Lru, LruItem, Queues};
 
 /// Pages written back per batch (one write to the file).
@@ -153,27 +159,32 @@ thread_local! {
     pub(crate) static OBJ: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(PAGE_SIZE));
 }
 
-/// What the tier needs of the pool it serves, and nothing more: the
-/// components it moves objects between (the index, the dedup table, the
-/// object store), the counters, the limit it works to, and the two pool
-/// operations a page brought back to RAM goes through. The tier sees no
-/// engine: this is its whole view of one.
+/// The engine's components the tier moves objects between, borrowed for
+/// one call: the index and the dedup table (whose shards it locks itself,
+/// in the engine's lock order), the object store, the counters, and the
+/// limit it works to.
+#[derive(Clone, Copy)]
+pub(crate) struct Parts<'a> {
+    pub index: &'a Index,
+    pub dedup: Option<&'a DedupTable>,
+    pub objects: &'a Objects,
+    pub counters: &'a Counters,
+    pub admission: &'a Admission,
+}
+
+/// What the tier asks of the pool it serves, and nothing more: its
+/// components, the clock, and the publish a page brought back to RAM goes
+/// through. The tier sees no engine: this is its whole view
+/// of one, and the pool hands it no lock.
 pub(crate) trait TierHost {
-    fn index(&self) -> &Index;
-    fn dedup(&self) -> Option<&DedupTable>;
-    fn objects(&self) -> &Objects;
-    fn counters(&self) -> &Counters;
-    /// What `max_pool` bounds now, in pages.
-    fn held_pages(&self) -> u64;
-    /// `max_pool` and its marks.
-    fn admission(&self) -> &Admission;
+    fn parts(&self) -> Parts<'_>;
     /// Seconds since the pool was created (access times).
     fn now(&self) -> u32;
-    /// Put `new` under `key` in its locked shard, as a store does; returns
-    /// the entry replaced (to be released with no lock held).
-    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>>;
-    /// Drop one reference to what `e` names.
-    fn release(&self, e: Entry);
+    /// Put the entry `make` gives under `key` if the key still names record
+    /// `id`, as a store does (a load brings a written-back page back to
+    /// RAM). Returns whether it did; a refusal (no room for the key's
+    /// place) gives the new entry back.
+    fn publish_over(&self, key: u64, id: u64, make: impl FnOnce() -> Option<Entry>) -> bool;
 }
 
 /// What [`Pool::writeback`](crate::Pool::writeback) writes back (zram's
@@ -211,9 +222,35 @@ pub(crate) struct Loads {
     pub promote: bool,
 }
 
+/// A place made in a queue for an object about to be published
+/// ([`Tier::reserve`]): queued once the shard's lock is dropped
+/// ([`Tier::queue`]), or given back if the publish is refused
+/// ([`Tier::cancel`]). None: nothing to queue.
+#[must_use]
+pub(crate) struct Place(Option<usize>);
+
+impl Place {
+    /// No place: nothing to queue.
+    pub const NONE: Place = Place(None);
+}
+
+/// The cold store of a pool that has none. Its tier does nothing: no
+/// queues, no shrinker; nothing is ever written back, so nothing reaches
+/// the store.
+struct NoColdStore;
+
+impl ColdStore for NoColdStore {
+    fn put_batch(&self, _objects: &[(u64, &[u8])]) -> std::result::Result<Vec<Option<RecordId>>, ColdError> {
+        Err(ColdError::Store("this pool has no cold store".into()))
+    }
+}
+
 pub(crate) struct Tier {
-    /// What leaving RAM means: a file, nothing (a clean cache), ... (`cold.rs`).
+    /// What leaving RAM means: a file, nothing (a clean cache), ...
+    /// (`cold.rs`); [`NoColdStore`] for a pool that has none.
     store: Box<dyn ColdStore>,
+    /// Whether there is a cold store: without one the tier does nothing.
+    on: bool,
     /// Time with a read of the store in flight (`backing_read_busy_ns`).
     read_busy: BusyClock,
     /// [`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads),
@@ -259,28 +296,38 @@ pub(crate) struct Tier {
     queues: Queues,
 }
 
-/// Where a batch of victims comes from: a shard, and its queue.
+/// A shard whose objects the tier queues, and its queue: locked together
+/// (the shard first) by [`Source::with`].
 #[derive(Clone, Copy)]
 enum Source<'a> {
     Index(&'a ShardLock, usize),
     Shared(&'a DedupLock, usize),
 }
 
+impl Source<'_> {
+    fn queue(self) -> usize {
+        let (Source::Index(_, q) | Source::Shared(_, q)) = self;
+        q
+    }
+
+    fn shared(self) -> bool {
+        matches!(self, Source::Shared(..))
+    }
+
+    /// Lock the shard, then its queue, and run `f` on both.
+    fn with<R>(self, qs: &Queues, f: impl FnOnce(&mut dyn Holder, &mut Lru) -> R) -> R {
+        match self {
+            Source::Index(sh, q) => f(&mut *sh.lock(), &mut qs.lock(q)),
+            Source::Shared(ds, q) => f(&mut *ds.lock(), &mut qs.lock(q)),
+        }
+    }
+}
+
 /// An object picked for writeback, and where its bytes sit in the batch.
 struct Victim {
-    /// Index of its queue in the batch's sources.
+    /// Index of its source in the batch's sources.
     src: usize,
-    /// The page's key, or a shared object's hash.
-    key: u64,
-    /// The index entry (keys only).
-    entry: Entry,
-    handle: Handle,
-    info: ObjInfo,
-    /// The generation it was picked at (shared objects only).
-    gen: u8,
-    /// Its referenced bit when picked (shared objects only): set later
-    /// means a load or a new sharer came while the write ran.
-    referenced: bool,
+    obj: Found,
     /// The LRU item popped for it (the shrinker; explicit writeback pops none).
     item: Option<LruItem>,
     off: usize,
@@ -317,13 +364,17 @@ impl Pick<'_> {
 }
 
 impl Tier {
-    /// A tier over `store`, with a queue for each of `index_shards` index
-    /// shards and `dedup_shards` dedup shards (whose fixed cost,
+    /// A tier over `store` (None: a pool without a cold store, whose tier
+    /// does nothing), with a queue for each of `index_shards` index shards
+    /// and `dedup_shards` dedup shards (whose fixed cost,
     /// [`Tier::fixed_bytes`], the caller charges).
-    pub fn new(store: Box<dyn ColdStore>, loads: Loads, index_shards: usize, dedup_shards: usize) -> Tier {
+    pub fn new(store: Option<Box<dyn ColdStore>>, loads: Loads, index_shards: usize, dedup_shards: usize) -> Tier {
+        let on = store.is_some();
+        let queues = if on { Queues::new(index_shards, dedup_shards) } else { Queues::new(0, 0) };
         Tier {
-            queues: Queues::new(index_shards, dedup_shards),
-            store,
+            queues,
+            store: store.unwrap_or_else(|| Box::new(NoColdStore)),
+            on,
             read_busy: BusyClock::default(),
             exclusive: AtomicBool::new(loads.exclusive),
             promote: loads.promote,
@@ -345,6 +396,12 @@ impl Tier {
         }
     }
 
+    /// Whether there is a cold store: pages leave RAM, a store that meets
+    /// a full pool waits for the shrinker, and a thread runs it.
+    pub fn writes_back(&self) -> bool {
+        self.on
+    }
+
     fn next_seq(&self) -> u32 {
         self.seq.fetch_add(1, Relaxed)
     }
@@ -354,60 +411,115 @@ impl Tier {
         self.queues.fixed_bytes()
     }
 
-    /// `e`, about to be published under a key of index shard `shard`
-    /// (locked: `s`), stamped with the shard's next generation; if it holds
-    /// an object in RAM, its place in the shard's queue is made first. A
-    /// refusal (the pool's budget) changes nothing.
-    pub fn prepare(&self, s: &mut Shard, shard: usize, e: Entry, b: &Budget) -> std::result::Result<Entry, zmem_alloc::AllocError> {
-        if matches!(e.slot(), Slot::Obj(..)) {
-            self.queues.lock(self.queues.of_index(shard)).reserve_one(b)?;
-        }
-        Ok(s.stamp(e))
+    /// What `max_pool` bounds now, in pages: the allocator's pages plus
+    /// the metadata that grows with the data, less what the cold store
+    /// holds for I/O and the bound charged ahead of a write in flight (a
+    /// write's growth counts once it has happened). O(1).
+    pub fn held_pages(&self, p: &Parts<'_>) -> u64 {
+        p.admission.held_pages(p.objects.pages_used(), p.objects.budget().used(), self.uncounted_bytes())
     }
 
-    /// `key`'s entry `e` (prepared, and now published in index shard
-    /// `shard`, locked: `s`): if it holds an object in RAM, queue it at the
-    /// hot end, in the room made for it.
-    pub fn queue(&self, s: &Shard, shard: usize, key: u64, e: Entry, b: &Budget) {
-        let mut q = self.queues.lock(self.queues.of_index(shard));
-        if matches!(e.slot(), Slot::Obj(..)) {
-            q.push_back(LruItem { key, seq: self.next_seq(), gen: e.gen() }, b);
-        }
-        trim_keys(&mut q, s, b);
+    /// Index shard `i` and its queue.
+    fn of_index<'a>(&self, p: &Parts<'a>, i: usize) -> Source<'a> {
+        Source::Index(&p.index.shards()[i], self.queues.of_index(i))
     }
 
-    /// Queue `key`'s object (entry `e`, just loaded; index shard `shard`,
-    /// locked: `s`) at the cold end, to be written back before any object
-    /// not yet loaded
+    /// The source of queue `q` (an index shard's, or a dedup shard's).
+    fn source<'a>(&self, p: &Parts<'a>, q: usize) -> Option<Source<'a>> {
+        match self.queues.shared_of(q) {
+            None => Some(self.of_index(p, q)),
+            Some(j) => Some(Source::Shared(&p.dedup?.shards()[j], q)),
+        }
+    }
+
+    /// Every source, the index shards' first (the shrinker's numbering).
+    fn sources<'a>(&self, p: &Parts<'a>) -> Vec<Source<'a>> {
+        let shared = p.dedup.into_iter().flat_map(|d| d.shards().iter().enumerate());
+        (0..p.index.shards().len()).map(|i| self.of_index(p, i)).chain(shared.map(|(j, ds)| Source::Shared(ds, self.queues.of_shared(j)))).collect()
+    }
+
+    /// Make a place in queue `q` (before the change that needs it: a
+    /// refusal, the pool's budget, changes nothing).
+    fn reserve_in(&self, q: usize, b: &Budget) -> std::result::Result<Place, AllocError> {
+        self.queues.lock(q).reserve_one(b)?;
+        Ok(Place(Some(q)))
+    }
+
+    /// A place in index shard `shard`'s queue for `e`, about to be
+    /// published there, if it holds an object in RAM.
+    pub fn reserve(&self, shard: usize, e: Entry, b: &Budget) -> std::result::Result<Place, AllocError> {
+        if !self.on || !matches!(e.slot(), Slot::Obj(..)) {
+            return Ok(Place::NONE);
+        }
+        self.reserve_in(self.queues.of_index(shard), b)
+    }
+
+    /// A place in dedup shard `shard`'s queue for a new shared object.
+    pub fn reserve_shared(&self, shard: usize, b: &Budget) -> std::result::Result<Place, AllocError> {
+        if !self.on {
+            return Ok(Place::NONE);
+        }
+        self.reserve_in(self.queues.of_shared(shard), b)
+    }
+
+    /// The publish that `place` was made for was refused: give it back.
+    pub fn cancel(&self, place: Place) {
+        if let Place(Some(q)) = place {
+            self.queues.lock(q).unreserve();
+        }
+    }
+
+    /// Queue `key` (a page's key, or a shared object's hash), just
+    /// published at generation `gen` with `live` objects in RAM in its
+    /// shard, at the hot end, in the place made for it. Called with no
+    /// lock held: an item is a hint, checked against its shard when it
+    /// reaches the cold end, so one queued a moment after its publish is
+    /// as good (and one whose object changed meanwhile is merely stale).
+    pub fn queue(&self, h: &impl TierHost, place: Place, key: u64, gen: u8, live: usize) {
+        let Place(Some(q)) = place else { return };
+        let mut lru = self.queues.lock(q);
+        lru.push_reserved(LruItem { key, seq: self.next_seq(), gen }, false);
+        self.trim_if_due(h, q, lru, live);
+    }
+
+    /// Queue `key`'s object (entry `e`, just loaded for the first time
+    /// since it was stored; index shard `shard`, `live` objects in RAM
+    /// there) at the cold end, to be written back before any object not
+    /// yet loaded, when loads are exclusive
     /// ([`PoolConfig::exclusive_loads`](crate::PoolConfig::exclusive_loads)).
     /// Its item in store order stays and is skipped once the object has
-    /// gone. Without room for the item (the pool's budget), nothing changes.
-    pub fn queue_cold(&self, s: &Shard, shard: usize, key: u64, e: Entry, b: &Budget) {
-        let mut q = self.queues.lock(self.queues.of_index(shard));
-        if q.reserve_one(b).is_err() {
+    /// gone. Without room for the item (the pool's budget), nothing
+    /// changes. Called with no lock held.
+    pub fn queue_cold(&self, h: &impl TierHost, shard: usize, key: u64, e: Entry, live: usize) {
+        if !self.on || !self.exclusive() {
+            return;
+        }
+        let q = self.queues.of_index(shard);
+        let mut lru = self.queues.lock(q);
+        if lru.reserve_one(h.parts().objects.budget()).is_err() {
             return; // it keeps its place in store order
         }
         // Older than anything queued in store order: ages are counted
         // modulo 2^32 from a point 2^30 ahead of now (writeback_lru_batch).
         let seq = self.seq.load(Relaxed).wrapping_sub(1 << 31);
-        q.push_front(LruItem { key, seq, gen: e.gen() }, b);
+        lru.push_reserved(LruItem { key, seq, gen: e.gen() }, true);
         self.cold_queued.fetch_add(1, Relaxed);
-        trim_keys(&mut q, s, b);
+        self.trim_if_due(h, q, lru, live);
     }
 
-    /// Make a place in dedup shard `shard`'s queue for a new shared object
-    /// (before it is made: a refusal changes nothing).
-    pub fn prepare_shared(&self, shard: usize, b: &Budget) -> std::result::Result<(), zmem_alloc::AllocError> {
-        self.queues.lock(self.queues.of_shared(shard)).reserve_one(b)
-    }
-
-    /// Queue the shared object of `hash` (new at generation `gen`, or back
-    /// in RAM; dedup shard `shard`, locked: `ds`) at the hot end, in the
-    /// room made for it.
-    pub fn queue_shared(&self, ds: &DedupShard, shard: usize, hash: u64, gen: u8, b: &Budget) {
-        let mut q = self.queues.lock(self.queues.of_shared(shard));
-        q.push_back(LruItem { key: hash, seq: self.next_seq(), gen }, b);
-        trim_shared(&mut q, ds, b);
+    /// After a push to queue `q` (locked: `lru`): sweep its stale items if
+    /// they outnumber what `live` objects can account for, taking the
+    /// shard's lock first (the engine's order), so the sweep sees what
+    /// each item names.
+    fn trim_if_due(&self, h: &impl TierHost, q: usize, lru: parking_lot::MutexGuard<'_, Lru>, live: usize) {
+        if !lru.due(live) {
+            return;
+        }
+        drop(lru);
+        let p = h.parts();
+        if let Some(src) = self.source(&p, q) {
+            src.with(&self.queues, |s, lru| trim(lru, s, p.objects.budget()));
+        }
     }
 
     /// Whether loads are exclusive now.
@@ -426,6 +538,9 @@ impl Tier {
     }
 
     pub fn fill_stats(&self, st: &mut Stats) {
+        if !self.on {
+            return;
+        }
         let b = self.store.stats();
         st.bd_reads = b.records_read;
         st.bd_writes = self.pages_written.load(Relaxed);
@@ -481,45 +596,26 @@ impl Tier {
         // this batch (newer sequence numbers) are the youngest, not wrapped.
         let now = self.seq.load(Relaxed).wrapping_add(1 << 30);
         let age = |it: &LruItem| now.wrapping_sub(it.seq);
-        // (Source i is queue i: the index shards', then the dedup shards'.)
-        let qs = &self.queues;
-        let sources: Vec<Source<'_>> = h
-            .index()
-            .shards()
-            .iter()
-            .enumerate()
-            .map(|(i, sh)| Source::Index(sh, qs.of_index(i)))
-            .chain(h.dedup().into_iter().flat_map(|d| d.shards().iter().enumerate()).map(|(j, ds)| Source::Shared(ds, qs.of_shared(j))))
-            .collect();
+        let p = h.parts();
+        let sources = self.sources(&p);
         let mut heads = std::collections::BinaryHeap::new();
         for (i, src) in sources.iter().enumerate() {
             // (A look at the head needs no shard lock: it only orders.)
-            let (Source::Index(_, q) | Source::Shared(_, q)) = *src;
-            if let Some(a) = qs.lock(q).front().map(age) {
+            if let Some(a) = self.queues.lock(src.queue()).front().map(age) {
                 heads.push((a, i));
             }
         }
         buf.clear();
         let mut victims = Vec::with_capacity(BATCH);
-        let mut examined = self.pick_first(h, &mut victims, buf, max_bytes);
+        let mut examined = self.pick_first(&p, &mut victims, buf, max_bytes);
         while victims.len() < BATCH && buf.len() < max_bytes && examined < 16 * BATCH {
             let Some((_, i)) = heads.pop() else { break };
             let bound = heads.peek().map(|&(a, _)| a);
             let mut pick = Pick { t: self, now, bound, src: i, victims: &mut victims, buf, max_bytes, examined: 0 };
-            let front = match sources[i] {
-                Source::Index(sh, q) => {
-                    let mut s = sh.lock();
-                    let mut lru = qs.lock(q);
-                    Self::pick_cold_keys(h, &mut s, &mut lru, &mut pick);
-                    lru.front().map(age)
-                }
-                Source::Shared(ds, q) => {
-                    let mut g = ds.lock();
-                    let mut lru = qs.lock(q);
-                    Self::pick_cold_shared(h, &mut g, &mut lru, &mut pick);
-                    lru.front().map(age)
-                }
-            };
+            let front = sources[i].with(&self.queues, |s, lru| {
+                pick_cold(p.objects, s, lru, &mut pick);
+                lru.front().map(age)
+            });
             examined += pick.examined;
             if let Some(a) = front {
                 heads.push((a, i));
@@ -531,124 +627,69 @@ impl Tier {
         Ok((self.commit(h, &sources, victims, buf)?, examined))
     }
 
-    /// Pop cold objects from a shard's LRU into the batch, copying their
-    /// bytes; referenced ones get a second chance at the hot end.
-    fn pick_cold_keys(h: &impl TierHost, s: &mut Shard, lru: &mut Lru, p: &mut Pick<'_>) {
-        while let Some(item) = p.next(lru) {
-            lru.pop_front();
-            let Some(e) = s.queued_object(item.key, item.gen) else { continue };
-            let Slot::Obj(handle, info) = e.slot() else { continue };
-            if e.referenced() && !p.t.exclusive() {
-                s.set_flags(item.key, e.with_referenced(false));
-                lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
-                continue;
-            }
-            let Some(off) = h.objects().copy_out(handle, info, p.buf) else { continue };
-            lru.take_out();
-            let v = Victim { src: p.src, key: item.key, entry: e, handle, info, gen: 0, referenced: false, item: Some(item), off };
-            p.victims.push(v);
-        }
-    }
-
-    /// [`pick_cold_keys`](Self::pick_cold_keys) for a dedup shard's shared objects.
-    fn pick_cold_shared(h: &impl TierHost, ds: &mut DedupShard, lru: &mut Lru, p: &mut Pick<'_>) {
-        while let Some(item) = p.next(lru) {
-            lru.pop_front();
-            let (handle, info, gen) = match ds.cold_candidate(item.key, item.gen) {
-                Ok(c) => c,
-                Err(true) => {
-                    lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, h.objects().budget());
-                    continue;
-                }
-                Err(false) => continue,
-            };
-            let Some(off) = h.objects().copy_out(handle, info, p.buf) else { continue };
-            lru.take_out();
-            let v = Victim { src: p.src, key: item.key, entry: Entry::EMPTY, handle, info, gen, referenced: false, item: Some(item), off };
-            p.victims.push(v);
-        }
-    }
-
     /// zram's `writeback`: write back the pages `mode` names, at most
     /// `limit_pages` of them. Excludes the shrinker while it runs. One pass
     /// over each shard picks the candidates, so the cost is O(entries)
     /// whatever the number of batches.
     pub(crate) fn writeback(&self, h: &impl TierHost, mode: WritebackMode, limit_pages: Option<u64>) -> Result<u64> {
+        if !self.on {
+            return Err(ZmemError::NoBackingStore);
+        }
         let _writing = self.writing.lock();
         let now = h.now();
+        let p = h.parts();
         let mut budget = limit_pages.unwrap_or(u64::MAX);
-        let cap = |budget: u64| usize::try_from(budget).unwrap_or(usize::MAX);
         let mut total = 0;
-        for (i, shard) in h.index().shards().iter().enumerate() {
-            let picked: Vec<(u64, Entry)> = {
-                let s = shard.lock();
-                let obj = |e: Entry, ac| matches!(e.slot(), Slot::Obj(_, info) if mode.picks(info, ac, now));
-                s.iter_in_ram().filter(|&(_, e, ac)| obj(e, ac)).map(|(k, e, _)| (k, e)).take(cap(budget)).collect()
-            };
-            total += self.writeback_in_batches(h, Source::Index(shard, self.queues.of_index(i)), &picked, &mut budget, |chunk, victims, buf| {
-                let s = shard.lock();
-                for &(key, e) in chunk {
-                    let Slot::Obj(handle, info) = e.slot() else { continue };
-                    if s.get(key) == Some(e) {
-                        if let Some(off) = h.objects().copy_out(handle, info, buf) {
-                            victims.push(Victim { src: 0, key, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
+        for src in self.sources(&p) {
+            let cap = usize::try_from(budget).unwrap_or(usize::MAX);
+            let picked = src.with(&self.queues, |s, _| s.picked(&|info, ac| mode.picks(info, ac, now), cap));
+            for chunk in picked.chunks(BATCH) {
+                if budget == 0 {
+                    break;
+                }
+                let chunk = &chunk[..chunk.len().min(usize::try_from(budget).unwrap_or(usize::MAX))];
+                let (mut victims, mut buf) = (Vec::new(), Vec::new());
+                // Re-checked under the shard's lock: what is still there goes.
+                src.with(&self.queues, |s, _| {
+                    for obj in chunk.iter().filter_map(|f| s.again(f)) {
+                        if let Some(off) = p.objects.copy_out(obj.handle, obj.info, &mut buf) {
+                            victims.push(Victim { src: 0, obj, item: None, off });
                         }
                     }
+                });
+                if !victims.is_empty() {
+                    let n = self.commit(h, &[src], victims, &buf)?;
+                    total += n;
+                    budget = budget.saturating_sub(n);
                 }
-            })?;
+            }
         }
-        for (j, ds) in h.dedup().into_iter().flat_map(|d| d.shards().iter().enumerate()) {
-            let picked = ds.lock().ram_picked(|info, ac| mode.picks(info, ac, now), cap(budget));
-            total += self.writeback_in_batches(h, Source::Shared(ds, self.queues.of_shared(j)), &picked, &mut budget, |chunk, victims, buf| {
-                let g = ds.lock();
-                for &(hash, gen) in chunk {
-                    let Some((handle, info, referenced)) = g.in_ram(hash, gen) else { continue };
-                    if let Some(off) = h.objects().copy_out(handle, info, buf) {
-                        victims.push(Victim { src: 0, key: hash, entry: Entry::EMPTY, handle, info, gen, referenced, item: None, off });
-                    }
-                }
-            })?;
-        }
-        h.objects().compact_spans();
+        p.objects.compact_spans();
         Ok(total)
     }
+}
 
-    /// Write back one queue's `picked` candidates in batches, within
-    /// `budget`: `gather` re-checks a chunk under the queue's lock and
-    /// copies the objects still there.
-    fn writeback_in_batches<C>(
-        &self,
-        h: &impl TierHost,
-        src: Source<'_>,
-        picked: &[C],
-        budget: &mut u64,
-        gather: impl Fn(&[C], &mut Vec<Victim>, &mut Vec<u8>),
-    ) -> Result<u64> {
-        let mut total = 0;
-        for chunk in picked.chunks(BATCH) {
-            if *budget == 0 {
-                break;
+/// Pop cold objects from a shard's LRU into the batch, copying their
+/// bytes; referenced ones get a second chance at the hot end.
+fn pick_cold(objects: &Objects, s: &mut dyn Holder, lru: &mut Lru, p: &mut Pick<'_>) {
+    while let Some(item) = p.next(lru) {
+        lru.pop_front();
+        let obj = match s.candidate(&item, p.t.exclusive()) {
+            Candidate::Go(obj) => obj,
+            Candidate::Again => {
+                lru.push_back(LruItem { seq: p.t.next_seq(), ..item }, objects.budget());
+                continue;
             }
-            let chunk = &chunk[..chunk.len().min(usize::try_from(*budget).unwrap_or(usize::MAX))];
-            let (mut victims, mut buf) = (Vec::new(), Vec::new());
-            gather(chunk, &mut victims, &mut buf);
-            if !victims.is_empty() {
-                let n = self.commit(h, &[src], victims, &buf)?;
-                total += n;
-                *budget = budget.saturating_sub(n);
-            }
-        }
-        Ok(total)
+            Candidate::Stale => continue,
+        };
+        let Some(off) = objects.copy_out(obj.handle, obj.info, p.buf) else { continue };
+        lru.take_out();
+        p.victims.push(Victim { src: p.src, obj, item: Some(item), off });
     }
 }
 
 /// Sweep a shard's queue of stale items once they outnumber what its
 /// objects in RAM can account for ([`Lru::trim`]).
-fn trim_keys(lru: &mut Lru, s: &Shard, b: &Budget) {
-    lru.trim(s.ram_objects(), |it| s.queued_object(it.key, it.gen).is_some(), b);
-}
-
-/// [`trim_keys`] for a dedup shard's queue.
-fn trim_shared(lru: &mut Lru, ds: &DedupShard, b: &Budget) {
-    lru.trim(ds.records(), |it| ds.in_ram(it.key, it.gen).is_some(), b);
+fn trim(lru: &mut Lru, s: &dyn Holder, b: &Budget) {
+    lru.trim(s.live(), |it| s.is_live(it), b);
 }

@@ -1,7 +1,8 @@
 //! Making a pool and stopping it: the engine's components, built and
 //! charged in one place; the pool's threads (the shrinker, `zmem-dict`),
 //! started with it and joined when it is dropped; and what those threads
-//! and the writeback tier see of the engine ([`TierHost`]).
+//! and the writeback tier see of the engine ([`TierHost`]: its parts, the
+//! clock and a publish).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -18,27 +19,22 @@ use crate::dict::{DictSource, Dicts, TrainReport};
 use crate::entry::Entry;
 use crate::error::{Result, ZmemError};
 use crate::objects::Objects;
-use crate::shard::{Index, Shard};
+use crate::shard::Index;
 use crate::stats::Counters;
-use crate::tier::{Loads, Tier, TierHost};
+use crate::tier::{Loads, Parts, Tier, TierHost};
 
 impl Pool {
     pub(super) fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>) -> Result<Pool> {
         let e = Arc::new(Engine::build(cfg, store)?);
-        let shrinker = match e.tier {
-            Some(_) => {
-                let worker = Arc::clone(&e);
-                let h = std::thread::Builder::new()
-                    .name("zmem-shrink".into())
-                    .spawn(move || {
-                        if let Some(t) = &worker.tier {
-                            crate::tier::shrinker_main(&*worker, t);
-                        }
-                    })
-                    .map_err(|err| ZmemError::Config(format!("cannot start the shrinker thread: {err}")))?;
-                Some(h)
-            }
-            None => None,
+        let shrinker = if e.tier.writes_back() {
+            let worker = Arc::clone(&e);
+            let h = std::thread::Builder::new()
+                .name("zmem-shrink".into())
+                .spawn(move || crate::tier::shrinker_main(&*worker, &worker.tier))
+                .map_err(|err| ZmemError::Config(format!("cannot start the shrinker thread: {err}")))?;
+            Some(h)
+        } else {
+            None
         };
         let mut pool = Pool { e, shrinker, trainer: None };
         if pool.e.objects.dicts().is_some_and(|d| d.cfg.background) {
@@ -62,8 +58,8 @@ impl Drop for Pool {
                 tracing::error!("the dictionary thread panicked");
             }
         }
-        if let (Some(h), Some(t)) = (self.shrinker.take(), &self.e.tier) {
-            t.stop();
+        if let Some(h) = self.shrinker.take() {
+            self.e.tier.stop();
             if h.join().is_err() {
                 tracing::error!("the shrinker thread panicked; pages it was writing back stayed in RAM");
             }
@@ -77,14 +73,8 @@ impl Engine {
         let index = Index::new(cfg.shards);
         // (With a tier, the table keeps a record for every shared page.)
         let dedup = cfg.dedup.then(|| DedupTable::new(store.is_none()));
-        let tier = store.map(|st| {
-            Tier::new(
-                st,
-                Loads { exclusive: cfg.exclusive_loads, promote: cfg.promote_loads },
-                index.shards().len(),
-                dedup.as_ref().map_or(0, |d| d.shards().len()),
-            )
-        });
+        let loads = Loads { exclusive: cfg.exclusive_loads, promote: cfg.promote_loads };
+        let tier = Tier::new(store, loads, index.shards().len(), dedup.as_ref().map_or(0, |d| d.shards().len()));
         // One budget for everything the pool holds: the allocator charges
         // its pages and tables to it, the index, dedup table and the tier's
         // queues their growth, the tier the backing store's tables. The shard arrays are
@@ -92,7 +82,7 @@ impl Engine {
         let budget = Arc::new(Budget::new(cfg.mem_limit));
         // The limit is the budget's.
         let alloc = ZsPool::with_budget(AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None }, Arc::clone(&budget));
-        budget.force_charge(index.fixed_bytes() + if dedup.is_some() { DedupTable::fixed_bytes() } else { 0 } + tier.as_ref().map_or(0, Tier::fixed_bytes));
+        budget.force_charge(index.fixed_bytes() + if dedup.is_some() { DedupTable::fixed_bytes() } else { 0 } + tier.fixed_bytes());
         if let Some(limit) = cfg.mem_limit {
             if budget.used() > limit {
                 return Err(ZmemError::Config(format!("mem_limit {limit} is below the {} bytes a pool holds before it stores anything", budget.used())));
@@ -162,43 +152,33 @@ impl Engine {
 
     /// After a store: wake the shrinker if the pool is at its high mark.
     pub(super) fn kick_shrinker(&self) {
-        if let Some(t) = &self.tier {
-            t.kick_if_high(self);
-        }
-    }
-
-    /// The tier, which a written-back entry implies.
-    pub(super) fn tier(&self) -> Result<&Tier> {
-        self.tier.as_ref().ok_or_else(|| ZmemError::Inconsistent { key: 0, what: "a written-back entry in a pool without a backing store".into() })
+        self.tier.kick_if_high(self);
     }
 }
 
 impl TierHost for Engine {
-    fn index(&self) -> &Index {
-        &self.index
-    }
-    fn dedup(&self) -> Option<&DedupTable> {
-        self.dedup.as_ref()
-    }
-    fn objects(&self) -> &Objects {
-        &self.objects
-    }
-    fn counters(&self) -> &Counters {
-        &self.counters
-    }
-    fn held_pages(&self) -> u64 {
-        Engine::held_pages(self)
-    }
-    fn admission(&self) -> &Admission {
-        &self.admission
+    fn parts(&self) -> Parts<'_> {
+        Engine::parts(self)
     }
     fn now(&self) -> u32 {
         Engine::now(self)
     }
-    fn publish_locked(&self, s: &mut Shard, key: u64, new: Entry) -> Result<Option<Entry>> {
-        Engine::publish_locked(self, s, key, new)
-    }
-    fn release(&self, e: Entry) {
-        Engine::release(self, e)
+    fn publish_over(&self, key: u64, id: u64, make: impl FnOnce() -> Option<Entry>) -> bool {
+        let (r, new) = {
+            let mut s = self.index.shard(key).lock();
+            if s.get(key).and_then(Entry::record) != Some(id) {
+                return false;
+            }
+            let Some(new) = make() else { return false };
+            (self.publish_locked(&mut s, key, new), new)
+        };
+        match self.or_release(r, new) {
+            Ok(p) => {
+                // (The record the page came from is freed with its last page.)
+                self.finish(p);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }

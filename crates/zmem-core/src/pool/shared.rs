@@ -30,31 +30,37 @@ impl Engine {
                 if !create {
                     return Ok(None);
                 }
-                if self.tier.is_some() && !admitted {
+                let waits = self.tier.writes_back();
+                if waits && !admitted {
                     drop(ds);
                     self.admit()?;
                     admitted = true;
                     continue;
                 }
-                if self.tier.is_none() {
+                if !waits {
                     self.admit()?;
                 }
                 let b = self.budget();
-                if let Some(t) = &self.tier {
-                    t.prepare_shared(d.shard_index(hash), b).map_err(|e| self.alloc_failed(e))?;
-                }
-                let (handle, info) = self.encode_new(page)?;
+                let place = self.tier.reserve_shared(d.shard_index(hash), b).map_err(|e| self.alloc_failed(e))?;
+                let (handle, info) = match self.encode_new(page) {
+                    Ok(made) => made,
+                    Err(e) => {
+                        self.tier.cancel(place);
+                        return Err(e);
+                    }
+                };
                 let gen = match ds.insert(hash, handle, info, self.now(), b) {
                     Ok(gen) => gen,
                     Err(e) => {
                         drop(ds);
+                        self.tier.cancel(place);
                         self.release(Entry::obj(handle, info));
                         return Err(self.alloc_failed(e));
                     }
                 };
-                if let Some(t) = &self.tier {
-                    t.queue_shared(&ds, d.shard_index(hash), hash, gen, b);
-                }
+                let live = ds.records();
+                drop(ds);
+                self.tier.queue(self, place, hash, gen, live);
                 return Ok(Some((Entry::dedup(hash, info), None)));
             };
             let equal = match rec.loc {
@@ -98,8 +104,7 @@ impl Engine {
 
     /// Whether the written-back shared object `id` decodes to `page`.
     fn record_equals(&self, id: u64, hash: u64, info: ObjInfo, page: &[u8]) -> bool {
-        let Some(t) = &self.tier else { return false };
-        OBJ.with_borrow_mut(|obj| with_page_buf(|out| t.read_record(&self.objects, hash, id, info, obj, out).is_ok() && out == page))
+        OBJ.with_borrow_mut(|obj| with_page_buf(|out| self.tier.read_record(&self.objects, hash, id, info, obj, out).is_ok() && out == page))
     }
 
     pub(super) fn release_shared(&self, hash: u64) -> std::result::Result<(), String> {
@@ -110,10 +115,7 @@ impl Engine {
         match released {
             Released::Nothing => Ok(()),
             Released::Object(h) => self.objects.free(h).map_err(|e| e.to_string()),
-            Released::Record(id) => match &self.tier {
-                Some(t) => t.free_record(id, self.budget()),
-                None => Err("a written-back shared object in a pool without a backing store".into()),
-            },
+            Released::Record(id) => self.tier.free_record(id, self.budget()),
         }
     }
 }

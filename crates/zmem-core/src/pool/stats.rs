@@ -14,9 +14,7 @@ impl Engine {
     /// Bring charges that lag behind frees up to date (the backing
     /// store's tables shrink when its segments empty).
     pub(super) fn settle_charges(&self) {
-        if let Some(t) = &self.tier {
-            t.settle_backing(self.budget(), 0);
-        }
+        self.tier.settle_backing(self.budget(), 0);
     }
 
     pub(super) fn stats(&self) -> Stats {
@@ -61,9 +59,7 @@ impl Engine {
             st.dict_retired = d.retired.load(Relaxed);
             st.dict_collecting = d.collecting();
         }
-        if let Some(t) = &self.tier {
-            t.fill_stats(&mut st);
-        }
+        self.tier.fill_stats(&mut st);
         let tier_bytes = st.lru_bytes + st.backing_metadata_bytes;
         if keys > 0 {
             // The index's bytes for the written-back pages (its cold blocks

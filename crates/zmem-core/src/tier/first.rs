@@ -6,7 +6,8 @@
 
 use zmem_alloc::Budget;
 
-use super::{Tier, TierHost, Victim, BATCH};
+use super::holder::Found;
+use super::{Parts, Tier, Victim, BATCH};
 use crate::entry::{Entry, Slot};
 use crate::stats::Stats;
 
@@ -97,22 +98,22 @@ impl Tier {
     /// those still holding what they held when named and not loaded since.
     /// Their LRU items stay queued and are skipped once they have gone.
     /// Returns the names it looked at.
-    pub(super) fn pick_first(&self, h: &impl TierHost, victims: &mut Vec<Victim>, buf: &mut Vec<u8>, max_bytes: usize) -> usize {
+    pub(super) fn pick_first(&self, p: &Parts<'_>, victims: &mut Vec<Victim>, buf: &mut Vec<u8>, max_bytes: usize) -> usize {
         let mut f = self.first.lock();
         let mut looked = 0;
         let mut taken = 0;
         while victims.len() < BATCH && buf.len() < max_bytes {
             let Some((key, was)) = f.keys.pop() else { break };
             looked += 1;
-            let src = h.index().shard_index(key);
-            let s = h.index().shards()[src].lock();
+            let src = p.index.shard_index(key);
+            let s = p.index.shards()[src].lock();
             let Some(e) = s.get(key).filter(|&e| e == was) else { continue };
             let Slot::Obj(handle, info) = e.slot() else { continue };
-            if victims.iter().any(|v| v.src == src && v.key == key) {
+            if victims.iter().any(|v| v.src == src && v.obj.key == key) {
                 continue;
             }
-            let Some(off) = h.objects().copy_out(handle, info, buf) else { continue };
-            victims.push(Victim { src, key, entry: e, handle, info, gen: 0, referenced: false, item: None, off });
+            let Some(off) = p.objects.copy_out(handle, info, buf) else { continue };
+            victims.push(Victim { src, obj: Found::own(key, e, handle, info), item: None, off });
             taken += 1;
         }
         f.taken += taken;

@@ -13,19 +13,22 @@
 //! more than the shard's objects in RAM can account for.
 //!
 //! # Locks
-//! Queue `q` has a mutex of its own. Every change to it is made with the
-//! lock of the shard it belongs to held (index shard `q`, or dedup shard
-//! `q - index shards`), so what an item names cannot change while the
-//! tier looks at it, and a store queues its page in the critical section
-//! that publishes it. The queue's mutex is a leaf of the engine's lock
-//! order: nothing is locked under it, so it is never contended on a path
-//! that matters. Reading a queue's size for the stats takes its mutex
-//! alone.
+//! Queue `q` has a mutex of its own, a leaf of the engine's lock order:
+//! nothing is locked under it. Whoever looks at what an item names (the
+//! shrinker picking, settling or putting victims back, a sweep of stale
+//! items) holds the lock of the shard it belongs to (index shard `q`, or
+//! dedup shard `q - index shards`) and then the queue's, so what an item
+//! names cannot change meanwhile. A store makes its item's place under its
+//! shard's lock, in the critical section that publishes the page, and
+//! pushes the item with the queue's lock alone once the shard's is
+//! dropped (an item is a hint: one pushed a moment late, or stale by the
+//! time it is pushed, is skipped at the cold end like any other). Reading
+//! a queue's size for the stats takes its mutex alone.
 //!
 //! # Capacity
 //! A queue's capacity is charged to the pool's [`Budget`] before it grows
 //! (room is made before the change that needs an item, so a refusal undoes
-//! nothing), and it keeps room for the items the shrinker has taken out
+//! nothing), and it keeps room for the places made and for the items the shrinker has taken out
 //! for a write (`out`): whatever happens to the write, putting them back
 //! never grows the queue, so the shrinker (which makes room) never needs
 //! room itself.
@@ -53,6 +56,10 @@ pub(crate) struct Lru {
     /// Items popped as writeback victims and not yet settled: each may be
     /// put back, so the capacity keeps room for them.
     out: usize,
+    /// Places made ([`reserve_one`](Lru::reserve_one)) for items not yet
+    /// pushed: a store makes its place under its shard's lock and queues
+    /// its item once the lock is dropped.
+    pending: usize,
 }
 
 impl Lru {
@@ -74,25 +81,46 @@ impl Lru {
         self.q.capacity() as u64 * ITEM
     }
 
-    /// Make room for one more item (beyond those out), charging any growth:
-    /// an eighth more, at least 16 items. Call before the change that
-    /// needs the item, so a refusal undoes nothing.
+    /// Make a place for one more item (beyond those out and the places
+    /// already made), charging any growth: an eighth more, at least 16
+    /// items. Call before the change that needs the item, so a refusal
+    /// undoes nothing; then [`push_reserved`](Self::push_reserved) or
+    /// [`unreserve`](Self::unreserve).
     pub fn reserve_one(&mut self, b: &Budget) -> Result<(), AllocError> {
-        let need = self.q.len() + self.out + 1;
-        if need <= self.q.capacity() {
-            return Ok(());
+        let need = self.q.len() + self.out + self.pending + 1;
+        if need > self.q.capacity() {
+            let target = need + (self.q.len() / 8).max(16);
+            let before = self.bytes();
+            let reserved = target as u64 * ITEM - before;
+            b.try_charge(reserved)?;
+            self.q.reserve_exact(target - self.q.len());
+            b.settle(reserved, self.bytes() - before);
         }
-        let target = need + (self.q.len() / 8).max(16);
-        let before = self.bytes();
-        let reserved = target as u64 * ITEM - before;
-        b.try_charge(reserved)?;
-        self.q.reserve_exact(target - self.q.len());
-        b.settle(reserved, self.bytes() - before);
+        self.pending += 1;
         Ok(())
     }
 
-    /// Queue at the hot end, in room made by [`reserve_one`](Self::reserve_one)
-    /// or kept for an item out.
+    /// Queue `item` in the place made for it: at the hot end, or (`front`)
+    /// at the cold end.
+    pub fn push_reserved(&mut self, item: LruItem, front: bool) {
+        debug_assert!(self.pending > 0, "an LRU push without a place made for it");
+        self.pending = self.pending.saturating_sub(1);
+        debug_assert!(self.q.len() < self.q.capacity());
+        if front {
+            self.q.push_front(item);
+        } else {
+            self.q.push_back(item);
+        }
+    }
+
+    /// The change a place was made for did not happen: give it back.
+    pub fn unreserve(&mut self) {
+        debug_assert!(self.pending > 0);
+        self.pending = self.pending.saturating_sub(1);
+    }
+
+    /// Queue at the hot end, in the room an item just popped left, or
+    /// kept for an item out.
     pub fn push_back(&mut self, item: LruItem, b: &Budget) {
         self.grow_for_one(b);
         self.q.push_back(item);
@@ -137,11 +165,15 @@ impl Lru {
     /// room for twice that, so the next needs `live` more pushes or the
     /// objects halved.
     pub fn trim(&mut self, live: usize, is_live: impl FnMut(&LruItem) -> bool, b: &Budget) {
-        let bound = 3 * live + 64;
-        if self.q.len() <= bound && self.q.capacity() <= 4 * bound + self.out {
-            return;
+        if self.due(live) {
+            self.retain(is_live, b);
         }
-        self.retain(is_live, b);
+    }
+
+    /// Whether [`trim`](Self::trim) would sweep, with `live` objects.
+    pub fn due(&self, live: usize) -> bool {
+        let bound = 3 * live + 64;
+        self.q.len() > bound || self.q.capacity() > 4 * bound + self.out + self.pending
     }
 
     /// Drop the items `keep` rejects; when that leaves the queue mostly
@@ -150,7 +182,7 @@ impl Lru {
     fn retain(&mut self, keep: impl FnMut(&LruItem) -> bool, b: &Budget) {
         self.q.retain(keep);
         let before = self.bytes();
-        self.q.shrink_to(self.q.len() * 2 + self.out + 64);
+        self.q.shrink_to(self.q.len() * 2 + self.out + self.pending + 64);
         b.uncharge(before - self.bytes());
     }
 }
@@ -177,7 +209,12 @@ impl Queues {
         self.index_shards + j
     }
 
-    /// Queue `q`, locked (with its shard's lock held, to change it).
+    /// The dedup shard whose queue is `q` (None: an index shard's).
+    pub fn shared_of(&self, q: usize) -> Option<usize> {
+        q.checked_sub(self.index_shards)
+    }
+
+    /// Queue `q`, locked.
     pub fn lock(&self, q: usize) -> MutexGuard<'_, Lru> {
         self.q[q].lock()
     }
@@ -204,7 +241,7 @@ mod tests {
         let item = |key| LruItem { key, seq: key as u32, gen: 0 };
         for k in 0..100 {
             lru.reserve_one(&b).unwrap();
-            lru.push_back(item(k), &b);
+            lru.push_reserved(item(k), false);
         }
         let taken: Vec<_> = (0..30).map(|_| lru.pop_front().unwrap()).collect();
         for _ in &taken {
@@ -213,8 +250,9 @@ mod tests {
         // Stores fill the queue meanwhile, each making room for itself.
         for k in 100..400 {
             lru.reserve_one(&b).unwrap();
-            lru.push_back(item(k), &b);
-            assert!(lru.q.capacity() >= lru.q.len() + 30);
+            // A place made and not yet used is kept too.
+            assert!(lru.q.capacity() > lru.q.len() + 30);
+            lru.push_reserved(item(k), false);
         }
         let cap = lru.q.capacity();
         for it in taken.into_iter().rev() {
@@ -239,10 +277,11 @@ mod tests {
         let qs = Queues::new(4, 2);
         let b = Budget::new(None);
         assert_eq!((qs.of_index(3), qs.of_shared(0), qs.of_shared(1)), (3, 4, 5));
+        assert_eq!((qs.shared_of(3), qs.shared_of(5)), (None, Some(1)));
         for q in [0, 5] {
             let mut l = qs.lock(q);
             l.reserve_one(&b).unwrap();
-            l.push_back(LruItem { key: q as u64, seq: 0, gen: 0 }, &b);
+            l.push_reserved(LruItem { key: q as u64, seq: 0, gen: 0 }, false);
         }
         assert_eq!(qs.lock(5).front().map(|i| i.key), Some(5));
         assert!(qs.lock(4).front().is_none());

@@ -49,11 +49,12 @@ pub(crate) fn shrinker_main(e: &impl TierHost, t: &Tier) {
         }
         t.wanted.store(false, Release);
         let r = t.shrink_round(e);
+        let p = e.parts();
         let failed = match &r {
-            Ok((_, exhausted)) => *exhausted && e.held_pages() >= e.admission().max_pages(),
+            Ok((_, exhausted)) => *exhausted && t.held_pages(&p) >= p.admission.max_pages(),
             Err(err) => {
-                e.counters().reject_reclaim_fail.fetch_add(1, Relaxed);
-                e.counters().warn.warn(|| format!("writeback failed; the pool stays near its limit: {err}"));
+                p.counters.reject_reclaim_fail.fetch_add(1, Relaxed);
+                p.counters.warn.warn(|| format!("writeback failed; the pool stays near its limit: {err}"));
                 true
             }
         };
@@ -77,7 +78,7 @@ pub(crate) fn shrinker_main(e: &impl TierHost, t: &Tier) {
 impl Tier {
     /// Ask the shrinker for a round (cheap when it is already asked).
     pub fn kick(&self) {
-        if !self.wanted.swap(true, Release) {
+        if self.on && !self.wanted.swap(true, Release) {
             let _c = self.ctl.lock();
             self.wake.notify_one();
         }
@@ -112,7 +113,8 @@ impl Tier {
 
     /// After a store: wake the shrinker if the pool is at its high mark.
     pub(crate) fn kick_if_high(&self, h: &impl TierHost) {
-        if h.held_pages() >= h.admission().high_pages() {
+        let p = h.parts();
+        if self.on && self.held_pages(&p) >= p.admission.high_pages() {
             self.kick();
         }
     }
@@ -127,12 +129,13 @@ impl Tier {
     /// shrinker's backoff short, so a disk that failed once is tried again
     /// for it.
     pub(crate) fn wait_for_room(&self, h: &impl TierHost, max: u64) -> Result<()> {
+        let p = h.parts();
         let ride = self.store.ride_through();
         let deadline = Instant::now() + ADMIT_WAIT.max(ride);
         let mut c = self.ctl.lock();
         let start = c.rounds;
         loop {
-            if h.held_pages() < max {
+            if self.held_pages(&p) < max {
                 return Ok(());
             }
             let healing = c.failing_since.is_some_and(|t| t.elapsed() < ride);
@@ -147,7 +150,7 @@ impl Tier {
             self.progress.wait_until(&mut c, until);
         }
         drop(c);
-        Err(h.counters().reject_full(max))
+        Err(p.counters.reject_full(max))
     }
 
     /// One shrinker round: write back from the cold end of the LRUs until
@@ -155,22 +158,23 @@ impl Tier {
     /// the LRUs ran out of candidates).
     fn shrink_round(&self, h: &impl TierHost) -> Result<(u64, bool)> {
         let mut buf = self.writing.lock();
-        let target = h.admission().shrink_target();
+        let p = h.parts();
+        let target = p.admission.shrink_target();
         let mut total = 0;
         let mut exhausted = false;
-        while h.held_pages() > target && !self.stopping() {
+        while self.held_pages(&p) > target && !self.stopping() {
             // Write back only what compaction cannot free. Under a store
             // storm, new objects fill the holes writeback leaves, so spans
             // rarely empty by themselves: without this, a round would write
             // back far past its target before the pages came free.
             // (A class with less than a span's worth of holes is left alone,
             // so this is cheap when there is nothing to gain.)
-            if h.objects().compact_spans() > 0 {
+            if p.objects.compact_spans() > 0 {
                 self.note_progress();
                 continue;
             }
             // (At least a page: stores may have freed room since the check.)
-            let need = h.held_pages().saturating_sub(target).max(1);
+            let need = self.held_pages(&p).saturating_sub(target).max(1);
             // A batch writes no more than the pages it must free: a small
             // pool may hold fewer objects than a full batch.
             let r = self.writeback_lru_batch(h, need.saturating_mul(PAGE_SIZE as u64) as usize, &mut buf);
@@ -182,8 +186,8 @@ impl Tier {
                 break;
             }
         }
-        if h.held_pages() > target {
-            h.objects().compact_spans();
+        if self.held_pages(&p) > target {
+            p.objects.compact_spans();
         }
         Ok((total, exhausted))
     }

@@ -6,24 +6,22 @@
 //! A batch is laid out as records in key order ([`layout_records`]),
 //! written with no lock held, then each source's lock is taken again and
 //! every entry that is still unchanged is swapped for its record
-//! ([`settle_keys`], [`settle_shared`]); a failed write puts every victim
-//! back on its LRU ([`requeue_keys`], [`requeue_shared`]) and changes
-//! nothing else. The budget is charged a bound for the store's tables
+//! ([`settle`]); a failed write puts every victim back on its LRU
+//! ([`requeue`]) and changes nothing else. Both are written once for a
+//! page's own objects and shared ones ([`Holder`]). The budget is charged a bound for the store's tables
 //! before a write and settled after it ([`BackingCharge`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 
 use zmem_alloc::{Budget, Handle};
 
+use super::holder::{Holder, Settled};
 use super::lru::{Lru, LruItem};
-use super::trim_keys;
-use super::{Source, Tier, TierHost, Victim, OBJ};
+use super::{trim, Parts, Source, Tier, TierHost, Victim, OBJ};
 use crate::cold::{ColdError, RecordId};
-use crate::dedup::{DedupShard, ToCold};
 use crate::entry::{Entry, ObjInfo};
 use crate::error::{Result, ZmemError};
 use crate::objects::Objects;
-use crate::shard::Shard;
 
 /// The budget's charge for the backing store's tables: what they held at
 /// the last settlement, and a bound charged ahead of a write in flight.
@@ -91,12 +89,13 @@ impl Tier {
     /// extent of one (`extent.rs`); shared objects, and everything given
     /// to a store that drops it, go as they are.
     pub(super) fn commit(&self, h: &impl TierHost, sources: &[Source<'_>], victims: Vec<Victim>, buf: &[u8]) -> Result<u64> {
+        let p = h.parts();
         let (records, rec_of) = layout_records(&victims, sources, buf, self.store.keeps());
         let recs: Vec<(u64, &[u8])> = records.iter().map(|r| (r.key, &r.bytes[..])).collect();
         let mut by_src: Vec<usize> = victims.iter().map(|v| v.src).collect();
         by_src.sort_unstable();
         by_src.dedup();
-        let b = h.objects().budget();
+        let b = p.objects.budget();
         // Items the shrinker took out of each queue (explicit writeback takes none).
         let out = |i: usize| victims.iter().filter(|v| v.src == i && v.item.is_some()).count();
         // The store's tables grow with the records: charge a bound first.
@@ -107,13 +106,13 @@ impl Tier {
                 self.settle_backing(b, reserved);
                 r.map_err(ZmemError::Cold)
             }
-            Err(e) => Err(h.counters().alloc_failed(e)),
+            Err(e) => Err(p.counters.alloc_failed(e)),
         };
         let mut written = put();
         // A full store may have copied records to make room, which comes
         // back once the copies are named and the old records freed: then
         // once more.
-        if written.is_err() && self.apply_moves(h) > 0 {
+        if written.is_err() && self.apply_moves(&p) > 0 {
             written = put();
         }
         let ids = match written {
@@ -125,49 +124,31 @@ impl Tier {
                 self.writeback_fail.fetch_add(1, Relaxed);
                 for &i in &by_src {
                     let mine = victims.iter().filter(|v| v.src == i);
-                    match sources[i] {
-                        Source::Index(sh, q) => {
-                            let s = sh.lock();
-                            requeue_keys(self, b, &s, &mut self.queues.lock(q), mine, out(i));
-                        }
-                        Source::Shared(ds, q) => {
-                            let g = ds.lock();
-                            requeue_shared(self, b, &g, &mut self.queues.lock(q), mine, out(i));
-                        }
-                    }
+                    sources[i].with(&self.queues, |s, lru| requeue(self, b, s, lru, mine, out(i)));
                 }
                 return Err(e);
             }
         };
-        let mut settled = Settled { freed: Vec::with_capacity(victims.len()), taken: vec![false; ids.len()], ..Settled::default() };
+        let mut settled = Batch { freed: Vec::with_capacity(victims.len()), taken: vec![false; ids.len()], ..Batch::default() };
         for &i in &by_src {
             let mine = victims.iter().zip(&rec_of).filter(|(v, _)| v.src == i).map(|(v, &r)| (v, r, ids[r]));
-            match sources[i] {
-                Source::Index(sh, q) => {
-                    let mut s = sh.lock();
-                    settle_keys(self, b, &mut s, &mut self.queues.lock(q), mine, &mut settled, out(i));
-                }
-                Source::Shared(ds, q) => {
-                    let mut g = ds.lock();
-                    settle_shared(self, b, &mut g, &mut self.queues.lock(q), mine, &mut settled, out(i));
-                }
-            }
+            sources[i].with(&self.queues, |s, lru| settle(self, b, s, lru, mine, &mut settled, out(i)));
         }
-        let Settled { freed, taken, dropped } = settled;
+        let Batch { freed, taken, dropped } = settled;
         let n = freed.len() as u64;
         for handle in freed {
-            if let Err(e) = h.objects().free(handle) {
-                h.counters().free_failed(&e.to_string());
+            if let Err(e) = p.objects.free(handle) {
+                p.counters.free_failed(&e.to_string());
             }
         }
         // Records nobody took (every page in them was overwritten,
         // invalidated or loaded while we wrote).
         for id in ids.iter().zip(&taken).filter(|(_, &t)| !t).filter_map(|(id, _)| *id) {
             if let Err(e) = self.store.free(id) {
-                h.counters().free_failed(&e.to_string());
+                p.counters.free_failed(&e.to_string());
             }
         }
-        self.apply_moves(h);
+        self.apply_moves(&p);
         self.settle_backing(b, 0);
         self.written_back.fetch_add(n - dropped, Relaxed);
         self.evicted.fetch_add(dropped, Relaxed);
@@ -182,14 +163,14 @@ impl Tier {
     /// freed. A load that read the old id before its segment was freed
     /// finds it no longer live and looks its key up again. Returns the
     /// moves taken.
-    pub(crate) fn apply_moves(&self, h: &impl TierHost) -> usize {
+    pub(crate) fn apply_moves(&self, p: &Parts<'_>) -> usize {
         let moves = self.store.take_moves();
         for m in &moves {
             let (from, to) = (m.from.to_raw(), m.to.to_raw());
-            let named = h.index().shard(m.key).lock().rename_record(m.key, from, to, h.objects().budget())
-                || h.dedup().is_some_and(|d| d.shard(m.key).lock().rename_record(m.key, from, to));
+            let named = p.index.shard(m.key).lock().rename_record(m.key, from, to, p.objects.budget())
+                || p.dedup.is_some_and(|d| d.shard(m.key).lock().rename_record(m.key, from, to));
             if let Err(e) = self.store.free(if named { m.from } else { m.to }) {
-                h.counters().free_failed(&e.to_string());
+                p.counters.free_failed(&e.to_string());
             }
         }
         moves.len()
@@ -231,7 +212,8 @@ impl Tier {
         if keys.end.saturating_sub(keys.start) < 2 || self.store.stats().records == 0 {
             return 0;
         }
-        let mut ids: Vec<RecordId> = keys.filter_map(|k| h.index().shard(k).lock().get(k)?.record().map(RecordId::from_raw)).collect();
+        let index = h.parts().index;
+        let mut ids: Vec<RecordId> = keys.filter_map(|k| index.shard(k).lock().get(k)?.record().map(RecordId::from_raw)).collect();
         // The pages of one extent name one record.
         ids.dedup();
         let _busy = self.read_busy.start();
@@ -242,33 +224,18 @@ impl Tier {
     /// then bring the object back to RAM if the pool has room and the entry
     /// still names this record.
     pub(crate) fn load_backed(&self, h: &impl TierHost, key: u64, id: u64, buf: &mut [u8]) -> Result<()> {
+        let p = h.parts();
         OBJ.with_borrow_mut(|obj| {
-            let (info, r) = self.read_member(h.objects(), key, id, obj, buf)?;
-            if !self.promotes() || h.held_pages() >= h.admission().accept_pages() {
+            let (info, r) = self.read_member(p.objects, key, id, obj, buf)?;
+            if !self.promotes() || self.held_pages(&p) >= p.admission.accept_pages() {
                 return Ok(());
             }
-            let old = {
-                let mut s = h.index().shard(key).lock();
-                if s.get(key).and_then(Entry::record) != Some(id) {
-                    return Ok(());
-                }
-                let Ok(handle) = h.objects().write(&obj[r]) else { return Ok(()) };
-                match h.publish_locked(&mut s, key, Entry::obj(handle, info)) {
-                    Ok(old) => old,
-                    Err(_) => {
-                        // No room for its place in the index or the LRU:
-                        // served from the file, and it stays there.
-                        drop(s);
-                        h.release(Entry::obj(handle, info));
-                        return Ok(());
-                    }
-                }
-            };
-            if let Some(o) = old {
-                // The record the page came from (freed with its last page).
-                h.release(o);
+            // Without room for its place in the index or the LRU, it is
+            // served from the file and stays there.
+            let make = || p.objects.write(&obj[r]).ok().map(|handle| Entry::obj(handle, info));
+            if h.publish_over(key, id, make) {
+                self.promoted.fetch_add(1, Relaxed);
             }
-            self.promoted.fetch_add(1, Relaxed);
             Ok(())
         })
     }
@@ -276,31 +243,35 @@ impl Tier {
     /// [`load_backed`](Self::load_backed) for a page whose shared object
     /// `hash` was written back as record `id`.
     pub(crate) fn load_backed_shared(&self, h: &impl TierHost, key: u64, hash: u64, id: u64, info: ObjInfo, buf: &mut [u8]) -> Result<()> {
-        let Some(d) = h.dedup() else {
+        let p = h.parts();
+        let Some(d) = p.dedup else {
             return Err(ZmemError::Inconsistent { key, what: "a written-back shared object without dedup or a backing store".into() });
         };
         OBJ.with_borrow_mut(|obj| {
-            self.read_record(h.objects(), hash, id, info, obj, buf).map_err(|e| match e {
+            self.read_record(p.objects, hash, id, info, obj, buf).map_err(|e| match e {
                 // Name the page, not the hash, in what the caller sees.
                 ZmemError::Corrupt { source, .. } => ZmemError::Corrupt { key, source },
                 e => e,
             })?;
-            if !self.promote || h.held_pages() >= h.admission().accept_pages() {
+            if !self.promote || self.held_pages(&p) >= p.admission.accept_pages() {
                 return Ok(());
             }
-            {
+            let (b, shard) = (p.objects.budget(), d.shard_index(hash));
+            // No room for its place: it stays on the file.
+            let Ok(place) = self.reserve_shared(shard, b) else { return Ok(()) };
+            let promoted = {
                 let mut ds = d.shard(hash).lock();
-                let (b, shard) = (h.objects().budget(), d.shard_index(hash));
-                if self.prepare_shared(shard, b).is_err() {
-                    return Ok(()); // no room for its place: it stays on the file
-                }
-                let Some(gen) = ds.promote(hash, id, || h.objects().write(obj).ok()) else { return Ok(()) };
-                self.queue_shared(&ds, shard, hash, gen, b);
-            }
+                ds.promote(hash, id, || p.objects.write(obj).ok()).map(|gen| (gen, ds.records()))
+            };
+            let Some((gen, live)) = promoted else {
+                self.cancel(place);
+                return Ok(());
+            };
+            self.queue(h, place, hash, gen, live);
             if let Err(e) = self.store.free(RecordId::from_raw(id)) {
-                h.counters().free_failed(&e.to_string());
+                p.counters.free_failed(&e.to_string());
             }
-            self.settle_backing(h.objects().budget(), 0);
+            self.settle_backing(b, 0);
             self.promoted.fetch_add(1, Relaxed);
             Ok(())
         })
@@ -324,21 +295,22 @@ struct Record<'b> {
 fn layout_records<'b>(victims: &[Victim], sources: &[Source<'_>], buf: &'b [u8], keeps: bool) -> (Vec<Record<'b>>, Vec<usize>) {
     use crate::extent;
     let mut order: Vec<usize> = (0..victims.len()).collect();
-    order.sort_unstable_by_key(|&i| (victims[i].src, victims[i].key));
+    order.sort_unstable_by_key(|&i| (victims[i].src, victims[i].obj.key));
     let mut records: Vec<Record> = Vec::with_capacity(victims.len());
     let mut rec_of = vec![0; victims.len()];
     for i in order {
         let v = &victims[i];
-        let bytes = &buf[v.off..v.off + v.info.len as usize];
+        let (key, info) = (v.obj.key, v.obj.info);
+        let bytes = &buf[v.off..v.off + info.len as usize];
         rec_of[i] = records.len();
-        if !keeps || matches!(sources[v.src], Source::Shared(..)) {
-            records.push(Record { key: v.key, bytes: bytes.into() });
+        if !keeps || sources[v.src].shared() {
+            records.push(Record { key, bytes: bytes.into() });
             continue;
         }
         let mut rec = Vec::with_capacity(extent::header_len(1) + bytes.len());
-        extent::put_header(&[((v.key & crate::index::BLOCK_MASK) as u8, v.info)], &mut rec);
+        extent::put_header(&[((key & crate::index::BLOCK_MASK) as u8, info)], &mut rec);
         rec.extend_from_slice(bytes);
-        records.push(Record { key: v.key & !crate::index::BLOCK_MASK, bytes: rec.into() });
+        records.push(Record { key: key & !crate::index::BLOCK_MASK, bytes: rec.into() });
     }
     (records, rec_of)
 }
@@ -349,25 +321,10 @@ fn layout_records<'b>(victims: &[Victim], sources: &[Source<'_>], buf: &'b [u8],
 /// was pinned in RAM).
 /// `out` is how many of the victims the shrinker took out of this queue:
 /// their places were kept, so putting them back never grows it.
-fn requeue_keys<'v>(t: &Tier, b: &Budget, s: &Shard, lru: &mut Lru, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
+fn requeue<'v>(t: &Tier, b: &Budget, s: &dyn Holder, lru: &mut Lru, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
     for v in victims.rev() {
-        let (Some(item), Some(now)) = (v.item, s.get(v.key)) else { continue };
-        if now.gen() != item.gen || now.slot() != v.entry.slot() {
-            continue; // overwritten or gone: its new entry has its own item
-        }
-        if now.referenced() && !t.exclusive() {
-            lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
-        } else {
-            lru.push_front(item, b);
-        }
-    }
-    lru.return_out(out);
-}
-
-fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &DedupShard, lru: &mut Lru, victims: impl DoubleEndedIterator<Item = &'v Victim>, out: usize) {
-    for v in victims.rev() {
-        let (Some(item), Some(referenced)) = (v.item, ds.still_in_ram(v.key, v.gen, v.handle)) else { continue };
-        if referenced {
+        let (Some(item), Some(hot)) = (v.item, s.unchanged(&v.obj, t.exclusive())) else { continue };
+        if hot {
             lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
         } else {
             lru.push_front(item, b);
@@ -378,7 +335,7 @@ fn requeue_shared<'v>(t: &Tier, b: &Budget, ds: &DedupShard, lru: &mut Lru, vict
 
 /// What settling a batch leaves to do once the shard locks are dropped.
 #[derive(Default)]
-struct Settled {
+struct Batch {
     /// Objects that left RAM: free them.
     freed: Vec<Handle>,
     /// Per record of the batch: whether an entry now names it. Those that
@@ -389,83 +346,41 @@ struct Settled {
     dropped: u64,
 }
 
-/// After a successful write: swap each unchanged entry for its record, or
-/// remove it if the store dropped the object; then move the written-back
-/// keys of each index block it touched to their cold block. Collects the
-/// handles to free and marks the records an entry took.
-fn settle_keys<'v>(
+/// After a successful write: swap each unchanged object for its record
+/// (or let it go, if the store dropped it); one a load referenced while
+/// the write ran stays, at the hot end. Collects the handles to free and
+/// marks the records taken.
+fn settle<'v>(
     t: &Tier,
     b: &Budget,
-    s: &mut Shard,
+    s: &mut dyn Holder,
     lru: &mut Lru,
     done: impl Iterator<Item = (&'v Victim, usize, Option<RecordId>)>,
-    settled: &mut Settled,
+    batch: &mut Batch,
     out: usize,
 ) {
-    let mut blocks: Vec<u64> = Vec::new();
+    let mut moved: Vec<u64> = Vec::new();
     for (v, r, id) in done {
-        let now = s.get(v.key);
-        // With exclusive loads, a load during the write changes nothing:
-        // the object was going to the cold end anyway.
-        if let Some(cur) = now.filter(|&n| n == v.entry || (t.exclusive() && n == v.entry.with_referenced(true))) {
-            match id {
-                Some(id) => {
-                    s.replace(v.key, cur, Entry::backed(id.to_raw(), v.info).with_gen(v.entry.gen()));
-                    settled.taken[r] = true;
-                    let block = v.key & !crate::index::BLOCK_MASK;
-                    if blocks.last() != Some(&block) {
-                        blocks.push(block);
-                    }
-                }
-                None => {
-                    s.remove(v.key, b);
-                    settled.dropped += 1;
+        match s.settle(&v.obj, id, t.exclusive(), b) {
+            Settled::Moved { dropped } => {
+                batch.taken[r] |= !dropped;
+                batch.dropped += dropped as u64;
+                batch.freed.push(v.obj.handle);
+                if !dropped {
+                    moved.push(v.obj.key);
                 }
             }
-            settled.freed.push(v.handle);
-            continue;
-        }
-        // A load only set the referenced bit: the object is still here and
-        // keeps its place in the LRU, at the hot end.
-        if let (Some(item), Some(now)) = (v.item, s.get(v.key)) {
-            if now.gen() == item.gen && now.slot() == v.entry.slot() {
-                lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
-            }
-        }
-    }
-    s.make_cold(&blocks, b);
-    lru.return_out(out);
-    // The victims' places are free now: give the room back once it is
-    // most of the queue's.
-    trim_keys(lru, s, b);
-}
-
-/// [`settle_keys`] for shared objects. A dropped one stays in the table,
-/// as `Loc::Dropped`, until its last key lets go: its keys then miss.
-fn settle_shared<'v>(
-    t: &Tier,
-    b: &Budget,
-    ds: &mut DedupShard,
-    lru: &mut Lru,
-    done: impl Iterator<Item = (&'v Victim, usize, Option<RecordId>)>,
-    settled: &mut Settled,
-    out: usize,
-) {
-    for (v, r, id) in done {
-        match ds.written_back(v.key, v.gen, v.handle, v.referenced, id.map(RecordId::to_raw)) {
-            ToCold::Stale => {}
-            ToCold::Referenced => {
-                // Loaded or shared again while we wrote: stays, at the hot end.
+            Settled::Hot => {
                 if let Some(item) = v.item {
                     lru.push_back(LruItem { seq: t.next_seq(), ..item }, b);
                 }
             }
-            ToCold::Moved { dropped } => {
-                settled.taken[r] |= !dropped;
-                settled.dropped += dropped as u64;
-                settled.freed.push(v.handle);
-            }
+            Settled::Stale => {}
         }
     }
+    s.settled(&moved, b);
     lru.return_out(out);
+    // The victims' places are free now: give the room back once it is
+    // most of the queue's.
+    trim(lru, s, b);
 }
