@@ -45,10 +45,6 @@ const PRIO_MASK: u32 = 0b11;
 /// zram's `incompressible` for recompression: no algorithm up to the top
 /// priority made the object smaller, so it is not tried again.
 const NO_RECOMP_BIT: u32 = 1 << 30;
-/// On a written-back entry handed out of the index, never on one stored:
-/// it was the last entry of its index block to name its record (an extent,
-/// `extent.rs`), so whoever releases it frees the record.
-const LAST_BIT: u32 = 1 << 31;
 const TAG_SHIFT: u32 = 2;
 const LEN_SHIFT: u32 = 6;
 const LEN_MASK: u32 = 0x1FFF;
@@ -186,15 +182,6 @@ impl Entry {
         debug_assert!(self.record().is_some());
         Entry { data: split(id), ..self }
     }
-    /// This written-back entry, marked as the last to name its record.
-    pub fn with_last(self) -> Entry {
-        debug_assert!(self.record().is_some());
-        Entry { meta: self.meta | LAST_BIT, ..self }
-    }
-    /// Marked by the index as the last entry naming its record.
-    pub fn last(self) -> bool {
-        self.record().is_some() && self.meta & LAST_BIT != 0
-    }
     pub fn slot(self) -> Slot {
         match self.meta & KIND_MASK {
             KIND_SAME => Slot::Same(self.data()),
@@ -262,10 +249,8 @@ mod tests {
         assert_eq!(r.slot(), b.slot(), "the recompression bits leave the payload alone");
         assert!(!r.is_empty(), "a marked entry is never the empty one");
         assert_eq!((b.prio(), b.no_recomp()), (0, false));
-        assert_eq!((b.record(), b.last()), (Some(u64::MAX), false));
-        let l = b.with_last();
-        assert!(l.last() && !l.is_empty() && l.slot() == b.slot(), "the mark leaves the payload alone");
-        assert_eq!((Entry::same(0).record(), Entry::EMPTY.record(), Entry::EMPTY.last()), (None, None, false));
+        assert_eq!(b.record(), Some(u64::MAX));
+        assert_eq!((Entry::same(0).record(), Entry::EMPTY.record()), (None, None));
         for slot in 0..DICT_SLOTS {
             for alg in [Algorithm::Lz4, Algorithm::Zstd] {
                 let i = ObjInfo::with_dict(slot, alg, 1234);

@@ -48,11 +48,6 @@
 //! key among pages in RAM stays there at 16 bytes); once made, every
 //! written-back key of its sixteen blocks joins it.
 //!
-//! Every entry naming a record that leaves the index is marked
-//! ([`Entry::with_last`]) when no other key of its block names that record
-//! in either map: an extent never spans blocks, so its last member is found
-//! in the block alone, under the lock that removes it.
-//!
 //! A new key in RAM (16 bytes, or a new block) and any resize of a map are
 //! charged to the pool's budget before the key goes in
 //! ([`BlockIndex::insert`] is refused otherwise); the bytes held are kept
@@ -138,9 +133,6 @@ impl Block {
     fn iter(&self) -> impl Iterator<Item = (usize, &Kept)> + '_ {
         (0..BLOCK).filter(|&i| self.has(i)).zip(self.kept.iter())
     }
-    fn names(&self, rec: u64) -> bool {
-        self.kept.iter().any(|k| k.e.record() == Some(rec))
-    }
     /// Add key `i` (absent): [`Kept`]'s size more.
     fn add(&mut self, i: usize, k: Kept) {
         debug_assert!(!self.has(i));
@@ -203,26 +195,16 @@ struct Taken {
 }
 
 /// Take the keys of `mask` out of block `id`'s part in RAM and its part of
-/// a cold block, pushing their entries to `out`: once each, an entry
-/// naming a record that no key left in either part names is marked.
-fn take_keys(id: u64, mut hot: Option<&mut Block>, mut cold: Option<&mut ColdBlock>, mask: u16, out: &mut Vec<Entry>) -> Taken {
-    let first = out.len();
-    let span = cold_span(id);
+/// a cold block, pushing their entries to `out`.
+fn take_keys(id: u64, hot: Option<&mut Block>, cold: Option<&mut ColdBlock>, mask: u16, out: &mut Vec<Entry>) -> Taken {
     let mut t = Taken::default();
-    if let Some(b) = hot.as_deref_mut() {
+    if let Some(b) = hot {
         t.freed = b.take(mask, |_, e| out.push(e));
     }
-    if let Some(c) = cold.as_deref_mut() {
+    if let Some(c) = cold {
         let before = c.heap_bytes();
         (t.members, t.zeros) = c.take(&span_mask(id, mask), false, |_, e| out.push(e));
         t.cold_freed = before - c.heap_bytes();
-    }
-    for j in first..out.len() {
-        let Some(rec) = out[j].record() else { continue };
-        let named = hot.as_deref().is_some_and(|b| b.names(rec)) || cold.as_deref().is_some_and(|c| c.names(span.clone(), rec));
-        if !named && !out[first..j].iter().any(|o| o.record() == Some(rec)) {
-            out[j] = out[j].with_last();
-        }
     }
     t
 }
@@ -417,7 +399,7 @@ impl BlockIndex {
     }
 
     /// Take `key` out of its cold block, freeing the cold block if that
-    /// empties it; returns its entry, not marked.
+    /// empties it; returns its entry.
     fn take_cold(&mut self, key: u64, budget: &Budget) -> Option<Entry> {
         let (cid, ci) = cold_place(key);
         let c = self.cold.get_mut(&cid)?;
@@ -445,19 +427,6 @@ impl BlockIndex {
             map_shrink(&mut self.cold, budget);
         }
         old
-    }
-
-    /// Whether a key of block `id`, in either map, names record `rec`.
-    fn names(&self, id: u64, rec: u64) -> bool {
-        self.blocks.get(&id).is_some_and(|b| b.names(rec)) || self.cold.get(&(id >> (COLD_SHIFT - BLOCK_SHIFT))).is_some_and(|c| c.names(cold_span(id), rec))
-    }
-
-    /// `old`, taken from block `id`, marked if no key left there names its record.
-    fn marked(&self, id: u64, old: Entry) -> Entry {
-        match old.record() {
-            Some(rec) if !self.names(id, rec) => old.with_last(),
-            _ => old,
-        }
     }
 
     /// Every extent the index names, with the first key of its block and
@@ -538,8 +507,7 @@ impl BlockIndex {
         match self.blocks.get_mut(&id) {
             Some(b) => {
                 if let Some(k) = b.get_mut(i) {
-                    let old = std::mem::replace(&mut k.e, e);
-                    return Ok(Some(self.marked(id, old)));
+                    return Ok(Some(std::mem::replace(&mut k.e, e)));
                 }
                 let more = kept_bytes(b.len() + 1) - b.bytes();
                 budget.try_charge(more)?;
@@ -561,7 +529,7 @@ impl BlockIndex {
         if old.is_none() {
             self.len += 1;
         }
-        Ok(old.map(|o| self.marked(id, o)))
+        Ok(old)
     }
 
     /// Remove `key`; a block left empty is freed and its bytes uncharged.
@@ -572,7 +540,7 @@ impl BlockIndex {
             old = self.take_cold(key, budget)?;
         }
         self.len -= 1;
-        Some(self.marked(id, old))
+        Some(old)
     }
 
     /// Remove every key in `range`, pushing the removed entries to `out`.

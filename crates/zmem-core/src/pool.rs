@@ -546,8 +546,7 @@ impl Engine {
     fn release(&self, e: Entry) {
         let r = match e.slot() {
             Slot::Same(_) => Ok(()),
-            // A member of an extent that other keys of its block still name.
-            Slot::Backed(..) if !e.last() => Ok(()),
+            // (Each written-back page has a record of its own.)
             Slot::Backed(id, _) => self.tier.free_record(id, self.budget()),
             Slot::Obj(h, _) => self.objects.free(h).map_err(|e| e.to_string()),
             Slot::Dedup(hash, _) => self.release_shared(hash),

@@ -376,13 +376,10 @@ impl ColdBlock {
         let backed = self.keys().into_iter().map(|(i, rec)| (i, Entry::backed(rec, ObjInfo::in_extent())));
         backed.chain(self.zeros().into_iter().flat_map(places).map(|i| (i, Entry::same(0))))
     }
-    /// The places of `span` holding a written-back key.
+    /// The places of `span` holding a written-back key (`Index::extents`).
+    #[cfg(test)]
     pub(super) fn members_in(&self, span: Range<usize>) -> impl Iterator<Item = usize> + '_ {
         span.filter(|&i| self.is_member(i))
-    }
-    /// Whether a key of `span` (one block's) names `rec`.
-    pub(super) fn names(&self, span: Range<usize>, rec: u64) -> bool {
-        self.members_in(span).any(|i| self.rec(i) == rec)
     }
     pub(super) fn is_empty(&self) -> bool {
         self.member_mask().iter().chain(self.zeros().unwrap_or(&[])).all(|&w| w == 0)

@@ -45,12 +45,12 @@ fn backed(rec: u64) -> Entry {
     Entry::backed(rec, ObjInfo::raw())
 }
 
-/// A block of one extent's pages (and zero pages) is kept cold in 16
-/// bytes, reads back the same, comes back to a block when a key is
-/// stored, and the last of an extent's keys to leave is marked, however
-/// it leaves (removed, replaced, in a range), in either form.
+/// A block whose pages name one record (and zero pages) is kept cold in
+/// 16 bytes, reads back the same, comes back to a block when a key is
+/// stored, and hands every key out as it was, however it leaves (removed,
+/// replaced, in a range), in either form.
 #[test]
-fn cold_blocks_and_the_last_member_of_an_extent() {
+fn cold_blocks_keep_what_their_keys_name() {
     let b = Budget::new(None);
     let mut ix = BlockIndex::new();
     for k in 16..32 {
@@ -69,18 +69,14 @@ fn cold_blocks_and_the_last_member_of_an_extent() {
     let mut ext = Vec::new();
     ix.extents(&mut ext);
     assert_eq!(ext, vec![(7, 16, 0b1110_1110_1110_1110)]);
-    // Removed one by one: the last member is marked, zero pages never.
-    let mut marked = 0;
-    for k in [16, 17, 18, 19, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30] {
-        marked += ix.remove(k, &b).unwrap().last() as u32;
+    // Removed one by one, each as it was.
+    for k in 16..32 {
+        assert_eq!(ix.remove(k, &b).map(view), Some(if k % 4 == 0 { (0, 0) } else { (1, 7) }), "key {k}");
     }
-    assert_eq!(marked, 0);
-    assert!(ix.remove(31, &b).unwrap().last(), "the extent's last key");
-    assert!(!ix.remove(20, &b).unwrap().last());
     assert_eq!((ix.len(), ix.cold.len()), (0, 0));
-    // A store into a cold block brings that key alone back; the entry
-    // it replaces is marked only if it was the extent's last. (Four
-    // keys free less in RAM than a new cold block takes: six do not.)
+    // A store into a cold block brings that key alone back, handing out
+    // the entry it replaces. (Four keys free less in RAM than a new cold
+    // block takes: six do not.)
     for k in 32..36 {
         ix.insert(k, backed(9), &b).unwrap();
     }
@@ -90,27 +86,25 @@ fn cold_blocks_and_the_last_member_of_an_extent() {
     }
     assert!(ix.make_cold(32, &b));
     let old = ix.insert(33, Entry::same(5), &b).unwrap().unwrap();
-    assert!(old.record() == Some(9) && !old.last());
+    assert_eq!(old.record(), Some(9));
     assert_eq!((ix.blocks.len(), ix.cold.len(), ix.len()), (1, 1, 6));
     assert_eq!(ix.get(33), Some(Entry::same(5)));
     assert_eq!(ix.get(34).and_then(Entry::record), Some(9));
     assert!(!ix.make_cold(32, &b), "a non-zero same-filled page stays in RAM");
-    for (k, w) in [(32, 6), (34, 7), (35, 8), (36, 9)] {
-        assert!(!ix.insert(k, Entry::same(w), &b).unwrap().unwrap().last());
+    for (k, w) in [(32, 6), (34, 7), (35, 8), (36, 9), (37, 10)] {
+        assert_eq!(ix.insert(k, Entry::same(w), &b).unwrap().unwrap().record(), Some(9));
     }
-    assert!(ix.insert(37, Entry::same(10), &b).unwrap().unwrap().last());
-    // In a range: one mark per extent no key names any more.
+    // In a range, from either form.
     for k in 48..64 {
         ix.insert(k, backed(if k < 56 { 1 } else { 2 }), &b).unwrap();
     }
     let mut out = Vec::new();
     ix.remove_range(&(50..58), &mut out, &b);
-    assert_eq!(out.iter().filter(|e| e.last()).count(), 0, "both extents keep keys");
     ix.remove_range(&(0..50), &mut out, &b);
-    assert_eq!(out.iter().filter(|e| e.last()).count(), 1, "extent 1 is gone");
     assert!(ix.make_cold(60, &b));
     ix.remove_range(&(58..100), &mut out, &b);
-    assert_eq!(out.iter().filter(|e| e.last()).count(), 2, "and extent 2, from its cold block");
+    let recs = |out: &[Entry], r| out.iter().filter(|e| e.record() == Some(r)).count();
+    assert_eq!((recs(&out, 1), recs(&out, 2)), (8, 8));
     assert_eq!(b.used(), ix.heap_bytes());
     // A lone written-back key beside a page in RAM stays where it is
     // (a cold block would cost more than its 16 bytes) until a cold
@@ -143,7 +137,7 @@ fn cold_blocks_and_the_last_member_of_an_extent() {
 /// generation), a full block in under 10.5 bytes a key with its slot in
 /// the map, where a block in RAM takes 18–20. It reads back the same, comes back to a
 /// block when a key is stored, reports each record as an extent of one,
-/// and every key leaving it is the last to name its record.
+/// and every key leaving it names its own record.
 #[test]
 fn blocks_of_single_page_records_go_cold_too() {
     let b = Budget::new(None);
@@ -171,17 +165,17 @@ fn blocks_of_single_page_records_go_cold_too() {
     ix.extents(&mut ext);
     assert_eq!(ext.len(), 15 * 512);
     assert!(ext.iter().all(|&(rec, base, live)| live.count_ones() == 1 && base + u64::from(live.trailing_zeros()) + 1000 == rec));
-    // Every key that leaves is the last to name its record, however it leaves.
-    assert!(ix.remove(3, &b).unwrap().last());
-    assert!(!ix.remove(5, &b).unwrap().last(), "a zero page names no record");
+    // Every key that leaves names its own record, however it leaves.
+    assert_eq!(ix.remove(3, &b).unwrap().record(), Some(1003));
+    assert_eq!(ix.remove(5, &b).unwrap().record(), None, "a zero page names no record");
     let old = ix.insert(4, Entry::same(9), &b).unwrap().unwrap();
-    assert!(old.last() && old.record() == Some(1004));
+    assert_eq!(old.record(), Some(1004));
     assert_eq!(ix.get(6).and_then(Entry::record), Some(1006), "the other keys stay cold");
     assert_eq!((ix.blocks[&0].present, ix.cold[&0].member_places().len()), (1 << 4, 238));
     let mut out = Vec::new();
     ix.remove_range(&(16..40), &mut out, &b);
     assert_eq!(out.len(), 24);
-    assert_eq!(out.iter().filter(|e| e.last()).count(), 22, "one mark a record, none for the zero pages");
+    assert_eq!(out.iter().filter_map(|e| e.record()).collect::<Vec<_>>(), (16..40).filter(|k| k % 16 != 5).map(|k| 1000 + k).collect::<Vec<_>>());
     assert_eq!(ix.get(40).and_then(Entry::record), Some(1040));
     assert_eq!(b.used(), ix.heap_bytes());
     ix.remove_range(&(0..u64::MAX), &mut out, &b);
@@ -375,18 +369,13 @@ fn view(e: Entry) -> (u8, u64) {
 proptest::proptest! {
     /// The index against a map, whatever the order of stores,
     /// write-backs, blocks going cold, removals and renames: every key
-    /// reads back what it was given; a key leaving is marked the last
-    /// exactly when no key left in its block names its record; and
-    /// the budget holds the bytes the index counts.
+    /// reads back what it was given, a key leaving hands out what it
+    /// held, and the budget holds the bytes the index counts.
     #[test]
     fn the_index_keeps_what_a_map_would(ops in proptest::collection::vec(op(), 1..300)) {
         let b = Budget::new(None);
         let mut ix = BlockIndex::new();
         let mut model: std::collections::BTreeMap<u64, (u8, u64)> = Default::default();
-        let named_in_block = |model: &std::collections::BTreeMap<u64, (u8, u64)>, k: u64, r: u64| {
-            let first = k & !MASK;
-            model.range(first..first + BLOCK as u64).any(|(_, &v)| v == (1, r))
-        };
         for op in ops {
             match op {
                 Op::Same(k, w) | Op::Backed(k, w) => {
@@ -394,10 +383,6 @@ proptest::proptest! {
                     let old = ix.insert(k, e, &b).unwrap();
                     let was = model.insert(k, view(e));
                     proptest::prop_assert_eq!(old.map(view), was);
-                    if let Some(old) = old {
-                        let last = was.is_some_and(|(kind, r)| kind == 1 && !named_in_block(&model, k, r));
-                        proptest::prop_assert_eq!(old.last(), last, "key {}", k);
-                    }
                 }
                 Op::Cold(k) => {
                     ix.make_cold(k, &b);
@@ -410,10 +395,6 @@ proptest::proptest! {
                     let old = ix.remove(k, &b);
                     let was = model.remove(&k);
                     proptest::prop_assert_eq!(old.map(view), was);
-                    if let Some(old) = old {
-                        let last = was.is_some_and(|(kind, r)| kind == 1 && !named_in_block(&model, k, r));
-                        proptest::prop_assert_eq!(old.last(), last, "key {}", k);
-                    }
                 }
                 Op::Range(k, n) => {
                     let mut out = Vec::new();
@@ -427,12 +408,6 @@ proptest::proptest! {
                     want.sort_unstable();
                     got.sort_unstable();
                     proptest::prop_assert_eq!(got, want);
-                    // One mark for each record a block no longer names.
-                    let mut gone_recs: Vec<(u64, u64)> = gone.iter().filter(|(_, v)| v.0 == 1).map(|&(k, v)| (k >> BLOCK_SHIFT, v.1)).collect();
-                    gone_recs.sort_unstable();
-                    gone_recs.dedup();
-                    let marks = gone_recs.iter().filter(|&&(id, r)| !named_in_block(&model, id << BLOCK_SHIFT, r)).count();
-                    proptest::prop_assert_eq!(out.iter().filter(|e| e.last()).count(), marks);
                 }
                 Op::Rename(k, to) => {
                     let Some(&(1, from)) = model.get(&k) else { continue };
@@ -611,7 +586,7 @@ fn written_back_keys_go_cold_beside_keys_in_ram() {
     // Stores to written-back keys bring them back one by one; the last
     // of a block's cold keys takes its cold block with it.
     for k in (0..16).filter(|k| k % 2 == 1) {
-        assert!(ix.insert(k, obj(k), &b).unwrap().unwrap().last());
+        assert_eq!(ix.insert(k, obj(k), &b).unwrap().unwrap().record(), Some(rec(k)));
     }
     assert!(ix.cold[&0].member_places().iter().all(|&i| i >= 16) && ix.blocks[&0].len() == 16);
     assert_eq!((ix.cold_members, ix.len() as u64), (N / 2 - 8, N));
@@ -625,19 +600,19 @@ fn written_back_keys_go_cold_beside_keys_in_ram() {
     assert!(ix.make_cold(N, &b));
     assert_eq!((ix.blocks[&(N / 16)].present, ix.cold[&(N / 256)].member_places()), (1, (1..8).collect()));
     for k in N + 1..N + 7 {
-        assert!(!ix.remove(k, &b).unwrap().last());
+        assert_eq!(ix.remove(k, &b).unwrap().record(), Some(7));
     }
-    assert!(!ix.remove(N, &b).unwrap().last(), "key N + 7 still names it, cold");
+    assert_eq!(ix.remove(N, &b), Some(dict), "from RAM");
     let mut out = Vec::new();
     ix.remove_range(&(N..N + 16), &mut out, &b);
-    assert!(out.len() == 1 && out[0].last());
+    assert!(out.len() == 1 && out[0].record() == Some(7), "and from its cold block");
     ix.insert(N, dict, &b).unwrap();
     for k in N + 1..N + 8 {
         ix.insert(k, backed(7), &b).unwrap();
     }
     assert!(ix.make_cold(N, &b));
     ix.remove_range(&(N..N + 16), &mut out, &b);
-    assert_eq!(out[1..].iter().filter(|e| e.last()).count(), 1, "one mark across both maps");
+    assert_eq!(out[1..].iter().filter(|e| e.record() == Some(7)).count(), 8, "across both maps");
     ix.remove_range(&(0..u64::MAX), &mut out, &b);
     assert_eq!((ix.len(), ix.cold_members, ix.cold_zeros, ix.block_bytes, ix.cold_bytes), (0, 0, 0, 0, 0));
     assert_eq!(b.used(), ix.heap_bytes());
