@@ -57,6 +57,40 @@ fn without_backing_the_limit_rejects_with_hysteresis() {
     assert!(p.writeback(WritebackMode::All, None).is_err(), "no backing store");
 }
 
+/// A pool without a cold store has a tier that does nothing: no page is
+/// ever written back or named to go first, nothing waits for a shrinker,
+/// and no LRU memory is held.
+#[test]
+fn without_a_cold_store_the_tier_does_nothing() {
+    let p = Pool::new(PoolConfig { max_pool: Some(1 << 20), ..PoolConfig::default() }).unwrap();
+    for k in 0..64u64 {
+        p.store(k, &incompressible(k)).unwrap();
+    }
+    assert!(!p.has_cold_store());
+    assert!(matches!(p.writeback(WritebackMode::All, None), Err(ZmemError::NoBackingStore)));
+    assert!(p.resident().is_empty());
+    // Pages named to go first (here, another pool's) are not kept.
+    let t = tiered(1 << 20, mem_file());
+    for k in 0..64u64 {
+        t.store(k, &incompressible(k)).unwrap();
+    }
+    let named = t.resident();
+    assert_eq!(named.len(), 64);
+    assert_eq!(p.write_back_first(named), 0);
+    assert_eq!(p.stats().lru_bytes, 0);
+    assert_eq!(p.prefetch(0..64), 0);
+    p.set_exclusive_loads(true);
+    assert!(p.settle(std::time::Duration::ZERO), "no shrinker to wait for");
+    p.store(3, &incompressible(1003)).unwrap();
+    let mut buf = vec![0u8; PAGE];
+    for k in 0..64u64 {
+        p.load(k, &mut buf).unwrap();
+        assert_eq!(buf, incompressible(if k == 3 { 1003 } else { k }), "key {k}");
+    }
+    let st = p.stats();
+    assert_eq!((st.lru_bytes, st.written_back_pages, st.cold_queued_pages, st.exclusive_loads), (0, 0, 0, false), "{st:?}");
+}
+
 /// Under a stream of stores that overflows the pool, the newest pages are
 /// in RAM and the oldest on the file; a page loaded again and again stays.
 #[test]

@@ -61,9 +61,12 @@ impl Resident {
 
 impl Tier {
     /// Replace the pages to write back first with `r`'s (see [`FirstOut`]).
-    /// Its table is charged to the budget; without room the hint is
-    /// dropped. Returns the pages it names.
+    /// Its table is charged to the budget; without room (or without a
+    /// cold store) the hint is dropped. Returns the pages it names.
     pub(crate) fn write_first(&self, b: &Budget, mut r: Resident) -> usize {
+        if !self.on {
+            return 0; // nothing is written back
+        }
         let mut f = self.first.lock();
         (f.named, f.of) = (r.items.len() as u64, r.of);
         b.uncharge(std::mem::take(&mut f.charged));
