@@ -35,9 +35,15 @@ pub struct Turn {
     _lock: File,
 }
 
-/// The file whose lock is the turn.
+/// The file whose lock is the turn: one for each user (`/proc/self` is
+/// owned by the process's user). Only root's tests change the machine's
+/// state, and a file one user made another cannot open for writing: a
+/// shared one, once root made it, failed every later run of another
+/// user's tests.
 pub fn lock_path() -> PathBuf {
-    std::env::temp_dir().join("zmem-tests-machine.lock")
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+    std::env::temp_dir().join(format!("zmem-tests-machine.{uid}.lock"))
 }
 
 /// Wait for the turn at the machine's shared kernel state, and take it.
