@@ -72,8 +72,9 @@ status=0
 step tests deadline 30 cargo test --workspace --lib --bins $other_args --no-fail-fast -- --test-threads=2 || status=$?
 step doc-tests cargo test --workspace --doc --no-fail-fast || status=$?
 # The unsafe code under valgrind's memcheck (stable Rust has no Miri or
-# sanitizers here; memcheck needs neither): the allocator's module (mmap,
-# madvise, raw slices), liblz4 fed corrupt streams by zmem-compress's
+# sanitizers here; memcheck needs neither): the allocator's module (shared
+# mappings of its arena, raw slices and words; its tests, and opening an
+# arena again), liblz4 fed corrupt streams by zmem-compress's
 # property tests, and the swap server's pageout and mallinfo2 (its memory
 # report). It runs at the lowest priority beside the failover matrix
 # below, which mostly waits out failovers.
@@ -93,9 +94,11 @@ for l in sys.stdin:
     [ -n "$bin" ] || { echo "memcheck: no test binary $3 ($2) of $1 in the build" >&2; return 1; }
     echo "$bin"
 }
-memcheck() { # memcheck POOL_TESTS COMPRESS_TESTS SERVER_TESTS
+memcheck() { # memcheck POOL_TESTS COMPRESS_TESTS SERVER_TESTS ARENA_TESTS
     echo "memcheck: $1"
     PROPTEST_CASES=4 deadline 15 nice -n 19 valgrind --error-exitcode=99 -q "$1" --test-threads=1
+    echo "memcheck: $4"
+    deadline 15 nice -n 19 valgrind --error-exitcode=99 -q "$4" --test-threads=1
     echo "memcheck: $2"
     PROPTEST_CASES=64 deadline 15 nice -n 19 valgrind --error-exitcode=99 -q "$2" --test-threads=1
     echo "memcheck: $3 (pageout, and mallinfo2 in the memory report)"
@@ -106,7 +109,8 @@ if command -v valgrind >/dev/null 2>&1; then
     pool_tests=$(test_binary zmem-alloc test pool)
     compress_tests=$(test_binary zmem-compress lib zmem_compress)
     server_tests=$(test_binary zmem-server lib zmem_server)
-    step memcheck memcheck "$pool_tests" "$compress_tests" "$server_tests" >"$mc_log" 2>&1 &
+    arena_tests=$(test_binary zmem-alloc test arena)
+    step memcheck memcheck "$pool_tests" "$compress_tests" "$server_tests" "$arena_tests" >"$mc_log" 2>&1 &
     mc_pid=$!
 else
     echo "memcheck: skipped, valgrind is not installed"

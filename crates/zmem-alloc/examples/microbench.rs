@@ -55,7 +55,7 @@ fn main() {
              free (span stays live) {warm_free:6.1} ns | memcpy {memcpy:5.1} ns (sum {sum})"
         );
     }
-    // Huge class: every free releases its 1-page span (madvise), every alloc refaults it.
+    // Huge class: every free releases its 1-page span (a hole punched), every alloc refaults it.
     let pool = ZsPool::default();
     let page = vec![1u8; 4096];
     let hs: Vec<Handle> = (0..n).map(|_| pool.alloc_write(&page).unwrap()).collect();
@@ -68,5 +68,5 @@ fn main() {
     for _ in 0..n {
         black_box(pool.alloc_write(&page).unwrap());
     }
-    println!("len 4096 churn: free (madvise) {free:.1} ns, alloc into released span {:.1} ns", per(t.elapsed(), n));
+    println!("len 4096 churn: free (hole punched) {free:.1} ns, alloc into released span {:.1} ns", per(t.elapsed(), n));
 }

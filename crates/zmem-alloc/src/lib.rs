@@ -38,16 +38,22 @@
 //!   operation's bookkeeping is O(1). Allocation always takes from the
 //!   fullest non-full span, which concentrates objects and lets sparse spans
 //!   drain. A span that becomes empty is released at once
-//!   (`madvise(MADV_DONTNEED)`); its address range and descriptor are kept
+//!   (a hole punched in the arena file, below); its address range and descriptor are kept
 //!   for reuse. When frees leave a class with at least a span's worth of
 //!   holes, [`ZsPool::compact`] does what `__zs_compact` does: move objects
 //!   from the emptiest spans into the fullest non-full ones, updating the
 //!   handle table, and release each span it empties.
 //!
-//! **Memory.** Span memory comes from anonymous `mmap` in per-class chunks
-//! that grow geometrically (8 spans, then doubling, up to 4 MiB), never one
-//! mapping per span (`vm.max_map_count`). Chunks opt out of transparent huge
-//! pages, so RSS tracks live spans. [`AllocStats::pages_used`] counts the
+//! **Memory.** Span memory comes in per-class chunks that grow
+//! geometrically (8 spans, then doubling, up to 4 MiB), never one mapping
+//! per span (`vm.max_map_count`). The chunks and the handle tables are
+//! regions of one file in RAM, the pool's *arena* (`memfd_create`, mapped
+//! shared; [`arena`]), so they outlive the process: whoever holds the file
+//! can give it to a new process, and [`ZsPool::open`] rebuilds the
+//! allocator's heap metadata (span descriptors, back-pointers, free lists,
+//! groups) from the handle tables and the arena's directory of regions. A
+//! released span's pages are a hole punched in the file. Chunks opt out of
+//! transparent huge pages, so RSS tracks live spans. [`AllocStats::pages_used`] counts the
 //! pages of live spans only. Those pages and every growth of the metadata
 //! tables are charged to a [`Budget`] before they are taken, so an optional
 //! byte limit ([`AllocConfig::limit_bytes`], or a budget shared with the
@@ -75,25 +81,32 @@
 //! with equal `k` and objects-per-span; we keep the 16-byte granularity so a
 //! handle's class fixes the object's slice size), no per-CPU mapping areas
 //! (not needed, spans are contiguous), and an empty span is released
-//! immediately, so a class oscillating around one object pays an `madvise`
+//! immediately, so a class oscillating around one object pays a hole punch
 //! and a page fault per cycle, exactly as zsmalloc frees and reallocates a
 //! zspage.
 
 #![deny(unsafe_code)]
 
+pub mod arena;
 mod budget;
+mod handles;
 #[allow(unsafe_code)]
 mod mem;
+mod open;
 
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+pub use arena::{ArenaError, ARENA_VERSION};
 use budget::grow_charged;
 pub use budget::Budget;
 
 use parking_lot::RwLock;
 
-use mem::Chunk;
+use arena::{Arena, Kind};
+use handles::HandleTable;
+use mem::Region;
 
 /// Page size the allocator is built around (spans are whole pages).
 pub const PAGE_SIZE: usize = 4096;
@@ -106,7 +119,7 @@ pub const CLASS_DELTA: usize = 16;
 const NUM_CLASSES: usize = (PAGE_SIZE - MIN_OBJ_SIZE) / CLASS_DELTA + 1;
 /// Default and hard upper bound for [`AllocConfig::max_span_pages`].
 const DEFAULT_SPAN_PAGES: usize = 32;
-const MAX_SPAN_PAGES: usize = 32;
+pub(crate) const MAX_SPAN_PAGES: usize = 32;
 /// Largest chunk we map at once (unless one span is bigger).
 const MAX_CHUNK_BYTES: usize = 4 << 20;
 /// Spans in a class's first chunk; later chunks double.
@@ -249,9 +262,23 @@ struct Counters {
     spans_released: AtomicU64,
     /// Pages and metadata are charged here before they are taken.
     budget: Arc<Budget>,
+    /// Where span memory and handle tables come from (or why there is
+    /// none: the memfd could not be made, and every allocation fails).
+    arena: Result<Arena, String>,
 }
 
 impl Counters {
+    fn new(budget: Arc<Budget>, arena: Result<Arena, String>) -> Counters {
+        Counters {
+            pages_used: AtomicU64::new(0),
+            pages_used_max: AtomicU64::new(0),
+            pages_compacted: AtomicU64::new(0),
+            spans_released: AtomicU64::new(0),
+            budget,
+            arena,
+        }
+    }
+
     /// Account `pages` more pages of live spans, unless the budget refuses.
     fn reserve(&self, pages: u64) -> Result<(), AllocError> {
         self.budget.try_charge(pages * PAGE_SIZE as u64)?;
@@ -263,6 +290,10 @@ impl Counters {
     fn unreserve(&self, pages: u64) {
         self.pages_used.fetch_sub(pages, Relaxed);
         self.budget.uncharge(pages * PAGE_SIZE as u64);
+    }
+
+    fn arena(&self) -> Result<&Arena, AllocError> {
+        self.arena.as_ref().map_err(|e| AllocError::OutOfMemory(format!("no arena: {e}")))
     }
 }
 
@@ -294,7 +325,7 @@ struct ClassState {
     span_pages: usize,
     /// Object slots per span (<= 4096).
     objs: usize,
-    chunks: Vec<Chunk>,
+    chunks: Vec<Region>,
     /// Spans not yet carved out of the last chunk.
     chunk_spans_left: usize,
     /// Byte offset of the next span to carve from the last chunk.
@@ -303,8 +334,8 @@ struct ClassState {
     /// `spans.len() * objs` words: handle index of each slot, or
     /// FREE_BIT | next free slot.
     backptr: Vec<u32>,
-    /// Handle table; see the E_* layout constants.
-    handles: Vec<u64>,
+    /// Handle table, in the arena; see the E_* layout constants.
+    handles: HandleTable,
     handle_free: u32,
     heads: [u32; NUM_GROUPS],
     /// Bit g set iff group g is non-empty.
@@ -325,7 +356,7 @@ impl ClassState {
             chunk_next_off: 0,
             spans: Vec::new(),
             backptr: Vec::new(),
-            handles: Vec::new(),
+            handles: HandleTable::new(),
             handle_free: NIL,
             heads: [NIL; NUM_GROUPS],
             group_mask: 0,
@@ -336,6 +367,11 @@ impl ClassState {
 
     fn span_bytes(&self) -> usize {
         self.span_pages * PAGE_SIZE
+    }
+
+    /// This class's number.
+    fn class(&self) -> usize {
+        (self.size - MIN_OBJ_SIZE) / CLASS_DELTA
     }
 
     #[inline]
@@ -416,10 +452,16 @@ impl ClassState {
         (m.chunk as usize, m.off as usize + slot * self.size)
     }
 
+    /// Handle-table entry `idx` (one this class handed out).
+    #[inline]
+    fn entry(&self, idx: u32) -> u64 {
+        self.handles.get(idx as usize).expect("a handle index this class handed out")
+    }
+
     /// Validate a handle and return its (span, slot).
     #[inline]
     fn lookup(&self, h: Handle) -> Option<(usize, usize)> {
-        let e = *self.handles.get(h.index() as usize)?;
+        let e = self.handles.get(h.index() as usize)?;
         if e & E_LIVE == 0 || e >> GEN_SHIFT != h.gen() {
             return None;
         }
@@ -429,13 +471,13 @@ impl ClassState {
     /// Bring a span to life (reuse a released one, or carve a new one).
     /// Returned span is unlinked, has inuse 0 and no touched pages; its
     /// pages are charged as objects are written into them.
-    fn activate_span(&mut self, b: &Budget) -> Result<u32, AllocError> {
+    fn activate_span(&mut self, c: &Counters) -> Result<u32, AllocError> {
         let s = if self.heads[G_EMPTY as usize] != NIL {
             let s = self.heads[G_EMPTY as usize];
             self.unlink(s);
             s
         } else {
-            self.carve_span(b)?
+            self.carve_span(c)?
         };
         self.live_spans += 1;
         Ok(s)
@@ -450,7 +492,8 @@ impl ClassState {
     /// Create a brand-new span descriptor, mapping a new chunk if needed.
     /// The descriptor tables' growth is charged to `b` first; a refusal
     /// leaves the class as it was (a chunk mapped for it stays, unused).
-    fn carve_span(&mut self, b: &Budget) -> Result<u32, AllocError> {
+    fn carve_span(&mut self, c: &Counters) -> Result<u32, AllocError> {
+        let b = &c.budget;
         if self.spans.len() >= MAX_SPANS {
             return Err(AllocError::OutOfMemory("span table full".into()));
         }
@@ -459,7 +502,8 @@ impl ClassState {
             let cap = (MAX_CHUNK_BYTES / span_bytes).max(1);
             let n = (FIRST_CHUNK_SPANS << self.chunks.len().min(20)).min(cap);
             grow_charged(&mut self.chunks, 1, b)?;
-            let chunk = Chunk::map(n * span_bytes).map_err(|e| AllocError::OutOfMemory(e.to_string()))?;
+            let chunk =
+                c.arena()?.add(Kind::Chunk, self.class(), self.chunks.len() as u32, n * span_bytes).map_err(|e| AllocError::OutOfMemory(e.to_string()))?;
             self.chunks.push(chunk);
             self.chunk_spans_left = n;
             self.chunk_next_off = 0;
@@ -504,14 +548,14 @@ impl ClassState {
             if self.handles.len() >= MAX_HANDLES {
                 return Err(AllocError::OutOfMemory("handle table full".into()));
             }
-            grow_charged(&mut self.handles, 1, &c.budget)?;
+            self.handles.make_room(c.arena()?, class, &c.budget)?;
         }
         let partial = self.group_mask & PARTIAL_MASK;
         let s = if partial != 0 {
             // Fullest non-full span first.
             self.heads[(15 - partial.leading_zeros()) as usize]
         } else {
-            self.activate_span(&c.budget)?
+            self.activate_span(c)?
         };
         let fresh = partial == 0;
         // Charge the pages this object reaches into that were never touched.
@@ -537,15 +581,14 @@ impl ClassState {
 
         let idx = if self.handle_free != NIL {
             let idx = self.handle_free;
-            self.handle_free = self.handles[idx as usize] as u32;
+            self.handle_free = self.entry(idx) as u32;
             idx
         } else {
-            debug_assert!(self.handles.len() < self.handles.capacity());
             self.handles.push(1 << GEN_SHIFT);
             (self.handles.len() - 1) as u32
         };
-        let gen = self.handles[idx as usize] >> GEN_SHIFT;
-        self.handles[idx as usize] = (gen << GEN_SHIFT) | E_LIVE | ((s as u64) << E_SPAN_SHIFT) | slot as u64;
+        let gen = self.entry(idx) >> GEN_SHIFT;
+        self.handles.set(idx as usize, (gen << GEN_SHIFT) | E_LIVE | ((s as u64) << E_SPAN_SHIFT) | slot as u64);
         self.backptr[s as usize * self.objs + slot] = idx;
         self.objs_used += 1;
 
@@ -562,7 +605,7 @@ impl ClassState {
         let s = s as u32;
         self.push_slot(s, slot);
         let idx = h.index();
-        self.handles[idx as usize] = (next_gen(h.gen()) << GEN_SHIFT) | self.handle_free as u64;
+        self.handles.set(idx as usize, (next_gen(h.gen()) << GEN_SHIFT) | self.handle_free as u64);
         self.handle_free = idx;
         self.objs_used -= 1;
         if self.spans[s as usize].inuse == 0 {
@@ -646,8 +689,10 @@ impl ClassState {
             self.backptr[dst as usize * self.objs + dslot] = idx;
             self.push_slot(src, slot);
             moved += 1;
-            let e = &mut self.handles[idx as usize];
-            *e = (*e & !((E_SPAN_MASK << E_SPAN_SHIFT) | E_SLOT_MASK)) | ((dst as u64) << E_SPAN_SHIFT) | dslot as u64;
+            // (After the copy: the entry names the new place only once
+            // the bytes are there, for whoever opens the arena next.)
+            let e = self.entry(idx);
+            self.handles.set(idx as usize, (e & !((E_SPAN_MASK << E_SPAN_SHIFT) | E_SLOT_MASK)) | ((dst as u64) << E_SPAN_SHIFT) | dslot as u64);
         }
 
         let g = self.group_for(self.spans[dst as usize].inuse as usize);
@@ -720,8 +765,8 @@ impl ClassState {
             self.chunks[dc].bytes_mut(dof, size).copy_from_slice(&tmp[..size]);
             self.backptr[base + lo] = idx;
             self.backptr[base + hi] = FREE_BIT;
-            let e = &mut self.handles[idx as usize];
-            *e = (*e & !E_SLOT_MASK) | lo as u64;
+            let e = self.entry(idx);
+            self.handles.set(idx as usize, (e & !E_SLOT_MASK) | lo as u64);
         }
         // Every live object is now below `inuse`: chain the rest upwards.
         for slot in inuse..self.objs {
@@ -734,10 +779,10 @@ impl ClassState {
 
     fn metadata_bytes(&self) -> u64 {
         use std::mem::size_of;
-        (self.chunks.capacity() * size_of::<Chunk>()
+        (self.chunks.capacity() * size_of::<Region>()
             + self.spans.capacity() * size_of::<SpanMeta>()
             + self.backptr.capacity() * size_of::<u32>()
-            + self.handles.capacity() * size_of::<u64>()) as u64
+            + self.handles.bytes()) as u64
     }
 
     /// (resident pages of live spans, resident pages of released spans)
@@ -780,16 +825,15 @@ impl ZsPool {
         budget.force_charge(Self::fixed_bytes());
         let max_pages = cfg.max_span_pages.clamp(1, MAX_SPAN_PAGES);
         let classes = (0..NUM_CLASSES).map(|c| Padded(RwLock::new(ClassState::new(MIN_OBJ_SIZE + c * CLASS_DELTA, max_pages)))).collect();
-        ZsPool {
-            classes,
-            counters: Counters {
-                pages_used: AtomicU64::new(0),
-                pages_used_max: AtomicU64::new(0),
-                pages_compacted: AtomicU64::new(0),
-                spans_released: AtomicU64::new(0),
-                budget,
-            },
-        }
+        let arena = Arena::create(max_pages).map_err(|e| format!("cannot make the pool's memory file: {e}"));
+        ZsPool { classes, counters: Counters::new(budget, arena) }
+    }
+
+    /// The arena file that holds this pool's objects, for a process that
+    /// keeps it while this one is replaced ([`ZsPool::open`]); `None` if
+    /// it could not be made (every allocation then fails).
+    pub fn arena_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.counters.arena.as_ref().ok().map(Arena::fd)
     }
 
     /// Bytes of the class table, held from creation to drop.

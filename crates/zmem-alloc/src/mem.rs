@@ -1,42 +1,58 @@
-//! The only module with `unsafe`: anonymous-mmap chunks of span memory.
+//! The only module with `unsafe`: shared mappings of the arena's regions.
 //!
-//! A [`Chunk`] owns one `mmap(MAP_PRIVATE | MAP_ANONYMOUS)` region and hands
-//! out ordinary Rust slices into it. Aliasing is enforced by the borrow
-//! checker: shared slices come from `&self`, mutable slices and page release
-//! (`madvise(MADV_DONTNEED)`) need `&mut self`. The rest of the crate is safe
-//! code that only deals in offsets.
+//! A [`Region`] owns one `mmap(MAP_SHARED)` of a page-aligned range of the
+//! pool's arena file ([`crate::arena`]) and hands out ordinary Rust slices
+//! into it: bytes for span memory, atomic words for the handle tables and
+//! the arena's header. Aliasing is enforced by the borrow checker: shared
+//! slices come from `&self`, mutable slices and page release need
+//! `&mut self`. The rest of the crate is safe code that only deals in
+//! offsets.
+//!
+//! The mapping is shared with the file, not with another process's Rust
+//! objects: one process at a time writes an arena (the one holding its
+//! lock, [`crate::arena::ArenaFile`]), and a process that maps it after
+//! another died sees the bytes that one wrote, nothing moving under it.
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
+use crate::arena::ArenaFile;
 use crate::PAGE_SIZE;
 
-/// One anonymous mapping holding several spans of one size class.
-pub(crate) struct Chunk {
+/// One shared mapping of `len` bytes of the arena file at offset `at`.
+pub(crate) struct Region {
     ptr: NonNull<u8>,
     len: usize,
+    at: u64,
+    /// Kept open while the mapping lives (a mapping holds its file
+    /// anyway; this is for `fallocate`).
+    file: Arc<ArenaFile>,
 }
 
-// SAFETY: a Chunk exclusively owns its mapping (no other pointer to it exists
-// outside the slices it lends out, whose lifetimes are tied to the Chunk), so
-// moving it to another thread is as safe as moving a Vec<u8>.
-unsafe impl Send for Chunk {}
-// SAFETY: through `&Chunk` only shared `&[u8]` views and `mincore` are
-// available; every mutation (writes, MADV_DONTNEED) requires `&mut Chunk`.
-// That is exactly the contract of `Sync` for a byte buffer.
-unsafe impl Sync for Chunk {}
+// SAFETY: a Region exclusively owns its mapping within this process (no
+// other pointer to it exists outside the slices it lends out, whose
+// lifetimes are tied to the Region), so moving it to another thread is as
+// safe as moving a Vec<u8>.
+unsafe impl Send for Region {}
+// SAFETY: through `&Region` only shared `&[u8]` views, atomic words and
+// `mincore` are available; every plain mutation (writes, page release)
+// requires `&mut Region`. That is exactly the contract of `Sync` for a byte
+// buffer.
+unsafe impl Sync for Region {}
 
-impl Chunk {
-    /// Map `len` bytes (a multiple of [`PAGE_SIZE`]) of zero-filled,
-    /// lazily-backed anonymous memory.
-    pub(crate) fn map(len: usize) -> io::Result<Chunk> {
-        assert!(len > 0 && len.is_multiple_of(PAGE_SIZE), "chunk length must be whole pages");
-        // SAFETY: a fresh private anonymous mapping at a kernel-chosen address
-        // (no fd, offset 0) cannot alias any existing Rust object; the result
-        // is checked against MAP_FAILED before use.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
-        };
+impl Region {
+    /// Map `len` bytes (whole pages) of `file` at offset `at` (page
+    /// aligned), shared: what is written here is the file's.
+    pub(crate) fn map(file: &Arc<ArenaFile>, at: u64, len: usize) -> io::Result<Region> {
+        assert!(len > 0 && len.is_multiple_of(PAGE_SIZE) && at.is_multiple_of(PAGE_SIZE as u64), "regions are whole pages");
+        let off = libc::off_t::try_from(at).map_err(|_| io::Error::other("arena offset out of range"))?;
+        // SAFETY: a fresh shared mapping of our own file at a kernel-chosen
+        // address (no MAP_FIXED) cannot alias any existing Rust object; the
+        // result is checked against MAP_FAILED before use.
+        let p =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_NORESERVE, file.raw_fd(), off) };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
@@ -47,65 +63,66 @@ impl Chunk {
             libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
         }
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
-        Ok(Chunk { ptr, len })
+        Ok(Region { ptr, len, at, file: Arc::clone(file) })
+    }
+
+    /// The region's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// Shared view of `len` bytes at `off`. Panics if out of bounds.
     #[inline]
     pub(crate) fn bytes(&self, off: usize, len: usize) -> &[u8] {
-        let end = off.checked_add(len).expect("chunk range overflow");
-        assert!(end <= self.len, "chunk range out of bounds");
+        let end = off.checked_add(len).expect("region range overflow");
+        assert!(end <= self.len, "region range out of bounds");
         // SAFETY: [off, off+len) is inside our live mapping (checked above),
         // which is readable and always initialised (zero-filled by the kernel
-        // or written by us). The slice borrows `self`, so the mapping outlives
-        // it, and no `&mut` view can coexist because writers need `&mut self`.
+        // or written by us or a previous owner of the arena). The slice
+        // borrows `self`, so the mapping outlives it, and no `&mut` view can
+        // coexist because writers need `&mut self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) }
     }
 
     /// Exclusive view of `len` bytes at `off`. Panics if out of bounds.
     #[inline]
     pub(crate) fn bytes_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
-        let end = off.checked_add(len).expect("chunk range overflow");
-        assert!(end <= self.len, "chunk range out of bounds");
+        let end = off.checked_add(len).expect("region range overflow");
+        assert!(end <= self.len, "region range out of bounds");
         // SAFETY: in bounds of our writable mapping (checked above); `&mut self`
-        // guarantees no other view of the chunk exists for the slice's lifetime.
+        // guarantees no other view of the region exists for the slice's lifetime.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) }
     }
 
-    /// Give the pages of `[off, off+len)` back to the OS (MADV_DONTNEED).
-    /// The range stays mapped and reads back as zeros. Best effort: an error
-    /// only means the pages stay resident.
-    ///
-    /// A process that locked its memory (`mlockall`, as a swap server must,
-    /// so that the pool is never swapped into itself) cannot `MADV_DONTNEED`
-    /// locked pages: the kernel says EINVAL and they would stay resident for
-    /// good. Then the range is unlocked, dropped, and locked again on fault
-    /// (`mlock2(MLOCK_ONFAULT)`, which populates nothing): the pages leave,
-    /// and whatever is written there later is locked again.
+    /// The whole region as 64-bit words, for regions used only this way
+    /// (handle tables, the arena's header: never [`Region::bytes`]).
+    #[inline]
+    pub(crate) fn words(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping is page aligned (so 8-byte aligned) and `len`
+        // is whole pages, so it holds exactly len / 8 properly aligned u64s;
+        // AtomicU64 has u64's size and alignment, any bit pattern is a valid
+        // value, and atomics may be shared (`&`) and written through. The
+        // slice borrows `self`, so the mapping outlives it.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>(), self.len / 8) }
+    }
+
+    /// Give the pages of `[off, off+len)` back: a hole punched in the file
+    /// (`fallocate(PUNCH_HOLE)`), which frees them in every process that
+    /// maps them, locked (`mlockall`) or not. The range reads back as
+    /// zeros. Best effort: an error only means the pages stay resident.
     pub(crate) fn discard(&mut self, off: usize, len: usize) {
-        let end = off.checked_add(len).expect("chunk range overflow");
+        let end = off.checked_add(len).expect("region range overflow");
         assert!(end <= self.len && off.is_multiple_of(PAGE_SIZE) && len.is_multiple_of(PAGE_SIZE));
-        // SAFETY: page-aligned range inside our own mapping; `&mut self` means
-        // no Rust slice into it is alive, so zeroing its contents behind our
-        // back cannot be observed through a reference.
-        let p = unsafe { self.ptr.as_ptr().add(off) }.cast::<libc::c_void>();
-        // SAFETY: as above; madvise only changes the range's pages.
-        let rc = unsafe { libc::madvise(p, len, libc::MADV_DONTNEED) };
-        if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-            // SAFETY: the same range of our own mapping; munlock and mlock2
-            // change only whether its pages are locked, madvise drops their
-            // contents, which no live reference can observe (`&mut self`).
-            unsafe {
-                libc::munlock(p, len);
-                libc::madvise(p, len, libc::MADV_DONTNEED);
-                libc::mlock2(p, len, libc::MLOCK_ONFAULT);
-            }
+        // (`&mut self`: no Rust slice into the range is alive, so its bytes
+        // turning to zeros cannot be observed through a reference.)
+        if len > 0 {
+            self.file.punch(self.at + off as u64, len as u64);
         }
     }
 
     /// How many pages of `[off, off+len)` are resident in RAM (mincore(2)).
     pub(crate) fn resident_pages(&self, off: usize, len: usize) -> usize {
-        let end = off.checked_add(len).expect("chunk range overflow");
+        let end = off.checked_add(len).expect("region range overflow");
         assert!(end <= self.len && off.is_multiple_of(PAGE_SIZE) && len.is_multiple_of(PAGE_SIZE));
         let mut vec = vec![0u8; len.div_ceil(PAGE_SIZE)];
         // SAFETY: page-aligned range inside our mapping; `vec` has one byte per
@@ -118,10 +135,11 @@ impl Chunk {
     }
 }
 
-impl Drop for Chunk {
+impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: we own this mapping and are being dropped, so no slice into
-        // it can still be alive (they all borrow `self`).
+        // it can still be alive (they all borrow `self`). The file's pages
+        // stay: they are the file's, freed when its last holder closes it.
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }

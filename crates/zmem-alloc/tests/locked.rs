@@ -1,7 +1,8 @@
 //! A process that has locked all its memory (`mlockall`, as `zmem swap`'s
 //! server does) still gives the pages of emptied spans back: the kernel
-//! refuses `MADV_DONTNEED` on locked pages, so the allocator unlocks,
-//! drops and re-locks the range. Its own process: mlockall is process-wide.
+//! refuses `MADV_DONTNEED` on locked pages, but a hole punched in the
+//! arena file frees them, locked or not. Its own process: mlockall is
+//! process-wide.
 
 use zmem_alloc::{AllocConfig, ZsPool};
 

@@ -476,7 +476,8 @@ impl DeadSampler {
             self.share.add_pool(&pool);
             let m = |k: &str| st["server_memory"][k].as_u64();
             if let (Some(anon), Some(file)) = (m("rss_anon_bytes"), m("rss_file_bytes")) {
-                self.share.add_server(anon + file, pool.mem_used_total, m("malloc_free_bytes").unwrap_or(0));
+                let shmem = m("rss_shmem_bytes").unwrap_or(0);
+                self.share.add_server(anon + file + shmem, pool.mem_used_total, m("malloc_free_bytes").unwrap_or(0));
             }
         }
         let swaps = host::swap_areas();

@@ -18,6 +18,11 @@ pub struct ServerMemory {
     /// Resident file-backed memory (`RssFile`): the code and data of the
     /// binary and its libraries that have been touched.
     pub rss_file_bytes: u64,
+    /// Resident shared memory (`RssShmem`): the pool's arena, its
+    /// compressed pages and handle tables (a file in RAM that outlives
+    /// the process).
+    #[serde(default)]
+    pub rss_shmem_bytes: u64,
     /// The most resident memory so far (`VmHWM`).
     pub rss_max_bytes: u64,
     /// Locked memory as the kernel counts it (`VmLck`): the whole size of
@@ -33,7 +38,7 @@ pub struct ServerMemory {
 impl ServerMemory {
     /// All resident memory (`VmRSS`).
     pub fn rss(&self) -> u64 {
-        self.rss_anon_bytes + self.rss_file_bytes
+        self.rss_anon_bytes + self.rss_file_bytes + self.rss_shmem_bytes
     }
 }
 
@@ -54,6 +59,7 @@ fn parse_status(status: &str) -> Option<ServerMemory> {
     Some(ServerMemory {
         rss_anon_bytes: field("RssAnon")?,
         rss_file_bytes: field("RssFile")?,
+        rss_shmem_bytes: field("RssShmem").unwrap_or(0),
         rss_max_bytes: field("VmHWM")?,
         locked_bytes: field("VmLck")?,
         ..ServerMemory::default()
@@ -70,6 +76,8 @@ mod tests {
         let m = parse_status(s).unwrap();
         assert_eq!((m.rss_anon_bytes, m.rss_file_bytes, m.rss_max_bytes, m.locked_bytes), (17784 << 10, 6664 << 10, 81044 << 10, 24448 << 10));
         assert_eq!(m.rss(), 24448 << 10);
+        let s = "VmHWM:\t 9 kB\nVmLck:\t 0 kB\nRssAnon:\t 1 kB\nRssFile:\t 2 kB\nRssShmem:\t 4 kB\n";
+        assert_eq!(parse_status(s).unwrap().rss(), 7 << 10, "the pool's shared memory is resident memory");
         // A field missing or not in kB: no report rather than a wrong one.
         assert_eq!(parse_status("RssAnon:\t1 kB\nRssFile:\t2 kB\nVmHWM:\t3 kB\n"), None);
         assert_eq!(parse_status("RssAnon:\t1 MB\nRssFile:\t2 kB\nVmHWM:\t3 kB\nVmLck:\t0 kB\n"), None);

@@ -204,9 +204,10 @@ fn fuse_line(v: &StatsReply) -> Option<String> {
 fn memory_line(v: &StatsReply) -> Option<String> {
     let m = v.server_memory.as_ref()?;
     Some(format!(
-        "server: {} resident ({} anonymous, {} code and files; at most {}), {} of it beside the pool's {}; malloc holds {} free\n",
+        "server: {} resident ({} anonymous, {} shared (the pool's arena), {} code and files; at most {}), {} of it beside the pool's {}; malloc holds {} free\n",
         human(m.rss()),
         human(m.rss_anon_bytes),
+        human(m.rss_shmem_bytes),
         human(m.rss_file_bytes),
         human(m.rss_max_bytes),
         human(m.rss().saturating_sub(v.stats.mem_used_total)),
@@ -387,8 +388,9 @@ mod tests {
         assert_eq!(lines[3], "io_stat: 0 1 2 3");
         assert!(!out.contains("server:"), "no server line without a report");
         v.server_memory = Some(zmem_server::memory::ServerMemory {
-            rss_anon_bytes: 10 << 20,
+            rss_anon_bytes: 2 << 20,
             rss_file_bytes: 6 << 20,
+            rss_shmem_bytes: 8 << 20,
             rss_max_bytes: 20 << 20,
             malloc_free_bytes: 1 << 20,
             ..Default::default()
@@ -396,6 +398,6 @@ mod tests {
         v.stats.mem_used_total = 8 << 20;
         let out = render(&v);
         let line = out.lines().find(|l| l.starts_with("server:")).unwrap();
-        assert_eq!(line, "server: 16M resident (10M anonymous, 6M code and files; at most 20M), 8M of it beside the pool's 8M; malloc holds 1M free");
+        assert_eq!(line, "server: 16M resident (2M anonymous, 8M shared (the pool's arena), 6M code and files; at most 20M), 8M of it beside the pool's 8M; malloc holds 1M free");
     }
 }

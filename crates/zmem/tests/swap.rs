@@ -216,7 +216,7 @@ fn swap_on_a_workload_then_off() {
     assert_eq!(stats["reclaim_safety"]["mlockall"], true);
     // The server's own memory is reported, its pool part of it.
     let mem = &stats["server_memory"];
-    let rss = mem["rss_anon_bytes"].as_u64().unwrap() + mem["rss_file_bytes"].as_u64().unwrap();
+    let rss = ["rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes"].iter().map(|k| mem[k].as_u64().unwrap()).sum::<u64>();
     assert!(rss > st["mem_used_total"].as_u64().unwrap() && mem["rss_max_bytes"].as_u64().unwrap() >= rss, "{mem} {st}");
     // A scrape of the live device has every counter `zmem stat` shows.
     let (_, text) = scrape(&format!("http://{metrics}/metrics"));
