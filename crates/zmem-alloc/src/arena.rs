@@ -89,6 +89,10 @@ pub(crate) enum Kind {
     Chunk = 1,
     /// A segment of one class's handle table.
     Handles = 2,
+    /// The owner's table ([`crate::SharedTable`]).
+    Table = 3,
+    /// The first entries of every class's handle table (`handles.rs`).
+    Nursery = 4,
 }
 
 /// A region as the directory names it.
@@ -127,6 +131,31 @@ impl ArenaFile {
     pub(crate) fn punch(&self, at: u64, len: u64) {
         let _ = rustix::fs::fallocate(&self.fd, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, at, len);
     }
+
+    /// The ranges of `[at, at+len)` that hold data, relative to `at`, in
+    /// whole pages. (On an error, the whole range: reading it is slower,
+    /// never wrong.)
+    pub(crate) fn data_ranges(&self, at: u64, len: u64) -> Vec<std::ops::Range<u64>> {
+        use rustix::fs::SeekFrom;
+        let end = at + len;
+        let mut out = Vec::new();
+        let mut pos = at;
+        while pos < end {
+            let data = match rustix::fs::seek(&self.fd, SeekFrom::Data(pos)) {
+                Ok(d) => d,
+                Err(rustix::io::Errno::NXIO) => break,
+                Err(_) => return std::iter::once(0..len).collect(),
+            };
+            if data >= end {
+                break;
+            }
+            let hole = rustix::fs::seek(&self.fd, SeekFrom::Hole(data)).unwrap_or(end).min(end);
+            let (a, b) = (data / PAGE_SIZE as u64 * PAGE_SIZE as u64, hole.next_multiple_of(PAGE_SIZE as u64).min(end));
+            out.push(a - at..b - at);
+            pos = b.max(pos + 1);
+        }
+        out
+    }
 }
 
 /// An arena: its file, its header, and where the next region goes.
@@ -134,6 +163,8 @@ pub(crate) struct Arena {
     file: Arc<ArenaFile>,
     header: Region,
     dir: Mutex<Bump>,
+    /// The handle tables' nursery, once made or found.
+    nursery: Mutex<Option<Arc<Region>>>,
 }
 
 struct Bump {
@@ -175,6 +206,8 @@ fn decode(i: usize, w0: u64, w1: u64, file_len: u64) -> Result<DirEntry, ArenaEr
     let kind = match w0 >> 56 {
         1 => Kind::Chunk,
         2 => Kind::Handles,
+        3 => Kind::Table,
+        4 => Kind::Nursery,
         k => return Err(bad(&format!("unknown kind {k}"))),
     };
     let class = ((w0 >> 48) & 0xff) as usize;
@@ -201,7 +234,7 @@ impl Arena {
             w[i].store(v, Relaxed);
         }
         w[W_CHECK].store(header_check(&fields), Release);
-        Ok(Arena { file, header, dir: Mutex::new(Bump { len: 0, next: HEADER_BYTES as u64 }) })
+        Ok(Arena { file, header, dir: Mutex::new(Bump { len: 0, next: HEADER_BYTES as u64 }), nursery: Mutex::new(None) })
     }
 
     /// Open the arena in `fd`: lock it, check its header, and read its
@@ -247,7 +280,15 @@ impl Arena {
             next = e.at + e.len as u64;
             entries.push(e);
         }
-        Ok((Arena { file, header, dir: Mutex::new(Bump { len, next }) }, span_pages, entries))
+        let arena = Arena { file, header, dir: Mutex::new(Bump { len, next }), nursery: Mutex::new(None) };
+        let mut nurseries = entries.iter().filter(|e| e.kind == Kind::Nursery);
+        if let Some(e) = nurseries.next() {
+            if e.len != crate::handles::NURSERY_BYTES || nurseries.next().is_some() {
+                return Err(ArenaError::Corrupt("the handle tables' nursery".into()));
+            }
+            *arena.nursery.lock() = Some(Arc::new(arena.map(e)?));
+        }
+        Ok((arena, span_pages, entries))
     }
 
     /// Make a region of `len` bytes (whole pages) for `kind` in `class`,
@@ -266,6 +307,22 @@ impl Arena {
         w[W_DIR_LEN].store(dir.len as u64, Release);
         dir.next += len as u64;
         Ok(region)
+    }
+
+    /// The handle tables' nursery (made the first time it is asked for).
+    pub(crate) fn nursery(&self) -> io::Result<Arc<Region>> {
+        let mut n = self.nursery.lock();
+        if let Some(r) = &*n {
+            return Ok(Arc::clone(r));
+        }
+        let r = Arc::new(self.add(Kind::Nursery, 0, 0, crate::handles::NURSERY_BYTES)?);
+        *n = Some(Arc::clone(&r));
+        Ok(r)
+    }
+
+    /// The nursery, if one was made or found.
+    pub(crate) fn found_nursery(&self) -> Option<Arc<Region>> {
+        self.nursery.lock().clone()
     }
 
     /// Map a region the directory names (when opening).

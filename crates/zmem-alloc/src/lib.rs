@@ -23,9 +23,9 @@
 //!   is coarser release granularity: a single live object pins all `k` pages.
 //!
 //! * **No headers in span memory.** Everything the allocator knows lives in
-//!   heap metadata: a per-class handle table (handle index -> span + slot,
-//!   threaded into a free list when unused), span descriptors, and a per-span
-//!   back-pointer array (slot -> handle index) that doubles as the span's
+//!   metadata: a per-class handle table (handle index -> span + slot,
+//!   threaded into a free list when unused; in the arena, below), and in
+//!   the heap span descriptors and a per-span back-pointer array (slot -> handle index) that doubles as the span's
 //!   free-slot list. The back-pointers are what make compaction possible:
 //!   moving an object means rewriting exactly one handle-table entry, so
 //!   [`Handle`]s held by callers stay valid forever. Metadata costs about
@@ -93,6 +93,7 @@ mod handles;
 #[allow(unsafe_code)]
 mod mem;
 mod open;
+mod table;
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -101,6 +102,7 @@ use std::sync::Arc;
 pub use arena::{ArenaError, ARENA_VERSION};
 use budget::grow_charged;
 pub use budget::Budget;
+pub use table::{SharedTable, TABLE_PAGE_ENTRIES};
 
 use parking_lot::RwLock;
 
@@ -191,6 +193,8 @@ pub enum AllocError {
     OutOfMemory(String),
     #[error("memory limit of {limit_bytes} bytes reached")]
     LimitReached { limit_bytes: u64 },
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Pool configuration.
@@ -356,7 +360,7 @@ impl ClassState {
             chunk_next_off: 0,
             spans: Vec::new(),
             backptr: Vec::new(),
-            handles: HandleTable::new(),
+            handles: HandleTable::new((size - MIN_OBJ_SIZE) / CLASS_DELTA),
             handle_free: NIL,
             heads: [NIL; NUM_GROUPS],
             group_mask: 0,
@@ -548,7 +552,7 @@ impl ClassState {
             if self.handles.len() >= MAX_HANDLES {
                 return Err(AllocError::OutOfMemory("handle table full".into()));
             }
-            self.handles.make_room(c.arena()?, class, &c.budget)?;
+            self.handles.make_room(c.arena()?, &c.budget)?;
         }
         let partial = self.group_mask & PARTIAL_MASK;
         let s = if partial != 0 {
@@ -809,6 +813,16 @@ struct Padded<T>(T);
 pub struct ZsPool {
     classes: Box<[Padded<RwLock<ClassState>>]>,
     counters: Counters,
+    /// The owner's table, between opening the arena and its owner asking
+    /// for it ([`ZsPool::shared_table`]).
+    table: parking_lot::Mutex<TableSlot>,
+}
+
+/// Whether the arena's table was made or found, and handed out.
+enum TableSlot {
+    None,
+    Found(Region),
+    Taken,
 }
 
 impl ZsPool {
@@ -826,7 +840,42 @@ impl ZsPool {
         let max_pages = cfg.max_span_pages.clamp(1, MAX_SPAN_PAGES);
         let classes = (0..NUM_CLASSES).map(|c| Padded(RwLock::new(ClassState::new(MIN_OBJ_SIZE + c * CLASS_DELTA, max_pages)))).collect();
         let arena = Arena::create(max_pages).map_err(|e| format!("cannot make the pool's memory file: {e}"));
-        ZsPool { classes, counters: Counters::new(budget, arena) }
+        ZsPool { classes, counters: Counters::new(budget, arena), table: parking_lot::Mutex::new(TableSlot::None) }
+    }
+
+    /// The arena's table of `entries` 16-byte entries (a multiple of
+    /// [`TABLE_PAGE_ENTRIES`]): the one [`ZsPool::open`] found, or a new
+    /// one, all 0. One per pool: asked again, or found with another size,
+    /// it is refused. Its pages are charged to the budget as they are
+    /// written, by the caller (`bytes`), not here.
+    pub fn shared_table(&self, entries: usize) -> Result<SharedTable, AllocError> {
+        if !portable_atomic::AtomicU128::is_lock_free() {
+            return Err(AllocError::Unsupported(
+                "this CPU has no 16-byte atomic operations (cmpxchg16b): a table that outlives the process cannot be kept".into(),
+            ));
+        }
+        if entries == 0 || !entries.is_multiple_of(TABLE_PAGE_ENTRIES) {
+            return Err(AllocError::InvalidSize { len: entries });
+        }
+        let mut slot = self.table.lock();
+        match std::mem::replace(&mut *slot, TableSlot::Taken) {
+            TableSlot::Found(r) if r.len() == entries * 16 => Ok(SharedTable::new(r)),
+            TableSlot::Found(r) => {
+                let found = r.len() / 16;
+                *slot = TableSlot::Found(r);
+                Err(AllocError::Unsupported(format!("the arena's table has {found} entries, not {entries}")))
+            }
+            TableSlot::Taken => Err(AllocError::Unsupported("the arena's table is taken already".into())),
+            TableSlot::None => {
+                match self.counters.arena().and_then(|a| a.add(Kind::Table, 0, 0, entries * 16).map_err(|e| AllocError::OutOfMemory(e.to_string()))) {
+                    Ok(r) => Ok(SharedTable::new(r)),
+                    Err(e) => {
+                        *slot = TableSlot::None;
+                        Err(e)
+                    }
+                }
+            }
+        }
     }
 
     /// The arena file that holds this pool's objects, for a process that

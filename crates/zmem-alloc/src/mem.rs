@@ -106,6 +106,43 @@ impl Region {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>(), self.len / 8) }
     }
 
+    /// The whole region as 16-byte words, each loaded and stored whole,
+    /// for regions used only this way (the owner's table: never
+    /// [`Region::bytes`] or [`Region::words`]).
+    #[inline]
+    pub(crate) fn pairs(&self) -> &[portable_atomic::AtomicU128] {
+        const _: () = assert!(std::mem::align_of::<portable_atomic::AtomicU128>() <= PAGE_SIZE);
+        // SAFETY: the mapping is page aligned (so 16-byte aligned) and `len`
+        // is whole pages, so it holds exactly len / 16 properly aligned
+        // u128s; AtomicU128 has u128's size and alignment (at most a page,
+        // checked above at compile time), any bit pattern is a valid value,
+        // and atomics may be shared (`&`) and written through. The slice
+        // borrows `self`, so the mapping outlives it.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<portable_atomic::AtomicU128>(), self.len / 16) }
+    }
+
+    /// Punch `[off, off+len)` (whole pages) of a region used only through
+    /// atomics ([`Region::words`], [`Region::pairs`]): its entries read
+    /// back as zero, as if stored so, and cost no memory.
+    pub(crate) fn clear_atomics(&self, off: usize, len: usize) {
+        let end = off.checked_add(len).expect("region range overflow");
+        assert!(end <= self.len && off.is_multiple_of(PAGE_SIZE) && len.is_multiple_of(PAGE_SIZE));
+        if len > 0 {
+            self.file.punch(self.at + off as u64, len as u64);
+        }
+    }
+
+    /// Pages of the region that hold data (not holes), as page ranges
+    /// (`lseek(SEEK_DATA/SEEK_HOLE)` on the file: reading a hole through
+    /// the mapping would fill it).
+    pub(crate) fn data_pages(&self) -> Vec<std::ops::Range<usize>> {
+        self.file
+            .data_ranges(self.at, self.len as u64)
+            .into_iter()
+            .map(|r| (r.start / PAGE_SIZE as u64) as usize..(r.end / PAGE_SIZE as u64) as usize)
+            .collect()
+    }
+
     /// Give the pages of `[off, off+len)` back: a hole punched in the file
     /// (`fallocate(PUNCH_HOLE)`), which frees them in every process that
     /// maps them, locked (`mlockall`) or not. The range reads back as

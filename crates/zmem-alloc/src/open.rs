@@ -48,11 +48,12 @@ impl ZsPool {
         let (arena, max_pages, entries) = Arena::open(fd)?;
         let mut classes: Vec<ClassState> = (0..NUM_CLASSES).map(|c| ClassState::new(MIN_OBJ_SIZE + c * CLASS_DELTA, max_pages)).collect();
         let mut segs: Vec<Vec<crate::mem::Region>> = (0..NUM_CLASSES).map(|_| Vec::new()).collect();
-        for e in &entries {
+        for e in entries.iter().filter(|e| matches!(e.kind, Kind::Chunk | Kind::Handles)) {
             let cs = &mut classes[e.class];
             let (have, fits) = match e.kind {
                 Kind::Chunk => (cs.chunks.len(), e.len.is_multiple_of(cs.span_bytes())),
                 Kind::Handles => (segs[e.class].len(), e.len == seg_bytes(e.index as usize)),
+                Kind::Table | Kind::Nursery => unreachable!("filtered out"),
             };
             if e.index as usize != have || !fits {
                 return Err(bad_region(e));
@@ -61,12 +62,24 @@ impl ZsPool {
             match e.kind {
                 Kind::Chunk => cs.chunks.push(r),
                 Kind::Handles => segs[e.class].push(r),
+                Kind::Table | Kind::Nursery => unreachable!("filtered out"),
             }
+        }
+        let mut table = crate::TableSlot::None;
+        for e in entries.iter().filter(|e| e.kind == Kind::Table) {
+            if !matches!(table, crate::TableSlot::None) {
+                return Err(ArenaError::Corrupt("two tables".into()));
+            }
+            table = crate::TableSlot::Found(arena.map(e)?);
         }
         let mut found = Vec::new();
         let mut plans = Vec::with_capacity(NUM_CLASSES);
-        for (cs, segs) in classes.iter_mut().zip(segs) {
-            cs.handles = HandleTable::opened(segs);
+        let nursery = arena.found_nursery();
+        if nursery.is_none() && segs.iter().any(|s| !s.is_empty()) {
+            return Err(ArenaError::Corrupt("handle tables without their nursery".into()));
+        }
+        for (c, (cs, segs)) in classes.iter_mut().zip(segs).enumerate() {
+            cs.handles = HandleTable::opened(c, nursery.clone(), segs);
             plans.push(cs.plan(&mut found)?);
         }
         // Everything checked: from here on the arena is written.
@@ -77,7 +90,7 @@ impl ZsPool {
         }
         counters.pages_used.store(pages, std::sync::atomic::Ordering::Relaxed);
         counters.pages_used_max.store(pages, std::sync::atomic::Ordering::Relaxed);
-        let pool = ZsPool { classes: classes.into_iter().map(|c| Padded(RwLock::new(c))).collect(), counters };
+        let pool = ZsPool { classes: classes.into_iter().map(|c| Padded(RwLock::new(c))).collect(), counters, table: parking_lot::Mutex::new(table) };
         // (The metadata includes the class table's fixed bytes.)
         pool.counters.budget.force_charge(pages * PAGE_SIZE as u64 + pool.stats().metadata_bytes);
         Ok((pool, found))

@@ -166,3 +166,25 @@ fn a_foreign_short_or_damaged_arena_is_refused_and_left_as_it_was() {
     assert_eq!(found.len(), live.len());
     check(&pool, &live);
 }
+
+#[test]
+fn the_table_outlives_the_pool_whole_and_is_handed_out_once() {
+    let pool = ZsPool::default();
+    assert!(matches!(pool.shared_table(100), Err(zmem_alloc::AllocError::InvalidSize { .. })), "whole pages of entries only");
+    let t = pool.shared_table(4 * zmem_alloc::TABLE_PAGE_ENTRIES).unwrap();
+    assert!(pool.shared_table(4 * zmem_alloc::TABLE_PAGE_ENTRIES).is_err(), "one table a pool");
+    assert!(t.written().is_empty(), "a new table holds nothing");
+    t.set(3, u128::MAX - 1);
+    t.set(600, 7);
+    assert_eq!(t.written(), vec![0..256, 512..768]);
+    t.clear(512..768);
+    // (Asked first: reading a hole through the mapping fills it.)
+    assert_eq!(t.written(), vec![0..256], "a cleared page is given back");
+    assert_eq!(t.get(600), 0);
+    let fd = arena_of(&pool);
+    drop((t, pool));
+    let (pool, _) = ZsPool::open(fd, Arc::new(Budget::new(None))).unwrap();
+    assert!(pool.shared_table(8 * zmem_alloc::TABLE_PAGE_ENTRIES).is_err(), "found with another size");
+    let t = pool.shared_table(4 * zmem_alloc::TABLE_PAGE_ENTRIES).unwrap();
+    assert_eq!((t.get(3), t.get(600), t.len()), (u128::MAX - 1, 0, 1024));
+}

@@ -182,6 +182,19 @@ impl Entry {
         debug_assert!(self.record().is_some());
         Entry { data: split(id), ..self }
     }
+    /// The entry as the ledger keeps it (`ledger.rs`): its meta word less
+    /// the flags that only steer this process (referenced, LRU generation),
+    /// and its payload.
+    pub fn to_raw(self) -> (u32, u64) {
+        (self.with_referenced(false).with_gen(0).meta, self.data())
+    }
+
+    /// An entry from [`Entry::to_raw`]'s words, if they are one.
+    pub fn from_raw(meta: u32, data: u64) -> Option<Entry> {
+        let e = Entry { meta, data: split(data) };
+        (!e.is_empty()).then_some(e)
+    }
+
     pub fn slot(self) -> Slot {
         match self.meta & KIND_MASK {
             KIND_SAME => Slot::Same(self.data()),

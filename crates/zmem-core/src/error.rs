@@ -32,6 +32,10 @@ pub enum ZmemError {
     Cold(crate::cold::ColdError),
     #[error("this pool has no backing store: give it one (--backing FILE) to write pages back")]
     NoBackingStore,
+    #[error("cannot open the pool again: {0}")]
+    Reopen(String),
+    #[error("key {key:#x} is past the pool's ledger of {keys} keys (the device's size)")]
+    PastLedger { key: u64, keys: u64 },
 }
 
 impl From<AllocError> for ZmemError {

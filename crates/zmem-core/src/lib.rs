@@ -31,7 +31,10 @@
 //!    compressor. Output at or over the huge threshold is stored raw.
 //! 4. **Allocate** with `zmem-alloc`, a zsmalloc-style size-class allocator,
 //!    and copy the object in. The handle is stable across compaction.
-//! 5. **Index** — the two-word entry goes in the key's shard.
+//! 5. **Index** — the two-word entry goes in the key's shard; a pool of a
+//!    device that must outlive its process also records it, whole, in its
+//!    ledger (`ledger.rs`), beside the objects in the allocator's arena, so
+//!    that another process can open the pool again ([`Pool::open`]).
 //!
 //! # Trade-offs
 //! * Sharded index (64 mutexes by default, each over a hash map of 16-key
@@ -60,6 +63,7 @@ mod error;
 mod extent;
 mod index;
 mod latency;
+mod ledger;
 mod lockorder;
 mod objects;
 mod pool;
@@ -72,7 +76,7 @@ pub use cold::{ColdError, ColdStats, ColdStore, DropCold, Moved, RecordId, MAX_R
 pub use dict::{DictConfig, DictSource, TrainReport};
 pub use error::{Result, ZmemError};
 pub use latency::{BusyClock, Latencies, LatencyHistogram, LATENCY_BOUNDS_NS};
-pub use pool::{Pool, PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
+pub use pool::{Pool, PoolConfig, Reopened, Residency, DEFAULT_HUGE_THRESHOLD};
 pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use stats::{RateLimited, Stats};
 pub use tier::{Resident, WritebackMode};

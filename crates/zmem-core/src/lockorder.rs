@@ -49,7 +49,7 @@ mod tests {
 
     #[test]
     fn dedup_under_index_is_fine() {
-        let (index, dedup) = (Index::new(4), DedupTable::new(true));
+        let (index, dedup) = (Index::new(4, None), DedupTable::new(true));
         let mut s = index.shard(1).lock();
         let ds = dedup.lock_under(&mut s, 7);
         drop(ds);
@@ -62,7 +62,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "lock order")]
     fn index_under_dedup_is_refused() {
-        let (index, dedup) = (Index::new(4), DedupTable::new(true));
+        let (index, dedup) = (Index::new(4, None), DedupTable::new(true));
         let _ds = dedup.shard(7).lock();
         let _s = index.shard(1).lock();
     }

@@ -189,6 +189,11 @@ impl Objects {
         self.alloc.rewrite(h, bytes)
     }
 
+    /// The allocator's arena file (`zmem_alloc::ZsPool::arena_fd`).
+    pub fn arena_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.alloc.arena_fd()
+    }
+
     pub fn free(&self, h: Handle) -> std::result::Result<(), AllocError> {
         self.alloc.free(h)
     }

@@ -62,6 +62,7 @@
 //!   for writeback and recompression whether or not there is a backing file.
 
 mod config;
+mod reopen;
 mod setup;
 mod shared;
 mod stats;
@@ -75,6 +76,7 @@ use std::time::Instant;
 use zmem_alloc::{Budget, Handle};
 
 pub use config::{PoolConfig, Residency, DEFAULT_HUGE_THRESHOLD};
+pub use reopen::Reopened;
 
 use crate::admission::{Admission, Verdict};
 use crate::cold::{ColdError, ColdStore};
@@ -394,6 +396,10 @@ impl Engine {
             self.counters.invalid_io.fetch_add(1, Relaxed);
             return Err(ZmemError::BadPageSize { len: page.len() });
         }
+        if let Some(keys) = self.cfg.ledger_keys.filter(|&n| key >= n) {
+            self.counters.failed_writes.fetch_add(1, Relaxed);
+            return Err(ZmemError::PastLedger { key, keys });
+        }
         match self.store_inner(key, page) {
             Ok(p) => {
                 self.counters.stores.fetch_add(1, Relaxed);
@@ -437,8 +443,10 @@ impl Engine {
             let mut s = self.index.shard(key).lock();
             // A page stored again whose object keeps its size class is
             // rewritten in place under the key's shard lock (which keeps
-            // readers out): no allocation, no free, no admission.
-            if let Some(old) = s.get(key) {
+            // readers out): no allocation, no free, no admission. Not with
+            // a ledger: a process killed in the middle would leave the
+            // ledger's entry naming half-written bytes.
+            if let Some(old) = s.get(key).filter(|_| self.cfg.ledger_keys.is_none()) {
                 if let Slot::Obj(h, _) = old.slot() {
                     if self.objects.rewrite(h, bytes).map_err(|e| self.alloc_failed(e))? {
                         s.replace(key, old, Entry::obj(h, info));

@@ -12,7 +12,8 @@
 //! it asks the shard one question of an item it queued:
 //! [`Shard::queued_object`].
 //!
-//! Every change of an entry goes through a method here, and each moves the
+//! Every change of an entry goes through a method here, and each records
+//! it in the pool's ledger, if it keeps one (`ledger.rs`), and moves the
 //! shard's counters with it (`compr_bytes`, same-filled, huge and
 //! written-back pages, objects per dictionary slot): no caller adds or
 //! subtracts a count. Flags that do not change what an entry stores (the
@@ -37,18 +38,21 @@
 //!   (256 pages) takes one shard's lock; writers far apart take others.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use zmem_alloc::{AllocError, Budget};
 
 use crate::entry::{count_dict, Entry, Slot, DICT_SLOTS};
 use crate::index::{BlockIndex, COLD_SHIFT};
+use crate::ledger::Ledger;
 use crate::stats::Stats;
 
 /// The index's shards (see the module notes).
 pub(crate) struct Index {
     shards: Box<[ShardLock]>,
     bits: u32,
+    ledger: Option<Arc<Ledger>>,
 }
 
 /// One shard's lock: the first in the engine's lock order, so taking it
@@ -64,10 +68,17 @@ impl ShardLock {
 }
 
 impl Index {
-    /// An index of `n` shards (rounded up to a power of two, at most 2¹⁶).
-    pub fn new(n: usize) -> Index {
+    /// An index of `n` shards (rounded up to a power of two, at most 2¹⁶),
+    /// recording every change in `ledger` if given.
+    pub fn new(n: usize, ledger: Option<Arc<Ledger>>) -> Index {
         let n = n.clamp(1, 1 << 16).next_power_of_two();
-        Index { shards: (0..n).map(|_| ShardLock(Mutex::new(Shard::new()))).collect(), bits: n.trailing_zeros() }
+        let bits = n.trailing_zeros();
+        Index { shards: (0..n).map(|me| ShardLock(Mutex::new(Shard::new(me, bits, ledger.clone())))).collect(), bits, ledger }
+    }
+
+    /// The ledger every change is recorded in, if the pool keeps one.
+    pub fn ledger(&self) -> Option<&Ledger> {
+        self.ledger.as_deref()
     }
 
     /// The shard that holds `key`.
@@ -77,12 +88,7 @@ impl Index {
 
     /// Where the shard that holds `key` is in [`Index::shards`].
     pub fn shard_index(&self, key: u64) -> usize {
-        if self.bits == 0 {
-            0
-        } else {
-            // Whole cold blocks go to one shard; neighbouring ones spread.
-            ((key >> COLD_SHIFT).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize
-        }
+        shard_of(key, self.bits)
     }
 
     /// Every shard, in order (passes over the whole index).
@@ -98,6 +104,16 @@ impl Index {
     /// Bytes of the shard array, held from creation to drop.
     pub fn fixed_bytes(&self) -> u64 {
         (self.shards.len() * std::mem::size_of::<ShardLock>()) as u64
+    }
+}
+
+/// The shard of `key` among 2^`bits`.
+fn shard_of(key: u64, bits: u32) -> usize {
+    if bits == 0 {
+        0
+    } else {
+        // Whole cold blocks go to one shard; neighbouring ones spread.
+        ((key >> COLD_SHIFT).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
     }
 }
 
@@ -126,11 +142,19 @@ pub(crate) struct Shard {
     ram_objs: u64,
     /// Objects (in RAM or written back) per dictionary slot.
     dict_objs: [u64; DICT_SLOTS],
+    /// Where every change is recorded too, if the pool keeps a ledger;
+    /// with this shard's place among 2^`bits` (which keys are its own).
+    ledger: Option<Arc<Ledger>>,
+    me: usize,
+    bits: u32,
 }
 
 impl Shard {
-    fn new() -> Shard {
+    fn new(me: usize, bits: u32, ledger: Option<Arc<Ledger>>) -> Shard {
         Shard {
+            ledger,
+            me,
+            bits,
             // Every pool keeps access times (zram's ac_time): idle pages can
             // be named for writeback and recompression alike.
             index: BlockIndex::new(),
@@ -213,6 +237,14 @@ impl Shard {
         self.account(old, false);
         self.account(new, true);
         self.index.set(key, new);
+        self.record(key, Some(new));
+    }
+
+    #[inline]
+    fn record(&self, key: u64, e: Option<Entry>) {
+        if let Some(l) = &self.ledger {
+            l.record(key, e);
+        }
     }
 
     /// Put `new` under `key` and stamp its access time `now`, charging what
@@ -225,6 +257,7 @@ impl Shard {
             self.account(o, false);
         }
         self.index.touch(key, now);
+        self.record(key, Some(new));
         Ok(old)
     }
 
@@ -233,6 +266,7 @@ impl Shard {
         let old = self.index.remove(key, b);
         if let Some(o) = old {
             self.account(o, false);
+            self.record(key, None);
         }
         old
     }
@@ -243,6 +277,9 @@ impl Shard {
         self.index.remove_range(range, out, b);
         for &o in &out[start..] {
             self.account(o, false);
+        }
+        if let Some(l) = &self.ledger {
+            l.clear(range, |key| shard_of(key, self.bits) == self.me);
         }
     }
 

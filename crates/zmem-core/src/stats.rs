@@ -313,6 +313,10 @@ pub struct Stats {
     pub pool_pages: u64,
     pub alloc_metadata_bytes: u64,
     pub index_bytes: u64,
+    /// The ledger's pages (`PoolConfig::ledger_keys`: every key's entry,
+    /// kept in the arena so that the pool can be opened again); counted in
+    /// `index_bytes`.
+    pub ledger_bytes: u64,
     /// LRU queues (writeback tier only).
     pub lru_bytes: u64,
     pub objs_allocated: u64,

@@ -96,6 +96,12 @@ pub struct PoolConfig {
     /// (`dict.rs`). zstd stores and recompressions use one when there is
     /// one; lz4 stores only with `dict.lz4`.
     pub dict: DictConfig,
+    /// Keep every key's entry in the ledger too, for keys below this (a
+    /// device's pages; a multiple of 256), so that another process can
+    /// open the pool where this one left it ([`Pool::open`], `ledger.rs`).
+    /// A store of a key past it is refused. For pools without dedup,
+    /// dictionaries or a cold store, so far. `None`: no ledger.
+    pub ledger_keys: Option<u64>,
 }
 
 /// Default huge threshold: pages that compress to 4032 bytes or more are
@@ -126,6 +132,7 @@ impl Default for PoolConfig {
             promote_loads: true,
             recomp_algorithms: Vec::new(),
             dict: DictConfig::default(),
+            ledger_keys: None,
         }
     }
 }
@@ -144,6 +151,14 @@ impl PoolConfig {
         }
         if !(1..=64).contains(&self.max_span_pages) {
             return Err(ZmemError::Config(format!("max_span_pages {} must be between 1 and 64", self.max_span_pages)));
+        }
+        if let Some(keys) = self.ledger_keys {
+            if keys == 0 || keys % zmem_alloc::TABLE_PAGE_ENTRIES as u64 != 0 {
+                return Err(ZmemError::Config(format!("ledger_keys {keys} must be a positive multiple of {}", zmem_alloc::TABLE_PAGE_ENTRIES)));
+            }
+            if self.dedup || !matches!(self.dict.source, crate::dict::DictSource::Off) {
+                return Err(ZmemError::Config("a pool that can be opened again (a ledger) cannot have dedup or a dictionary yet".into()));
+            }
         }
         if self.recomp_algorithms.len() > MAX_RECOMP_ALGORITHMS {
             return Err(ZmemError::Config(format!(

@@ -18,6 +18,7 @@ use crate::dedup::DedupTable;
 use crate::dict::{DictSource, Dicts, TrainReport};
 use crate::entry::Entry;
 use crate::error::{Result, ZmemError};
+use crate::ledger::Ledger;
 use crate::objects::Objects;
 use crate::shard::Index;
 use crate::stats::Counters;
@@ -25,7 +26,12 @@ use crate::tier::{Loads, Parts, Tier, TierHost};
 
 impl Pool {
     pub(super) fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>) -> Result<Pool> {
-        let e = Arc::new(Engine::build(cfg, store)?);
+        Self::start(Engine::build(cfg, store, None)?)
+    }
+
+    /// A pool around a built engine: its threads started.
+    pub(super) fn start(e: Engine) -> Result<Pool> {
+        let e = Arc::new(e);
         let shrinker = if e.tier.writes_back() {
             let worker = Arc::clone(&e);
             let h = std::thread::Builder::new()
@@ -68,24 +74,40 @@ impl Drop for Pool {
 }
 
 impl Engine {
-    fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>) -> Result<Engine> {
+    /// The engine of `cfg`, over `store`; over `opened` (an allocator
+    /// opened on an arena another process left, and its budget) if given.
+    pub(super) fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>, opened: Option<(ZsPool, Arc<Budget>)>) -> Result<Engine> {
         cfg.check()?;
-        let index = Index::new(cfg.shards);
+        if cfg.ledger_keys.is_some() && store.is_some() {
+            return Err(ZmemError::Config("a pool that can be opened again (a ledger) cannot have a cold store yet".into()));
+        }
+        // One budget for everything the pool holds: the allocator charges
+        // its pages and tables to it, the index, dedup table and the tier's
+        // queues their growth, the tier the backing store's tables. The shard arrays are
+        // a fixed cost, charged now. The limit is the budget's.
+        let (alloc, budget) = opened.unwrap_or_else(|| {
+            let budget = Arc::new(Budget::new(cfg.mem_limit));
+            (ZsPool::with_budget(AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None }, Arc::clone(&budget)), budget)
+        });
+        let ledger = match cfg.ledger_keys {
+            Some(keys) => {
+                let table = alloc.shared_table(keys as usize).map_err(|e| ZmemError::Config(format!("the ledger: {e}")))?;
+                Some(Arc::new(Ledger::new(table, Arc::clone(&budget))))
+            }
+            None => None,
+        };
+        // What an opened arena holds already (pages, tables): not a fixed cost.
+        let held = budget.used().saturating_sub(ZsPool::fixed_bytes());
+        let index = Index::new(cfg.shards, ledger);
         // (With a tier, the table keeps a record for every shared page.)
         let dedup = cfg.dedup.then(|| DedupTable::new(store.is_none()));
         let loads = Loads { exclusive: cfg.exclusive_loads, promote: cfg.promote_loads };
         let tier = Tier::new(store, loads, index.shards().len(), dedup.as_ref().map_or(0, |d| d.shards().len()));
-        // One budget for everything the pool holds: the allocator charges
-        // its pages and tables to it, the index, dedup table and the tier's
-        // queues their growth, the tier the backing store's tables. The shard arrays are
-        // a fixed cost, charged now.
-        let budget = Arc::new(Budget::new(cfg.mem_limit));
-        // The limit is the budget's.
-        let alloc = ZsPool::with_budget(AllocConfig { max_span_pages: cfg.max_span_pages, limit_bytes: None }, Arc::clone(&budget));
         budget.force_charge(index.fixed_bytes() + if dedup.is_some() { DedupTable::fixed_bytes() } else { 0 } + tier.fixed_bytes());
+        let fixed = budget.used() - held;
         if let Some(limit) = cfg.mem_limit {
-            if budget.used() > limit {
-                return Err(ZmemError::Config(format!("mem_limit {limit} is below the {} bytes a pool holds before it stores anything", budget.used())));
+            if fixed > limit {
+                return Err(ZmemError::Config(format!("mem_limit {limit} is below the {fixed} bytes a pool holds before it stores anything")));
             }
         }
         let counters = Counters::default();
@@ -107,7 +129,7 @@ impl Engine {
         };
         Ok(Engine {
             objects: Objects::new(alloc, cfg.compressor, dicts, cfg.huge_threshold, cfg.store_incompressible),
-            admission: Admission::new(cfg.max_pool, cfg.accept_threshold_percent, budget.used()),
+            admission: Admission::new(cfg.max_pool, cfg.accept_threshold_percent, fixed),
             tier,
             epoch: Instant::now(),
             cfg,

@@ -31,6 +31,8 @@ impl Engine {
         // the pages that share a written-back object.
         let mut backed_pages = st.bd_count;
         index_bytes += self.index.fixed_bytes();
+        st.ledger_bytes = self.index.ledger().map_or(0, crate::ledger::Ledger::bytes);
+        index_bytes += st.ledger_bytes;
         let mut dedup_bytes = 0;
         if let Some(d) = &self.dedup {
             for ds in d.shards() {

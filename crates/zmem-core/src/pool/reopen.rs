@@ -1,0 +1,101 @@
+//! Opening a pool again: the engine rebuilt from the arena another process
+//! left, its objects and its ledger (`ledger.rs`).
+//!
+//! The allocator finds its live objects again (`zmem_alloc::ZsPool::open`);
+//! each key the ledger records goes back into the index, in its shard,
+//! stamped and counted as a store would; the objects no key names (the
+//! dead process had allocated them and not yet published them) are freed.
+//! Access times start again at the opening (every page is as young as
+//! the others), and so do the counters of events; the counts of what the
+//! pool holds are rebuilt.
+
+use std::collections::HashSet;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zmem_alloc::{Budget, Handle, ZsPool};
+
+use super::{Engine, Pool, PoolConfig};
+use crate::entry::Slot;
+use crate::error::{Result, ZmemError};
+use crate::ledger::Recorded;
+
+/// What [`Pool::open`] found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reopened {
+    /// Keys holding a page.
+    pub pages: u64,
+    /// Objects no key named, freed: allocated by the process that left the
+    /// arena, which died before it published them.
+    pub strays_freed: u64,
+    /// How long opening took.
+    pub took: Duration,
+}
+
+impl Pool {
+    /// The file that holds this pool's objects and ledger, for a process
+    /// that keeps it while this one is replaced ([`Pool::open`]). Only a
+    /// pool with a ledger ([`PoolConfig::ledger_keys`]) can be opened again.
+    pub fn arena(&self) -> Option<BorrowedFd<'_>> {
+        self.e.objects.arena_fd()
+    }
+
+    /// Open the pool another process left in `arena` (the file of
+    /// [`Pool::arena`]), with the configuration it was made with (its
+    /// `ledger_keys` at least; the rest may change). Every page it held is
+    /// here; the objects it had not yet published are freed.
+    ///
+    /// Refused, with the reason, when the arena is held by a live process,
+    /// is not a pool's, of another version or damaged, or when its ledger
+    /// and objects disagree: nothing is changed then, and the arena may be
+    /// opened again by a zmem that can read it.
+    pub fn open(arena: OwnedFd, cfg: PoolConfig) -> Result<(Pool, Reopened)> {
+        let t = Instant::now();
+        if cfg.ledger_keys.is_none() {
+            return Err(ZmemError::Config("opening a pool again needs the ledger_keys it was made with".into()));
+        }
+        cfg.check()?;
+        // No limit while the pages go back in: they are held already.
+        let budget = Arc::new(Budget::new(None));
+        let (alloc, found) = ZsPool::open(arena, Arc::clone(&budget)).map_err(|e| ZmemError::Reopen(e.to_string()))?;
+        let e = Engine::build(cfg, None, Some((alloc, budget)))?;
+        let mut report = e.rebuild(found)?;
+        e.budget().set_limit(e.cfg.mem_limit);
+        let pool = Pool::start(e)?;
+        report.took = t.elapsed();
+        Ok((pool, report))
+    }
+}
+
+impl Engine {
+    /// Put every key the ledger records back, then free the objects no key
+    /// names. Checks every entry before it frees anything.
+    fn rebuild(&self, found: Vec<Handle>) -> Result<Reopened> {
+        let ledger = self.index.ledger().ok_or_else(|| ZmemError::Reopen("the pool keeps no ledger".into()))?;
+        let mut unnamed: HashSet<u64> = found.iter().map(|h| h.to_raw()).collect();
+        let now = self.now();
+        let mut pages = 0;
+        for (key, rec) in ledger.entries() {
+            let Recorded::Entry(e) = rec else {
+                return Err(ZmemError::Reopen(format!("the ledger's entry of key {key:#x} is damaged")));
+            };
+            match e.slot() {
+                Slot::Obj(h, _) if unnamed.remove(&h.to_raw()) => {}
+                Slot::Obj(h, _) => return Err(ZmemError::Reopen(format!("key {key:#x} names object {:#x}, which the arena does not hold", h.to_raw()))),
+                Slot::Same(_) => {}
+                Slot::Dedup(..) | Slot::Backed(..) => {
+                    return Err(ZmemError::Reopen(format!("key {key:#x} is shared or written back, which a pool with a ledger cannot have yet")));
+                }
+            }
+            let mut s = self.index.shard(key).lock();
+            let e = s.stamp(e);
+            s.insert(key, e, now, self.budget())?;
+            pages += 1;
+        }
+        for &raw in &unnamed {
+            self.objects.free(Handle::from_raw(raw)).map_err(|err| ZmemError::Reopen(format!("freeing an unnamed object: {err}")))?;
+        }
+        Ok(Reopened { pages, strays_freed: unnamed.len() as u64, took: Duration::ZERO })
+    }
+}
