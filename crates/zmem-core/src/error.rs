@@ -34,6 +34,10 @@ pub enum ZmemError {
     NoBackingStore,
     #[error("cannot open the pool again: {0}")]
     Reopen(String),
+    #[error(
+        "the page of key {key:#x} was lost when the pool was opened again (its entry could not be proven right): it reads as an error until it is written"
+    )]
+    Lost { key: u64 },
     #[error("key {key:#x} is past the pool's ledger of {keys} keys (the device's size)")]
     PastLedger { key: u64, keys: u64 },
 }

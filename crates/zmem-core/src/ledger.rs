@@ -43,6 +43,8 @@ use zmem_alloc::{Budget, SharedTable, TABLE_PAGE_ENTRIES};
 use crate::entry::Entry;
 
 const VALID: u128 = 1 << 127;
+/// A key whose page could not be proven right (`Shard::mark_lost`).
+const LOST: u128 = 1;
 const PAGE: u64 = 4096;
 
 /// See the module notes.
@@ -57,6 +59,8 @@ pub(crate) struct Ledger {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Recorded {
     Entry(Entry),
+    /// A page lost when the pool was opened before, not stored since.
+    Lost,
     /// Not 0 and not an entry: a damaged word.
     Damaged,
 }
@@ -107,6 +111,14 @@ impl Ledger {
         self.table.set(key as usize, v);
     }
 
+    /// `key`'s page is lost ([`Recorded::Lost`]).
+    pub fn record_lost(&self, key: u64) {
+        if key < self.keys() {
+            self.charge(key as usize / TABLE_PAGE_ENTRIES);
+            self.table.set(key as usize, LOST);
+        }
+    }
+
     /// No page for any key of `range` whose 256-key page `owned` says is
     /// the caller's (the shard whose lock it holds): whole pages are given
     /// back.
@@ -136,7 +148,12 @@ impl Ledger {
                 let v = self.table.get(k);
                 (v != 0).then(|| {
                     let e = (v & VALID != 0).then(|| Entry::from_raw((v >> 64) as u32, v as u64)).flatten();
-                    (k as u64, e.map_or(Recorded::Damaged, Recorded::Entry))
+                    let r = match e {
+                        Some(e) => Recorded::Entry(e),
+                        None if v == LOST => Recorded::Lost,
+                        None => Recorded::Damaged,
+                    };
+                    (k as u64, r)
                 })
             })
         })
@@ -184,8 +201,10 @@ mod tests {
         l.record(600, Some(Entry::same(6)));
         l.clear(&(0..4096), |first| first != 512);
         assert_eq!(l.entries().map(|(k, _)| k).collect::<Vec<_>>(), vec![600], "a page the caller does not own stays");
-        // A damaged word is told apart from an entry.
+        // A damaged word is told apart from an entry, and from a lost page.
         l.table.set(7, 5);
-        assert!(l.entries().any(|(k, r)| k == 7 && r == Recorded::Damaged));
+        l.record_lost(8);
+        let got: Vec<_> = l.entries().filter(|&(k, _)| k == 7 || k == 8).collect();
+        assert_eq!(got, vec![(7, Recorded::Damaged), (8, Recorded::Lost)]);
     }
 }

@@ -597,7 +597,7 @@ impl Engine {
         loop {
             tries += 1;
             let mut s = self.index.shard(key).lock();
-            let a = s.access(key, now).ok_or(ZmemError::NotFound { key })?;
+            let a = s.access(key, now).ok_or_else(|| if s.is_lost(key) { ZmemError::Lost { key } } else { ZmemError::NotFound { key } })?;
             let e = a.entry;
             let r = match e.slot() {
                 Slot::Same(p) => {

@@ -37,6 +37,7 @@
 //!   (cold blocks of 12 keys on the build). A sequential run of a MiB
 //!   (256 pages) takes one shard's lock; writers far apart take others.
 
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -147,6 +148,10 @@ pub(crate) struct Shard {
     ledger: Option<Arc<Ledger>>,
     me: usize,
     bits: u32,
+    /// Keys whose page could not be proven right when the pool was opened
+    /// again (`pool/reopen.rs`): their loads fail until a store or a drop
+    /// of the key. Empty (and not allocated) but after such an opening.
+    lost: HashSet<u64>,
 }
 
 impl Shard {
@@ -155,6 +160,7 @@ impl Shard {
             ledger,
             me,
             bits,
+            lost: HashSet::new(),
             // Every pool keeps access times (zram's ac_time): idle pages can
             // be named for writeback and recompression alike.
             index: BlockIndex::new(),
@@ -258,6 +264,9 @@ impl Shard {
         }
         self.index.touch(key, now);
         self.record(key, Some(new));
+        if !self.lost.is_empty() {
+            self.lost.remove(&key);
+        }
         Ok(old)
     }
 
@@ -266,6 +275,8 @@ impl Shard {
         let old = self.index.remove(key, b);
         if let Some(o) = old {
             self.account(o, false);
+            self.record(key, None);
+        } else if !self.lost.is_empty() && self.lost.remove(&key) {
             self.record(key, None);
         }
         old
@@ -281,6 +292,25 @@ impl Shard {
         if let Some(l) = &self.ledger {
             l.clear(range, |key| shard_of(key, self.bits) == self.me);
         }
+        if !self.lost.is_empty() {
+            self.lost.retain(|k| !range.contains(k));
+        }
+    }
+
+    /// `key` holds a page that could not be proven right (it holds no
+    /// entry): its loads fail until it is stored or dropped, and the
+    /// ledger keeps the mark for the next opening.
+    pub fn mark_lost(&mut self, key: u64) {
+        debug_assert!(self.index.get(key).is_none());
+        self.lost.insert(key);
+        if let Some(l) = &self.ledger {
+            l.record_lost(key);
+        }
+    }
+
+    /// Whether `key` is marked lost ([`Shard::mark_lost`]).
+    pub fn is_lost(&self, key: u64) -> bool {
+        !self.lost.is_empty() && self.lost.contains(&key)
     }
 
     /// Move the written-back keys of the index blocks of `keys` (and their
@@ -332,6 +362,7 @@ impl Shard {
         st.same_pages += self.same_pages;
         st.huge_pages += self.huge_pages;
         st.bd_count += self.backed_pages;
+        st.lost_pages += self.lost.len() as u64;
         let (cold_pages, cold_blocks) = self.index.cold_counts();
         st.cold_index_pages += cold_pages;
         st.cold_index_blocks += cold_blocks;

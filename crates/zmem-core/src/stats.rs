@@ -317,6 +317,10 @@ pub struct Stats {
     /// kept in the arena so that the pool can be opened again); counted in
     /// `index_bytes`.
     pub ledger_bytes: u64,
+    /// Pages that could not be proven right when the pool was opened again
+    /// (`Pool::open`): their reads fail (EIO) until they are written or
+    /// dropped.
+    pub lost_pages: u64,
     /// LRU queues (writeback tier only).
     pub lru_bytes: u64,
     pub objs_allocated: u64,

@@ -141,3 +141,68 @@ fn what_cannot_be_opened_is_refused_with_its_reason() {
     pool.load(1, &mut buf).unwrap();
     assert_eq!(buf, compressible(1));
 }
+
+/// The arena file, read or written at `at`.
+fn file_of(fd: &OwnedFd) -> std::fs::File {
+    std::fs::File::from(fd.try_clone().unwrap())
+}
+
+/// Where the ledger's entry of `key` is in the arena file (its directory:
+/// 16-byte entries from byte 512, their count at byte 48; the table is the
+/// region of kind 3).
+fn ledger_entry_at(fd: &OwnedFd, key: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let f = file_of(fd);
+    let word = |at: u64| {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, at).unwrap();
+        u64::from_ne_bytes(b)
+    };
+    let table = (0..word(48)).map(|i| (word(512 + 16 * i), word(520 + 16 * i))).find(|(w0, _)| w0 >> 56 == 3).expect("the ledger's table").1;
+    (table >> 32) * 4096 + 16 * key
+}
+
+#[test]
+fn a_page_that_cannot_be_proven_right_reads_as_an_error_the_rest_are_served() {
+    use std::os::unix::fs::FileExt;
+    let pool = Pool::new(cfg()).unwrap();
+    for k in 0..300u64 {
+        pool.store(k, &compressible(k)).unwrap();
+    }
+    let fd = arena(&pool);
+    drop(pool);
+    // Key 5 names an object the arena does not hold; key 6's word is no
+    // entry at all.
+    let f = file_of(&fd);
+    let at5 = ledger_entry_at(&fd, 5);
+    f.write_all_at(&0x00ff_0000_0000_1234u64.to_le_bytes(), at5).unwrap();
+    f.write_all_at(&[5u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], ledger_entry_at(&fd, 6)).unwrap();
+
+    let (pool, report) = Pool::open(fd.try_clone().unwrap(), cfg()).unwrap();
+    // (The objects the two keys held are named by nothing now: freed.)
+    assert_eq!((report.pages, report.lost, report.strays_freed), (298, 2, 2), "{report:?}");
+    let mut buf = vec![0u8; 4096];
+    for k in [5, 6] {
+        assert!(matches!(pool.load(k, &mut buf), Err(ZmemError::Lost { key }) if key == k), "key {k} must not read as anything");
+    }
+    for k in (0..300u64).filter(|k| ![5, 6].contains(k)) {
+        pool.load(k, &mut buf).unwrap();
+        assert_eq!(buf, compressible(k), "key {k}");
+    }
+    assert_eq!(pool.stats().lost_pages, 2);
+    // The marks outlive the next opening too...
+    drop(pool);
+    let (pool, report) = Pool::open(fd.try_clone().unwrap(), cfg()).unwrap();
+    assert_eq!((report.pages, report.lost), (298, 2));
+    assert!(matches!(pool.load(5, &mut buf), Err(ZmemError::Lost { .. })));
+    // ...until the key is written or dropped.
+    pool.store(5, &compressible(500)).unwrap();
+    assert!(!pool.invalidate(6), "a lost key holds no page");
+    pool.load(5, &mut buf).unwrap();
+    assert_eq!(buf, compressible(500));
+    assert!(matches!(pool.load(6, &mut buf), Err(ZmemError::NotFound { .. })));
+    assert_eq!(pool.stats().lost_pages, 0);
+    drop(pool);
+    let (_pool, report) = Pool::open(fd, cfg()).unwrap();
+    assert_eq!((report.pages, report.lost), (299, 0));
+}

@@ -8,6 +8,12 @@
 //! Access times start again at the opening (every page is as young as
 //! the others), and so do the counters of events; the counts of what the
 //! pool holds are rebuilt.
+//!
+//! A key whose entry cannot be proven right (a damaged word, an object the
+//! arena does not hold, a kind this pool cannot have) is not guessed at:
+//! it is marked lost (`Shard::mark_lost`), its reads fail (EIO at a
+//! device) until it is written or dropped, and the ledger keeps the mark,
+//! so the next opening does not read zeros there either.
 
 use std::collections::HashSet;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -29,6 +35,9 @@ pub struct Reopened {
     /// Objects no key named, freed: allocated by the process that left the
     /// arena, which died before it published them.
     pub strays_freed: u64,
+    /// Keys whose page could not be proven right, now marked lost (and
+    /// those lost at an earlier opening and not written since).
+    pub lost: u64,
     /// How long opening took.
     pub took: Duration,
 }
@@ -47,9 +56,10 @@ impl Pool {
     /// here; the objects it had not yet published are freed.
     ///
     /// Refused, with the reason, when the arena is held by a live process,
-    /// is not a pool's, of another version or damaged, or when its ledger
-    /// and objects disagree: nothing is changed then, and the arena may be
-    /// opened again by a zmem that can read it.
+    /// is not a pool's, of another version or damaged: nothing is changed
+    /// then, and the arena may be opened again by a zmem that can read it.
+    /// A key whose entry cannot be proven right is marked lost instead
+    /// ([`Reopened::lost`]): its reads fail, the other pages are served.
     pub fn open(arena: OwnedFd, cfg: PoolConfig) -> Result<(Pool, Reopened)> {
         let t = Instant::now();
         if cfg.ledger_keys.is_none() {
@@ -69,33 +79,43 @@ impl Pool {
 }
 
 impl Engine {
-    /// Put every key the ledger records back, then free the objects no key
-    /// names. Checks every entry before it frees anything.
+    /// Put every key the ledger records back (or mark it lost), then free
+    /// the objects no key names.
     fn rebuild(&self, found: Vec<Handle>) -> Result<Reopened> {
         let ledger = self.index.ledger().ok_or_else(|| ZmemError::Reopen("the pool keeps no ledger".into()))?;
         let mut unnamed: HashSet<u64> = found.iter().map(|h| h.to_raw()).collect();
         let now = self.now();
-        let mut pages = 0;
+        let (mut pages, mut lost) = (0, 0);
         for (key, rec) in ledger.entries() {
-            let Recorded::Entry(e) = rec else {
-                return Err(ZmemError::Reopen(format!("the ledger's entry of key {key:#x} is damaged")));
+            let why = match rec {
+                Recorded::Entry(e) => match e.slot() {
+                    Slot::Obj(h, _) if unnamed.remove(&h.to_raw()) => None,
+                    Slot::Obj(h, _) => Some(format!("names object {:#x}, which the arena does not hold", h.to_raw())),
+                    Slot::Same(_) => None,
+                    Slot::Dedup(..) | Slot::Backed(..) => Some("is shared or written back, which a pool with a ledger cannot have yet".into()),
+                },
+                Recorded::Lost => Some("was lost at an earlier opening".into()),
+                Recorded::Damaged => Some("has a damaged ledger entry".into()),
             };
-            match e.slot() {
-                Slot::Obj(h, _) if unnamed.remove(&h.to_raw()) => {}
-                Slot::Obj(h, _) => return Err(ZmemError::Reopen(format!("key {key:#x} names object {:#x}, which the arena does not hold", h.to_raw()))),
-                Slot::Same(_) => {}
-                Slot::Dedup(..) | Slot::Backed(..) => {
-                    return Err(ZmemError::Reopen(format!("key {key:#x} is shared or written back, which a pool with a ledger cannot have yet")));
+            let mut s = self.index.shard(key).lock();
+            match (rec, why) {
+                (Recorded::Entry(e), None) => {
+                    let e = s.stamp(e);
+                    s.insert(key, e, now, self.budget())?;
+                    pages += 1;
+                }
+                (_, why) => {
+                    if let Some(why) = why.filter(|_| rec != Recorded::Lost) {
+                        tracing::warn!("opening the pool: key {key:#x} {why}: its page is lost (reads fail until it is written)");
+                    }
+                    s.mark_lost(key);
+                    lost += 1;
                 }
             }
-            let mut s = self.index.shard(key).lock();
-            let e = s.stamp(e);
-            s.insert(key, e, now, self.budget())?;
-            pages += 1;
         }
         for &raw in &unnamed {
             self.objects.free(Handle::from_raw(raw)).map_err(|err| ZmemError::Reopen(format!("freeing an unnamed object: {err}")))?;
         }
-        Ok(Reopened { pages, strays_freed: unnamed.len() as u64, took: Duration::ZERO })
+        Ok(Reopened { pages, strays_freed: unnamed.len() as u64, lost, took: Duration::ZERO })
     }
 }
