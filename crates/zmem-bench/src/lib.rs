@@ -35,6 +35,7 @@ pub mod kv;
 pub mod pages;
 pub mod plot;
 pub mod remote;
+pub mod reopen;
 pub mod store;
 pub mod store_dict;
 pub mod swap;

@@ -17,6 +17,7 @@
 mod bench_blockdev;
 mod bench_cache;
 mod bench_remote;
+mod bench_reopen;
 mod bench_store;
 mod bench_swap;
 mod docs;
@@ -86,6 +87,10 @@ enum BenchCmd {
     /// heap, filled, then read and updated at random by several clients,
     /// every read checked (`zmem bench swap --workload kv` runs it).
     Kv(bench_swap::KvArgs),
+    /// A pool that outlives its process: the store throughput and memory
+    /// of a pool with a ledger against a plain one, and how long opening
+    /// it again takes, every page checked.
+    Reopen(bench_reopen::Args),
 }
 
 /// Colour in log lines only for a terminal that can show it: never in a
@@ -111,6 +116,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Cache(a)) => bench_cache::run(a),
         Cmd::Bench(BenchCmd::Remote(a)) => bench_remote::run(a),
         Cmd::Bench(BenchCmd::Kv(a)) => bench_swap::run_kv(a),
+        Cmd::Bench(BenchCmd::Reopen(a)) => bench_reopen::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Swap(c) => swap::run(c),
         Cmd::Stat(a) => stat::run(a),
