@@ -109,15 +109,16 @@ pub(crate) struct DirEntry {
 /// The arena file, and this process's lock on it.
 pub(crate) struct ArenaFile {
     fd: OwnedFd,
-    /// Our own open of the file, holding the `flock`.
-    _lock: OwnedFd,
+    /// Our own open of the file, holding the `flock` (none for a new
+    /// arena where `/proc` cannot be read: nobody else holds it yet).
+    _lock: Option<OwnedFd>,
 }
 
 impl ArenaFile {
     fn locked(fd: OwnedFd) -> Result<ArenaFile, ArenaError> {
         let again = rustix::fs::open(format!("/proc/self/fd/{}", fd.as_raw_fd()), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).map_err(io::Error::from)?;
         match rustix::fs::flock(&again, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(ArenaFile { fd, _lock: again }),
+            Ok(()) => Ok(ArenaFile { fd, _lock: Some(again) }),
             Err(rustix::io::Errno::WOULDBLOCK) => Err(ArenaError::Busy),
             Err(e) => Err(ArenaError::Io(e.into())),
         }
@@ -223,10 +224,12 @@ impl Arena {
     pub(crate) fn create(span_pages: usize) -> io::Result<Arena> {
         let fd = rustix::fs::memfd_create("zmem-arena", MemfdFlags::CLOEXEC)?;
         rustix::fs::ftruncate(&fd, ARENA_BYTES)?;
-        let file = Arc::new(ArenaFile::locked(fd).map_err(|e| match e {
-            ArenaError::Io(e) => e,
-            e => io::Error::other(e.to_string()),
-        })?);
+        // (The lock keeps a second process out of an arena handed over;
+        // a pool that cannot take it, with no `/proc`, still works.)
+        let file = Arc::new(match ArenaFile::locked(fd.try_clone()?) {
+            Ok(f) => f,
+            Err(_) => ArenaFile { fd, _lock: None },
+        });
         let header = Region::map(&file, 0, HEADER_BYTES)?;
         let w = header.words();
         let fields = [MAGIC, ARENA_VERSION, PAGE_SIZE as u64, span_pages as u64, NUM_CLASSES as u64];
