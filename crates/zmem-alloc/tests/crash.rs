@@ -20,10 +20,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use zmem_alloc::{AllocConfig, Budget, Handle, ZsPool};
@@ -40,7 +39,7 @@ fn content(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn main() {
-    match std::env::var("ZMEM_CRASH_WORKER") {
+    match std::env::var(zmem_testkit::crash::WORKER_ENV) {
         Ok(round) => worker(round.parse().unwrap()),
         Err(_) => parent(),
     }
@@ -111,9 +110,9 @@ fn take_over(log: &Log, arena: Option<String>) -> ZsPool {
 fn worker(round: u64) {
     // A worker never outlives its parent (a parent that failed).
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)).unwrap();
-    let log_path = std::env::var("ZMEM_CRASH_LOG").unwrap();
+    let log_path = std::env::var(zmem_testkit::crash::LOG_ENV).unwrap();
     let mut log = Log::read(Path::new(&log_path));
-    let pool = take_over(&log, std::env::var("ZMEM_CRASH_ARENA").ok());
+    let pool = take_over(&log, std::env::var(zmem_testkit::crash::ARENA_ENV).ok());
     // Tell the parent where the arena is, then work until killed.
     let fd = pool.arena_fd().unwrap().as_raw_fd();
     log.file.write_all_at(&(fd as u64 + 1).to_ne_bytes(), 0).unwrap();
@@ -144,46 +143,19 @@ fn parent() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     File::create(&log).unwrap();
-    let me = std::env::current_exe().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
-    let mut arena: Option<File> = None;
     let mut records = 0;
-    for round in 0..ROUNDS {
-        let mut cmd = std::process::Command::new(&me);
-        cmd.env("ZMEM_CRASH_WORKER", round.to_string()).env("ZMEM_CRASH_LOG", &log);
-        if let Some(a) = &arena {
-            cmd.env("ZMEM_CRASH_ARENA", format!("/proc/{}/fd/{}", std::process::id(), a.as_raw_fd()));
-        }
-        let mut child = cmd.spawn().unwrap();
-        // The worker says where its arena is once it has taken over.
-        let header = std::fs::OpenOptions::new().read(true).write(true).open(&log).unwrap();
-        let start = Instant::now();
-        let fd = loop {
-            let mut b = [0u8; 8];
-            if header.read_exact_at(&mut b, 0).is_ok() && u64::from_ne_bytes(b) > 0 {
-                break u64::from_ne_bytes(b) - 1;
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("round {round}: the worker ended before it took over: {status}");
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "round {round}: the worker did not take over in 60 s");
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        arena = Some(std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{}/fd/{fd}", child.id())).unwrap());
-        header.write_all_at(&0u64.to_ne_bytes(), 0).unwrap();
-        std::thread::sleep(Duration::from_millis(rng.gen_range(20..250)));
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("round {round}: the worker ended on its own: {status}");
-        }
-        child.kill().unwrap();
-        let status = child.wait().unwrap();
-        assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: {status}");
-        let now = Log::read(&log).records.len();
-        assert!(now > records, "round {round}: the worker logged nothing");
-        records = now;
-    }
+    let (_arena, path) = zmem_testkit::crash::kill_rounds(
+        &log,
+        ROUNDS,
+        || Duration::from_millis(rng.gen_range(20..250)),
+        |round| {
+            let now = Log::read(&log).records.len();
+            assert!(now > records, "round {round}: the worker logged nothing");
+            records = now;
+        },
+    );
     // The parent takes over last, with the same checks.
-    let path = format!("/proc/{}/fd/{}", std::process::id(), arena.as_ref().unwrap().as_raw_fd());
     let pool = take_over(&Log::read(&log), Some(path));
     eprintln!("crash: {ROUNDS} workers killed, {records} objects logged, {} live at the end", pool.stats().objs_used);
 }

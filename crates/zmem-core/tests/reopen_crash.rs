@@ -18,9 +18,8 @@ mod common;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use zmem_core::{Compressor, Pool, PoolConfig, ZmemError};
@@ -46,7 +45,7 @@ fn page(seed: u64) -> Vec<u8> {
 }
 
 fn main() {
-    match std::env::var("ZMEM_CRASH_WORKER") {
+    match std::env::var(zmem_testkit::crash::WORKER_ENV) {
         Ok(round) => worker(round.parse().unwrap()),
         Err(_) => parent(),
     }
@@ -131,8 +130,8 @@ fn take_over(log: &Log, arena: Option<String>) -> Pool {
 
 fn worker(round: u64) {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)).unwrap();
-    let log = Log::open(Path::new(&std::env::var("ZMEM_CRASH_LOG").unwrap()));
-    let pool = take_over(&log, std::env::var("ZMEM_CRASH_ARENA").ok());
+    let log = Log::open(Path::new(&std::env::var(zmem_testkit::crash::LOG_ENV).unwrap()));
+    let pool = take_over(&log, std::env::var(zmem_testkit::crash::ARENA_ENV).ok());
     log.put(0, pool.arena().unwrap().as_raw_fd() as u64 + 1);
     let mut rng = rand::rngs::StdRng::seed_from_u64(round);
     for op in 0u64.. {
@@ -174,39 +173,8 @@ fn parent() {
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("log");
     File::create(&log_path).unwrap().set_len(HEADER + 8 * KEYS).unwrap();
-    let log = Log::open(&log_path);
-    let me = std::env::current_exe().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xc0ffee);
-    let mut arena: Option<File> = None;
-    for round in 0..ROUNDS {
-        let mut cmd = std::process::Command::new(&me);
-        cmd.env("ZMEM_CRASH_WORKER", round.to_string()).env("ZMEM_CRASH_LOG", &log_path);
-        if let Some(a) = &arena {
-            cmd.env("ZMEM_CRASH_ARENA", format!("/proc/{}/fd/{}", std::process::id(), a.as_raw_fd()));
-        }
-        let mut child = cmd.spawn().unwrap();
-        let start = Instant::now();
-        let fd = loop {
-            if log.word(0) > 0 {
-                break log.word(0) - 1;
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("round {round}: the worker ended before it took over: {status}");
-            }
-            assert!(start.elapsed() < Duration::from_secs(120), "round {round}: the worker did not take over in 120 s");
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        arena = Some(std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{}/fd/{fd}", child.id())).unwrap());
-        log.put(0, 0);
-        std::thread::sleep(Duration::from_millis(rng.gen_range(30..300)));
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("round {round}: the worker ended on its own: {status}");
-        }
-        child.kill().unwrap();
-        let status = child.wait().unwrap();
-        assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: {status}");
-    }
-    let path = format!("/proc/{}/fd/{}", std::process::id(), arena.as_ref().unwrap().as_raw_fd());
-    let pool = take_over(&log, Some(path));
+    let (_arena, path) = zmem_testkit::crash::kill_rounds(&log_path, ROUNDS, || Duration::from_millis(rng.gen_range(30..300)), |_| {});
+    let pool = take_over(&Log::open(&log_path), Some(path));
     eprintln!("reopen_crash: {ROUNDS} workers killed; {} pages at the end", pool.len());
 }

@@ -11,11 +11,14 @@
 //!   for a test's servers (`zmem-rig`'s, which `zmem bench` uses too).
 //! * [`ci`] — skipping a test where a feature is missing, and failing
 //!   instead under CI as root, where nothing may be missing.
+//! * [`crash`] — the parent side of a crash loop: a worker killed at a
+//!   random instant, round after round.
 //! * [`machine`] — taking turns, across test binaries, at what the machine
 //!   has one of (swap areas, zram, zswap, FUSE's io_uring switch, blkio
 //!   throttles).
 
 pub mod ci;
+pub mod crash;
 pub mod machine;
 
 pub use zmem_rig::{ports, redis_cluster, XorShift};
