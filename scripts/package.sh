@@ -88,6 +88,11 @@ set -e
 if [ "$1" = configure ]; then
     ldconfig
     if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+    # An upgrade: swap devices that are on get servers of the new binary,
+    # their pages and swap staying where they are.
+    if [ -n "$2" ] && ls /run/zmem/swap/*/state.json >/dev/null 2>&1; then
+        /usr/bin/zmem swap restart --all || echo "zmem: some swap devices keep their old server (see above)" >&2
+    fi
 fi
 SCRIPT
 cat > "$stage/DEBIAN/prerm" <<'SCRIPT'

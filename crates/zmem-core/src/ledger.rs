@@ -25,7 +25,9 @@
 //! # Format
 //! An entry is `VALID | meta << 64 | payload` (`Entry::to_raw`: the flags
 //! that only steer a process, the referenced bit and the LRU generation,
-//! are not kept); 0 is a key with no page. A page of the table holds the
+//! are not kept); 0 is a key with no page. The format is part of the
+//! arena's: a change here bumps `zmem_alloc::ARENA_VERSION`, which every
+//! opening checks, so that a process never reads another's entries wrong. A page of the table holds the
 //! 256 keys of one cold block, so it belongs to one shard: a range
 //! dropped whole gives its pages back ([`Ledger::clear`]).
 //!

@@ -80,6 +80,10 @@ pub use pool::{Pool, PoolConfig, Reopened, Residency, DEFAULT_HUGE_THRESHOLD};
 pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use stats::{RateLimited, Stats};
 pub use tier::{Resident, WritebackMode};
+/// The version of what a pool that can be opened again leaves behind (the
+/// arena's layout and the ledger's entries): [`Pool::open`] refuses
+/// another.
+pub use zmem_alloc::ARENA_VERSION as STATE_VERSION;
 pub use zmem_compress::{Algorithm, Compressor, Dictionary};
 
 /// Size of every page the pool stores.

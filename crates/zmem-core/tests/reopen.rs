@@ -45,6 +45,8 @@ fn check(pool: &Pool, model: &HashMap<u64, Vec<u8>>) {
 
 #[test]
 fn a_pool_opened_again_holds_every_page_and_goes_on() {
+    // Without a ledger there is nothing to hand over.
+    assert!(Pool::new(PoolConfig::default()).unwrap().arena().is_none(), "a pool without a ledger offers its arena");
     let pool = Pool::new(cfg()).unwrap();
     let mut model = HashMap::new();
     for k in 0..6000u64 {

@@ -43,6 +43,8 @@ pub struct Info {
     pub dedup: bool,
     pub endpoint: String,
     pub backing: Option<String>,
+    /// A swap server under a keeper: what it took over.
+    pub recovery: Option<crate::protocol::Recovery>,
 }
 
 impl Info {
@@ -65,6 +67,7 @@ impl Info {
             stats: st,
             origin,
             server_memory: crate::memory::now(),
+            recovery: self.recovery.clone(),
             ..StatsReply::default()
         };
         match &self.frontend {
@@ -120,6 +123,7 @@ fn fuse_reply(fs: &FuseStats) -> FuseReply {
         discards: n(&fs.discards),
         errors: n(&fs.errors),
         reads_handed_off: n(&fs.reads_handed_off),
+        resent: n(&fs.resent),
         latency: fs.latency.snapshot(),
     }
 }

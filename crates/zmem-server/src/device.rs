@@ -115,6 +115,7 @@ fn bind_and_run(server: &Arc<Server>, fuse: Option<&Mounted>, cfg: &DeviceConfig
         dedup: cfg.dedup,
         endpoint: endpoint.clone(),
         backing: cfg.backing.clone(),
+        recovery: None,
     };
     // Formatted first: stderr is unbuffered, and a line formatted in place
     // reaches a log file piece by piece.

@@ -145,6 +145,8 @@ pub const COUNTERS: &[&str] = &[
     "fuse_discards",
     "fuse_errors",
     "fuse_reads_handed_off",
+    "fuse_resent",
+    "recovery_restarts",
     "shared_budget_updates",
     "shared_budget_refused",
     "shared_budget_floor_ticks",
@@ -234,6 +236,9 @@ fn fields(reply: &StatsReply) -> Vec<(String, f64)> {
     }
     if let Some(m) = &reply.server_memory {
         section("server_memory", serde_json::to_value(m));
+    }
+    if let Some(r) = &reply.recovery {
+        section("recovery", serde_json::to_value(r));
     }
     out
 }
@@ -433,6 +438,7 @@ mod tests {
             fuse: Some(Default::default()),
             shared_budget: Some(Default::default()),
             server_memory: Some(Default::default()),
+            recovery: Some(Default::default()),
             ..StatsReply::default()
         };
         r.reclaim_safety = Some(crate::reclaim::ReclaimSafety { mlockall: true, malloc_tuned: false, io_flusher: None, oom_score_adj: "-1000".into() });

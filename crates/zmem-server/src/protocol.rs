@@ -136,6 +136,30 @@ pub struct StatsReply {
     /// The server process's resident memory, its pool included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_memory: Option<ServerMemory>,
+    /// A swap server under a keeper: the servers before it, and what it
+    /// found when it took the device over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<Recovery>,
+}
+
+/// What a swap server under a keeper took over (`zmem-swap`'s keeper.rs).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovery {
+    /// Servers the keeper started before this one (crashes and restarts).
+    pub restarts: u64,
+    /// How long opening the pool the last one left took (0 for the first).
+    pub took_ns: u64,
+    /// Pages found whole in it.
+    pub pages: u64,
+    /// Objects the last server had allocated and not published, freed.
+    pub strays_freed: u64,
+    /// Pages that could not be proven right: their reads fail.
+    pub lost_pages: u64,
+    /// The version of the state its pool leaves for the next server
+    /// (`zmem_core::STATE_VERSION`); 0: its pool is not handed over (a
+    /// cold store, dedup or a dictionary), and a restart would lose it.
+    #[serde(default)]
+    pub state_version: u64,
 }
 
 /// A caching device's counters and its origin.
@@ -187,6 +211,10 @@ pub struct FuseReply {
     /// Reads served by the read threads (`--read-threads`).
     #[serde(default)]
     pub reads_handed_off: u64,
+    /// Requests sent again by the kernel: a server before this one had
+    /// read them and died or was replaced before it answered.
+    #[serde(default)]
+    pub resent: u64,
     /// How long reads and writes took to run.
     #[serde(default)]
     pub latency: zmem_core::Latencies,

@@ -40,7 +40,7 @@ pub fn protect() -> Result<ReclaimSafety, LockError> {
     }
     // Every page is locked once it is touched, what is mapped now (the
     // binary's code and data, the libraries) as what is mapped later (pool
-    // spans, malloc's heap, thread stacks, fuser's buffers). Locking the
+    // spans, malloc's heap, thread stacks, the FUSE workers' buffers). Locking the
     // current mappings whole (MCL_CURRENT without MCL_ONFAULT) faulted in
     // all of the binary's code, about 7 MiB the server never runs (RssFile
     // 10.8 MiB): resident memory a memory budget then takes from the
@@ -75,18 +75,30 @@ pub fn protect() -> Result<ReclaimSafety, LockError> {
 pub struct StartupCode {
     /// The parent the server was started by, until its code is given back.
     parent: Option<rustix::process::Pid>,
+    /// Give it back at the next tick, whatever the parent does.
+    at_once: bool,
 }
 
 impl StartupCode {
     /// Remember the parent now (after [`protect`]).
     pub fn new() -> Self {
-        Self { parent: rustix::process::getppid() }
+        Self { parent: rustix::process::getppid(), at_once: false }
+    }
+
+    /// For a process whose parent stays (a swap server under its keeper,
+    /// which maps the same binary and locks only what it touched itself):
+    /// give the start-up code back at the first tick.
+    pub fn at_once() -> Self {
+        Self { parent: None, at_once: true }
     }
 
     /// Give the start-up code back if the parent has exited since and it
     /// was not given back yet: `Some` with the bytes of the mappings gone
     /// over when it did now.
     pub fn tick(&mut self) -> Option<std::io::Result<u64>> {
+        if std::mem::take(&mut self.at_once) {
+            return Some(crate::pageout::startup_code());
+        }
         let parent = self.parent?;
         if rustix::process::getppid() == Some(parent) {
             return None;

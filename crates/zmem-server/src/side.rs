@@ -86,6 +86,7 @@ mod tests {
             dedup: false,
             endpoint: "t".into(),
             backing: None,
+            recovery: None,
         }
     }
 

@@ -32,6 +32,10 @@ pub enum SwapError {
     /// The device has no command to start its server with (a caller's bug).
     #[error("no server command to start")]
     NoServer,
+    /// The keeper could not do its part (its files, its socket, a server
+    /// it cannot follow).
+    #[error("swap keeper: {0}")]
+    Keeper(String),
     #[error("cannot start the swap server: {0}")]
     Spawn(#[source] io::Error),
     #[error("the swap server exited ({status}) before it was ready; the end of its log:\n{log}")]

@@ -49,8 +49,11 @@ use zmem_server::protocol::StatsReply;
 use zmem_server::side::{SideJob, SideThreads};
 
 mod error;
+mod inherit;
+mod keeper;
 mod unmapped;
 pub use error::{Result, SwapError};
+pub use keeper::{keep, KeeperConfig, Kept, CRASH_LIMIT, CRASH_WINDOW, EXIT_LEFT};
 
 /// The FUSE file a device's server serves, under its mountpoint.
 pub const IMAGE: &str = "image";
@@ -499,9 +502,16 @@ fn teardown(dir: &Path) -> Result<()> {
         tool(Command::new("losetup").arg("-d").arg(lo))?;
         eprintln!("zmem: detached {lo}");
     }
+    // The keeper passes the stop on to its server; a server whose keeper
+    // is gone (killed) is stopped by itself.
+    let server = keeper::server_pid(dir);
     if let Some(pid) = st.as_ref().map(|s| s.pid).filter(|&p| is_our_server(p, dir)) {
         stop_server(pid, dir)?;
-        eprintln!("zmem: stopped server {pid}");
+        eprintln!("zmem: stopped keeper {pid} and its server");
+    }
+    if let Some(pid) = server.filter(|&p| is_our_server(p, dir)) {
+        stop_server(pid, dir)?;
+        eprintln!("zmem: stopped server {pid}, whose keeper was gone");
     }
     if let Some(c) = st.as_ref().and_then(|s| s.charge_to.as_ref()) {
         // The server gives the budget back when it stops; this is for one
@@ -570,6 +580,47 @@ fn proc_stat(pid: u32) -> Option<ProcStat> {
     Some(ProcStat { state: rest.first()?.chars().next()?, start: rest.get(19)?.parse().ok()? })
 }
 
+// ---- restart ---------------------------------------------------------------
+
+/// Replace the server of device `name` under `run_dir` with a new one
+/// (from the binary on disk now: an upgrade) while swap stays on: requests
+/// pause, none fails. Returns what happened, for the user.
+pub fn restart(run_dir: &Path, name: &str) -> Result<String> {
+    require_root("restart")?;
+    let dir = run_dir.join(name);
+    let st = read_state(&dir).ok_or_else(|| SwapError::Keeper(format!("no device {name} under {}", run_dir.display())))?;
+    if !is_our_server(st.pid, &dir) {
+        return Err(SwapError::Keeper(format!("device {name} has no keeper running (pid {} is gone): `zmem swap off --name {name}` cleans it up", st.pid)));
+    }
+    // Only a server whose pool the next one can open is replaced, and only
+    // by a binary that reads what it leaves.
+    let stats = zmem_server::protocol::stats(&dir.join("control.sock")).map_err(|e| {
+        SwapError::Keeper(format!("device {name}'s server does not answer ({e}): its keeper is starting one, or `zmem swap status` says what is wrong"))
+    })?;
+    match stats.recovery.as_ref().map_or(0, |r| r.state_version) {
+        0 => {
+            return Err(SwapError::Keeper(format!(
+                "device {name}'s pool cannot be handed to another server (a cold store, dedup or a dictionary): a restart would lose its pages"
+            )))
+        }
+        v if v != zmem_core::STATE_VERSION => {
+            return Err(SwapError::Keeper(format!(
+                "device {name}'s pool is of state version {v}, which this zmem (version {}) cannot read: its server keeps serving",
+                zmem_core::STATE_VERSION
+            )))
+        }
+        _ => {}
+    }
+    if keeper::server_pid(&dir) == Some(st.pid) {
+        // A server from before keepers: SIGHUP would end it, and its pages.
+        return Err(SwapError::Keeper(format!("device {name}'s server {} has no keeper (an older zmem started it): it cannot be restarted in place; `zmem swap off --name {name}` and `on` again when memory allows", st.pid)));
+    }
+    let t = Instant::now();
+    let (old, new) = keeper::restart(&dir, st.pid, Duration::from_secs(60))?;
+    let old = old.map_or("none".to_string(), |p| p.to_string());
+    Ok(format!("{name}: server {old} replaced by {new} in {} ms\n", t.elapsed().as_millis()))
+}
+
 // ---- status ----------------------------------------------------------------
 
 /// One device's row (`zmem swap status`; with `--json`, these fields).
@@ -584,6 +635,10 @@ pub struct Status {
     /// Bytes the kernel has on it, if it is swapped on.
     #[serde(rename = "swap_used")]
     pub used: Option<u64>,
+    /// The keeper's pid, if it runs (`keeper.rs`).
+    pub keeper: Option<u32>,
+    /// The pid of the server serving the device now, if one does.
+    pub server_pid: Option<u32>,
 }
 
 fn status_of(dir: &Path, st: Option<&State>) -> Status {
@@ -591,7 +646,8 @@ fn status_of(dir: &Path, st: Option<&State>) -> Status {
     let stats = zmem_server::protocol::stats(&dir.join("control.sock")).ok();
     let used = state.as_ref().and_then(|s| s.devices().into_iter().map(swap_used).sum::<Option<u64>>());
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Status { name, state, stats, used }
+    let keeper = state.as_ref().map(|s| s.pid).filter(|&p| is_our_server(p, dir));
+    Status { name, state, stats, used, keeper, server_pid: keeper::server_pid(dir) }
 }
 
 /// Bytes used on swap device `dev` (/proc/swaps).
@@ -608,6 +664,8 @@ pub fn render_status(rows: &[Status]) -> String {
         let state = match (&r.state, &r.stats, r.used) {
             (Some(_), Some(_), Some(_)) => "swap",
             (Some(_), Some(_), None) => "no swap",
+            // The keeper holds the pages and starts a new server.
+            (Some(_), None, _) if r.keeper.is_some() => "restarting",
             (Some(_), None, _) => "server down",
             (None, _, _) => "remains",
         };
@@ -655,12 +713,15 @@ pub fn status(run_dir: &Path) -> Vec<Status> {
 /// `stop` is set and no loop device uses the image any more.
 pub fn serve(
     a: &ServerConfig,
-    build_pool: impl FnOnce() -> Result<(Pool, Compressor), Box<dyn std::error::Error + Send + Sync>>,
+    mut kept: Option<Kept>,
+    build_pool: impl FnOnce(Option<std::os::fd::OwnedFd>) -> Result<(Pool, Compressor, Option<zmem_core::Reopened>), Box<dyn std::error::Error + Send + Sync>>,
     stop: &AtomicBool,
-) -> Result<()> {
+    leave: &AtomicBool,
+) -> Result<Served> {
     let safety = zmem_server::reclaim::protect()?;
-    // (`on` is waiting for this server to be ready: it is the parent now.)
-    let mut startup_code = zmem_server::reclaim::StartupCode::new();
+    // (`on` is waiting for this server, or for its keeper, to be ready: it
+    // is the parent now. A keeper stays.)
+    let mut startup_code = if kept.is_some() { zmem_server::reclaim::StartupCode::at_once() } else { zmem_server::reclaim::StartupCode::new() };
     if let (Some(cg), Some(why)) = (&a.cgroup, &safety.io_flusher) {
         // Seen here: with the server charged to the same memory cgroup as
         // the processes that swap to it, a page fault of the server at the
@@ -673,8 +734,12 @@ pub fn serve(
     let budget = match &a.charge_to {
         Some(cg) => {
             let budget = charge_budget(cg, a.max_pool)?;
+            // The device's memory: this server's, and its keeper's if it
+            // has one (its parent).
             let me = std::process::id();
-            let keeper = zmem_host::shared_budget::SharedBudget::start(cg, budget, budget / 4, move || zmem_host::shared_budget::rss_of(me))?;
+            let parent = kept.as_ref().and_then(|_| rustix::process::getppid()).map(|p| p.as_raw_nonzero().get() as u32);
+            let rss = move || Some(zmem_host::shared_budget::rss_of(me)? + parent.and_then(zmem_host::shared_budget::rss_of).unwrap_or(0));
+            let keeper = zmem_host::shared_budget::SharedBudget::start(cg, budget, budget / 4, rss)?;
             eprintln!("zmem: counting the server's memory against {} (budget {})", cg.display(), human(budget));
             Some(Arc::new(keeper))
         }
@@ -683,16 +748,37 @@ pub fn serve(
     if let Some(cg) = &a.cgroup {
         zmem_host::write_attr(cg.join("cgroup.procs"), &format!("{}\n", std::process::id()))?;
     }
-    let (pool, comp) = build_pool().map_err(SwapError::Pool)?;
+    let left = kept.as_mut().and_then(|k| k.arena.take());
+    let fresh = left.is_none();
+    let restarts = kept.as_ref().map(|k| k.restarts);
+    let (pool, comp, reopened) = build_pool(left).map_err(SwapError::Pool)?;
+    if let (Some(k), Some(arena), true) = (&kept, pool.arena(), fresh) {
+        k.hand_over(arena)?;
+    }
+    let kept_pool = pool.arena().is_some();
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
-    std::fs::create_dir_all(&mnt).map_err(|e| SwapError::file("create", &mnt, e))?;
     let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false, read_threads: a.read_threads.into() };
-    let mounted = zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).map_err(|source| SwapError::Mount { mnt: mnt.clone(), source })?;
-    // The workers' stacks and fuser's receive buffers are locked as they
-    // are touched (MCL_ONFAULT), not faulted in whole: fuser sizes each
-    // buffer for its own 16 MiB max_write, the kernel fills at most MAX_IO
-    // (1 MiB) of it, and faulting in all of it held 32 MiB for two workers.
+    let mount_err = |source| SwapError::Mount { mnt: mnt.clone(), source };
+    let mounted = match kept {
+        // The keeper mounted it; the first server answers INIT, a later
+        // one has the last one's unanswered requests sent again.
+        Some(k) => {
+            let start = if k.restarts == 0 { zmem_fuse::Start::Fresh } else { zmem_fuse::Start::TakeOver };
+            let channel = zmem_fuse::Channel::from_fds(k.fds).map_err(mount_err)?;
+            zmem_fuse::serve(Arc::clone(&export), &mnt, channel, &cfg, start).map_err(mount_err)?
+        }
+        // (Not under a keeper: the mountpoint is touched only here, since
+        // under one it is the served file system's root, which answers
+        // nothing until this server does.)
+        None => {
+            std::fs::create_dir_all(&mnt).map_err(|e| SwapError::file("create", &mnt, e))?;
+            zmem_fuse::mount(Arc::clone(&export), &mnt, &cfg).map_err(mount_err)?
+        }
+    };
+    // The workers' stacks and request buffers are locked as they are
+    // touched (MCL_ONFAULT), not faulted in whole: a request buffer holds
+    // the largest write (1 MiB), which a swap device is rarely sent.
     let control_path = a.dir.join("control.sock");
     let control = bind_unix(&control_path, 0o600, None)?;
     let metrics = a.metrics.as_ref().map(zmem_server::metrics::MetricsServer::bind).transpose()?;
@@ -704,6 +790,14 @@ pub fn serve(
         dedup: a.dedup,
         endpoint: mnt.join(IMAGE).display().to_string(),
         backing: a.backing.clone(),
+        recovery: restarts.map(|restarts| zmem_server::protocol::Recovery {
+            restarts,
+            took_ns: reopened.as_ref().map_or(0, |r| r.took.as_nanos() as u64),
+            pages: reopened.as_ref().map_or(0, |r| r.pages),
+            strays_freed: reopened.as_ref().map_or(0, |r| r.strays_freed),
+            lost_pages: reopened.as_ref().map_or(0, |r| r.lost),
+            state_version: if kept_pool { zmem_core::STATE_VERSION } else { 0 },
+        }),
     };
     let ready = a.dir.join("ready");
     std::fs::write(&ready, format!("{}\n", std::process::id())).map_err(|e| SwapError::file("write", &ready, e))?;
@@ -723,13 +817,16 @@ pub fn serve(
             eprintln!("zmem: swap server {} ready: {} bytes, {comp}, image {}", std::process::id(), a.size, info.endpoint);
         },
         || loop {
-            while !stop.load(Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) && !leave.load(Ordering::Relaxed) {
                 match startup_code.tick() {
                     Some(Ok(n)) => eprintln!("zmem: start-up code given back ({} of read-only file mappings gone over)", human(n)),
                     Some(Err(e)) => eprintln!("zmem: warning: could not give back the start-up code ({e}): it stays locked"),
                     None => {}
                 }
                 std::thread::sleep(Duration::from_millis(100));
+            }
+            if leave.load(Ordering::Relaxed) {
+                break;
             }
             // A stray SIGTERM must not take the pages of an active swap
             // device with it: keep serving until its loop device is gone.
@@ -743,6 +840,19 @@ pub fn serve(
         },
     );
     let _ = std::fs::remove_file(&control_path);
+    if leave.load(Ordering::Relaxed) {
+        // A restart: the side threads are stopped; what the workers are
+        // answering is finished, the rest left to the next server. The
+        // budget stays lowered (the next server keeps it so).
+        let drained = mounted.leave(Duration::from_secs(2));
+        eprintln!(
+            "zmem: swap server {} leaves the device to the next one ({})",
+            std::process::id(),
+            if drained { "every request taken answered" } else { "some requests left to be sent again" }
+        );
+        std::mem::forget(info);
+        return Ok(Served::Left);
+    }
     let _ = std::fs::remove_file(a.dir.join("ready"));
     let st = export.pool().stats();
     mounted.unmount().map_err(SwapError::Unmount)?;
@@ -750,7 +860,17 @@ pub fn serve(
     drop(info);
     let mut err = std::io::stderr();
     let _ = writeln!(err, "zmem: swap server stopped; mm_stat {}", st.mm_stat().split_whitespace().collect::<Vec<_>>().join(" "));
-    Ok(())
+    Ok(Served::Stopped)
+}
+
+/// How a server ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Stopped: the device is off.
+    Stopped,
+    /// Left the device to the next server (a restart): exit with
+    /// [`EXIT_LEFT`].
+    Left,
 }
 
 #[cfg(test)]
@@ -815,12 +935,18 @@ mod tests {
         };
         let mut stats = StatsReply { algorithm: "lz4".into(), ..Default::default() };
         (stats.stats.orig_data_size, stats.stats.compr_data_size, stats.stats.mem_used_total) = (1 << 30, 300 << 20, 310 << 20);
-        let out = render_status(&[Status { name: "zmem0".into(), state: Some(st), stats: Some(stats), used: Some(1 << 30) }]);
+        let row = |stats| Status { name: "zmem0".into(), state: Some(st.clone()), stats, used: Some(1 << 30), keeper: Some(2), server_pid: Some(3) };
+        let out = render_status(&[row(Some(stats))]);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(lines[0].starts_with("NAME"));
         for want in ["zmem0", "/dev/loop7", "8G", "1G", "300M", "310M", "lz4", "100", "swap"] {
             assert!(lines[1].contains(want), "{want} missing from {}", lines[1]);
         }
+        // No server answers, but the keeper runs: it is starting one.
+        let out = render_status(&[row(None)]);
+        assert!(out.lines().nth(1).is_some_and(|l| l.ends_with("restarting")), "{out}");
+        let out = render_status(&[Status { keeper: None, ..row(None) }]);
+        assert!(out.lines().nth(1).is_some_and(|l| l.ends_with("server down")), "{out}");
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use zmem_compress::Compressor;
-use zmem_core::{DictConfig, DictSource, Pool, PoolConfig};
+use zmem_core::{DictConfig, DictSource, Pool, PoolConfig, Reopened};
 use zmem_server::policy::{IdleRecompress, Policies, RecompressCpu, SizePool};
 use zmem_server::sizing::Work;
 
@@ -360,6 +360,43 @@ impl PoolArgs {
             None => Pool::new(cfg)?,
         };
         Ok((pool, comp))
+    }
+
+    /// A swap device's pool of `pages` pages, under a keeper: with a ledger
+    /// where it can keep one (no cold store, dedup or dictionary yet), so
+    /// that the next server opens it again; opened from `arena` (what the
+    /// server before this one left) when given, with what opening it found.
+    pub fn build_kept(
+        &self,
+        default: &Defaults,
+        device: &str,
+        pages: u64,
+        arena: Option<std::os::fd::OwnedFd>,
+    ) -> anyhow::Result<(Pool, Compressor, Option<Reopened>)> {
+        let (mut cfg, comp) = self.config(default)?;
+        let kept = !self.has_cold_store() && cfg.keep_ledger(pages);
+        match arena {
+            None if !kept => {
+                eprintln!("zmem: warning: this device's pool cannot be kept across a server crash or restart (a cold store, dedup or a dictionary): a dead server loses its pages");
+                let (pool, comp) = self.build(default, device)?;
+                Ok((pool, comp, None))
+            }
+            None => Ok((Pool::new(cfg)?, comp, None)),
+            Some(_) if !kept => {
+                anyhow::bail!("the pool another server left keeps a ledger, which these options cannot have: start it with the options it was made with")
+            }
+            Some(fd) => {
+                let (pool, r) = Pool::open(fd, cfg).context("opening the pool the last server left")?;
+                eprintln!(
+                    "zmem: opened the pool the last server left in {} ms: {} pages, {} objects it had not published freed, {} pages lost",
+                    r.took.as_millis(),
+                    r.pages,
+                    r.strays_freed,
+                    r.lost
+                );
+                Ok((pool, comp, Some(r)))
+            }
+        }
     }
 
     /// The remote tier's settings for `device`.

@@ -115,7 +115,7 @@ use zmem_host::human_size as human;
 pub fn render(v: &StatsReply) -> String {
     let mut out = table(v);
     out += &format!("mm_stat: {}\nio_stat: {}\n", v.mm_stat, v.io_stat);
-    for line in [origin_lines(v), fuse_line(v), pool_lines(v), memory_line(v), writeback_lines(v)].into_iter().flatten() {
+    for line in [origin_lines(v), fuse_line(v), recovery_line(v), pool_lines(v), memory_line(v), writeback_lines(v)].into_iter().flatten() {
         out += &line;
     }
     out
@@ -184,18 +184,32 @@ origin: {}: {} reads ({}), {} writes ({}), {} flushes, {} trims, {} zeroings, {}
     ))
 }
 
+/// A swap server's `recovery:` line, once it is not the keeper's first.
+fn recovery_line(v: &StatsReply) -> Option<String> {
+    let r = v.recovery.as_ref().filter(|r| r.restarts > 0)?;
+    Some(format!(
+        "recovery: {} servers before this one; it took over in {:.0} ms: {} pages whole, {} unpublished objects freed, {} pages lost\n",
+        r.restarts,
+        r.took_ns as f64 / 1e6,
+        r.pages,
+        r.strays_freed,
+        r.lost_pages
+    ))
+}
+
 /// The FUSE file's `fuse:` line.
 fn fuse_line(v: &StatsReply) -> Option<String> {
     let f = v.fuse.as_ref()?;
     Some(format!(
-        "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}\n",
+        "fuse: {} reads ({}), {} writes ({}), {} discards, {} errors{}{}\n",
         f.reads,
         human(f.bytes_read),
         f.writes,
         human(f.bytes_written),
         f.discards,
         f.errors,
-        if f.reads_handed_off > 0 { format!("; {} reads on the read threads", f.reads_handed_off) } else { String::new() }
+        if f.reads_handed_off > 0 { format!("; {} reads on the read threads", f.reads_handed_off) } else { String::new() },
+        if f.resent > 0 { format!("; {} requests sent again after a restart", f.resent) } else { String::new() }
     ))
 }
 

@@ -40,6 +40,9 @@ pub enum SwapCmd {
     Off(OffArgs),
     /// One line per zmem swap device, like zramctl.
     Status(StatusArgs),
+    /// Replace a device's server with a new one (the binary on disk now:
+    /// after an upgrade) while swap stays on; requests pause, none fails.
+    Restart(OffArgs),
     /// The server behind a swap device (started by `zmem swap on`).
     #[command(hide = true)]
     Serve(ServeArgs),
@@ -107,12 +110,13 @@ pub struct OnArgs {
     pub metrics: Option<zmem_server::metrics::MetricsAddr>,
 }
 
+/// Which devices `off` and `restart` act on.
 #[derive(clap::Args, Debug)]
 pub struct OffArgs {
-    /// Device to stop.
+    /// The device.
     #[arg(long, default_value = "zmem0", value_parser = zmem_swap::parse_name, conflicts_with = "all")]
     pub name: String,
-    /// Stop every zmem swap device (and anything left of crashed ones).
+    /// Every zmem swap device (`off`: and anything left of crashed ones).
     #[arg(long)]
     pub all: bool,
     #[arg(long, default_value = zmem_swap::DEFAULT_RUN_DIR)]
@@ -165,6 +169,7 @@ pub fn run(cmd: SwapCmd) -> anyhow::Result<()> {
         SwapCmd::On(a) => on(a),
         SwapCmd::Off(a) => Ok(zmem_swap::off(&a.run_dir, (!a.all).then_some(a.name.as_str()))?),
         SwapCmd::Status(a) => status(a),
+        SwapCmd::Restart(a) => restart(a),
         SwapCmd::Serve(a) => serve(a),
     }
 }
@@ -225,6 +230,17 @@ fn device(a: &OnArgs) -> anyhow::Result<Device> {
     })
 }
 
+fn restart(a: OffArgs) -> anyhow::Result<()> {
+    let names = if a.all { zmem_swap::status(&a.run_dir).into_iter().map(|s| s.name).collect() } else { vec![a.name.clone()] };
+    if names.is_empty() {
+        bail!("no zmem swap device under {}", a.run_dir.display());
+    }
+    for n in names {
+        print!("{}", zmem_swap::restart(&a.run_dir, &n)?);
+    }
+    Ok(())
+}
+
 fn status(a: StatusArgs) -> anyhow::Result<()> {
     let rows = zmem_swap::status(&a.run_dir);
     if a.json {
@@ -250,7 +266,23 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         metrics: a.metrics.clone(),
     };
     let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
-    Ok(zmem_swap::serve(&cfg, || a.pool.build(&DEFAULTS, &device_name(&a.dir)).map_err(Into::into), stop)?)
+    let Some(kept) = zmem_swap::Kept::take()? else {
+        // Started by `swap on`: this process is the device's keeper, and
+        // runs the server as its child (the same command line).
+        let restart = crate::sys::flag_on(signal_hook::consts::SIGHUP).context("installing signal handlers")?;
+        let exe = std::env::current_exe().context("finding the zmem binary")?;
+        let mut server = vec![exe.into_os_string()];
+        server.extend(std::env::args_os().skip(1));
+        let keeper = zmem_swap::KeeperConfig { dir: a.dir.clone(), workers: a.threads.into(), server };
+        return Ok(zmem_swap::keep(&keeper, stop, &restart)?);
+    };
+    let leave = crate::sys::flag_on(signal_hook::consts::SIGUSR1).context("installing signal handlers")?;
+    let name = device_name(&a.dir);
+    let build = |arena| a.pool.build_kept(&DEFAULTS, &name, a.size / 4096, arena).map_err(Into::into);
+    match zmem_swap::serve(&cfg, Some(kept), build, stop, &leave)? {
+        zmem_swap::Served::Stopped => Ok(()),
+        zmem_swap::Served::Left => std::process::exit(zmem_swap::EXIT_LEFT),
+    }
 }
 
 /// The server's policy threads: `--pool-size auto` counts the work of

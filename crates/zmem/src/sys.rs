@@ -25,6 +25,13 @@ pub fn stop_on_signals() -> std::io::Result<&'static Arc<AtomicBool>> {
     Ok(stop_arc())
 }
 
+/// A flag that signal `sig` sets (signal-hook).
+pub fn flag_on(sig: i32) -> std::io::Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(sig, Arc::clone(&flag))?;
+    Ok(flag)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,8 +46,27 @@ impl RunDir {
     fn loop_dev(&self, name: &str) -> String {
         self.state(name)["loop_dev"].as_str().unwrap().to_string()
     }
+    /// The pid `on` recorded: device `name`'s keeper.
     fn server_pid(&self, name: &str) -> u32 {
         self.state(name)["pid"].as_u64().unwrap() as u32
+    }
+    /// The pid of the server serving device `name` now (its keeper's
+    /// child), once one is ready.
+    fn serving_pid(&self, name: &str) -> Option<u32> {
+        std::fs::read_to_string(self.device(name).join("ready")).ok()?.trim().parse().ok().filter(|&p| alive(p))
+    }
+    /// Wait (at most a minute) for a server of device `name` other than
+    /// `old` to be ready; its pid.
+    fn next_server(&self, name: &str, old: u32) -> u32 {
+        let t = std::time::Instant::now();
+        loop {
+            if let Some(p) = self.serving_pid(name).filter(|&p| p != old) {
+                return p;
+            }
+            let log = std::fs::read_to_string(self.device(name).join("server.log")).unwrap_or_default();
+            assert!(t.elapsed() < Duration::from_secs(60), "no server took over from {old} in 60 s: {log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     /// `zmem stat --json` of device `name`'s server.
     fn server_stats(&self, name: &str) -> serde_json::Value {
@@ -225,17 +244,20 @@ fn swap_on_a_workload_then_off() {
     assert!(n > 50, "only {n} fields held still: {st}");
     assert!(got["zmem_fuse_writes_total"] > 0.0 && got["zmem_reclaim_mlockall"] == 1.0, "{text}");
     assert!(got["zmem_fuse_request_duration_seconds"] >= got["zmem_fuse_writes_total"], "every write was timed: {text}");
-    assert!(status_kib(pid, "VmLck:") > 0, "the server's memory is locked");
-    // Locked as touched, not faulted in whole: fuser's receive buffer is
-    // 16 MiB per worker, of which the kernel fills at most 1 MiB; beyond
-    // what the pool accounts for, the server holds less than one of them.
-    let anon = status_kib(pid, "RssAnon:");
+    let server = run.serving_pid("t0").expect("a server serves");
+    assert_ne!(server, pid, "the keeper runs the server as its child");
+    assert!(status_kib(pid, "VmLck:") > 0 && status_kib(server, "VmLck:") > 0, "the keeper's and the server's memory is locked");
+    // Locked as touched, not faulted in whole: a worker's request buffer
+    // holds 1 MiB, of which a swap device's requests fill little; beyond
+    // what the pool accounts for, the server holds less than 16 MiB.
+    let anon = status_kib(server, "RssAnon:");
     let books = st["mem_used_total"].as_u64().unwrap() >> 10;
     assert!(anon < books + (16 << 10), "the server holds {anon} KiB of anonymous memory, its pool {books} KiB");
 
     let out = run.zmem(&["swap", "off", "--name", "t0"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_gone(&run, "t0", &lo, pid);
+    assert!(!alive(server), "server {server} still runs");
     // Off again: nothing to do, and that is not an error.
     run.ok(&["swap", "off", "--name", "t0"]);
 }
@@ -444,13 +466,23 @@ fn off_undoes_crashes_and_half_done_ons() {
     // signal for a stop).
     assert!(run.server_stats("c0")["stats"].is_object(), "the control socket went quiet after a stray SIGTERM");
 
-    // SIGKILL: the image is gone; off must still undo swap, loop and mount.
-    run_ok(Command::new("kill").args(["-KILL", &pid.to_string()]), T);
+    // SIGKILL of the server: its keeper starts another, which serves.
+    let server = run.serving_pid("c0").expect("a server serves c0");
+    run_ok(Command::new("kill").args(["-KILL", &server.to_string()]), T);
+    let server = run.next_server("c0", server);
+    std::io::Read::read_exact(&mut dev, &mut buf).unwrap();
+    assert!(run.ok(&["swap", "status"]).contains(" swap"), "the device is on again");
+    // SIGKILL of the keeper and the server: the image is gone; off must
+    // still undo swap, loop and mount.
+    for p in [pid, server] {
+        run_ok(Command::new("kill").args(["-KILL", &p.to_string()]), T);
+    }
     std::thread::sleep(Duration::from_millis(300));
     let status = run.ok(&["swap", "status"]);
     assert!(status.contains("server down"), "{status}");
     run.ok(&["swap", "off", "--name", "c0"]);
     assert_gone(&run, "c0", &lo, pid);
+    assert!(!alive(server));
 
     // Half done: swapoff and loop detach already happened (by hand), the
     // server and mount remain. Then an `on` over the remains of a device.
@@ -471,6 +503,81 @@ fn off_undoes_crashes_and_half_done_ons() {
     run.ok(&["swap", "off", "--all"]);
     assert_gone(&run, "c2", &lo2, pid2);
     assert!(!Path::new(&lo).exists() || !swap_active(&lo));
+}
+
+/// The device outlives its server: while a process in a 64 MiB cgroup
+/// keeps 160 MiB of changing pages (most of them on the device), its
+/// server is SIGKILLed three times and restarted on purpose twice
+/// ([`CHURN`])
+/// (`zmem swap restart`). Each time the keeper starts a new server on the
+/// same pool and connection; the process never sees an error and every
+/// page reads back right. The last server reports what it took over. A
+/// device whose pool cannot be handed over refuses a restart.
+#[test]
+fn the_device_outlives_its_server() {
+    if !usable_with_cgroups() {
+        return;
+    }
+    let _turn = exclusive();
+    let run = RunDir::new();
+    run.ok(&["swap", "on", "--name", "r0", "--size", "512M", "--max-pool", "256M", "--priority", "32767"]);
+    let (keeper, lo) = (run.server_pid("r0"), run.loop_dev("r0"));
+    let mut server = run.serving_pid("r0").expect("a server serves r0");
+    let script = run.path().join("churn.py");
+    std::fs::write(&script, CHURN).unwrap();
+    let cg = Cgroup::create(&format!("zmem-swap-test-restart{}", std::process::id()), 64 << 20);
+    let used = || {
+        std::fs::read_to_string("/proc/swaps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with(&lo))
+            .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let out = std::thread::scope(|s| {
+        let w = s.spawn(|| cg.python_ok_riding_stalls(&script, "160 40", T, 24 << 20).0);
+        let t = std::time::Instant::now();
+        while used() < 32 << 10 && !w.is_finished() {
+            assert!(t.elapsed() < Duration::from_secs(120), "the workload put less than 32 MiB on the device");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for round in 0..5 {
+            if round % 2 == 0 {
+                run_ok(Command::new("kill").args(["-KILL", &server.to_string()]), T);
+                server = run.next_server("r0", server);
+            } else {
+                let said = run.ok(&["swap", "restart", "--name", "r0"]);
+                assert!(said.contains("replaced by"), "{said}");
+                server = run.next_server("r0", server);
+            }
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        w.join().unwrap()
+    });
+    assert!(out.trim().starts_with("OK"), "the workload saw wrong pages: {out}");
+    assert!(alive(keeper), "the keeper stays");
+    let stats = run.server_stats("r0");
+    let r = &stats["recovery"];
+    assert_eq!(r["restarts"].as_u64(), Some(5), "{stats}");
+    assert_eq!(r["lost_pages"].as_u64(), Some(0), "{r}");
+    assert!(r["pages"].as_u64().unwrap() > 0, "the last server found the pages: {r}");
+    assert_eq!(stats["stats"]["failed_reads"].as_u64(), Some(0));
+    assert_eq!(stats["fuse"]["errors"].as_u64(), Some(0), "{}", stats["fuse"]);
+    let status = run.ok(&["swap", "status"]);
+    assert!(status.lines().nth(1).is_some_and(|l| l.ends_with("swap")), "{status}");
+    drop(cg);
+    run.ok(&["swap", "off", "--name", "r0"]);
+    assert_gone(&run, "r0", &lo, keeper);
+    assert!(!alive(server), "server {server} still runs");
+
+    // A pool with a cold store cannot be handed over yet: a restart is
+    // refused, and the server goes on.
+    on_with_backing(&run, "r1", "64M", "16M", &[]);
+    let server = run.serving_pid("r1").expect("a server serves r1");
+    let out = run.zmem(&["swap", "restart", "--name", "r1"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("cannot be handed"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(run.serving_pid("r1"), Some(server));
+    assert_eq!(run.server_stats("r1")["recovery"]["state_version"].as_u64(), Some(0));
 }
 
 /// The shipped example config brings a device up (`on --config`), and a
@@ -522,7 +629,9 @@ fn charge_to_lends_the_cgroup_s_budget_and_off_gives_it_back() {
     let cgp = cg.0.to_str().unwrap();
     run.ok(&["swap", "on", "--name", "a", "--size", "64M", "--max-pool", "32M", "--charge-to", cgp]);
     let pid = run.server_pid("a");
-    let rss = || zmem_host::shared_budget::rss_of(pid).expect("the server's RSS");
+    // The device's memory: its keeper's and its server's.
+    let rss =
+        || zmem_host::shared_budget::rss_of(pid).expect("the keeper's RSS") + run.serving_pid("a").and_then(zmem_host::shared_budget::rss_of).unwrap_or(0);
     let end = std::time::Instant::now() + Duration::from_secs(10);
     while cg.get("memory.limit_in_bytes") == BUDGET {
         assert!(std::time::Instant::now() < end, "the limit never made room for the server");

@@ -138,6 +138,17 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
+    /// Keep a ledger for a device of `pages` pages (rounded up to the
+    /// ledger's multiple), if a pool of these settings can keep one (no
+    /// dedup, no dictionary; a cold store is the caller's to rule out).
+    /// Returns whether it does.
+    pub fn keep_ledger(&mut self, pages: u64) -> bool {
+        let keys = pages.max(1).next_multiple_of(zmem_alloc::TABLE_PAGE_ENTRIES as u64);
+        let can = !self.dedup && matches!(self.dict.source, crate::dict::DictSource::Off);
+        self.ledger_keys = can.then_some(keys);
+        can
+    }
+
     /// Refuse settings no pool can run with, saying which and why.
     pub(crate) fn check(&self) -> Result<()> {
         if !(1..=100).contains(&self.accept_threshold_percent) {

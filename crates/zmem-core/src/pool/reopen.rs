@@ -44,10 +44,11 @@ pub struct Reopened {
 
 impl Pool {
     /// The file that holds this pool's objects and ledger, for a process
-    /// that keeps it while this one is replaced ([`Pool::open`]). Only a
-    /// pool with a ledger ([`PoolConfig::ledger_keys`]) can be opened again.
+    /// that keeps it while this one is replaced ([`Pool::open`]); `None`
+    /// for a pool without a ledger ([`PoolConfig::ledger_keys`]), which
+    /// cannot be opened again.
     pub fn arena(&self) -> Option<BorrowedFd<'_>> {
-        self.e.objects.arena_fd()
+        self.e.cfg.ledger_keys.and(self.e.objects.arena_fd())
     }
 
     /// Open the pool another process left in `arena` (the file of

@@ -1,0 +1,366 @@
+//! The keeper: what lets a swap device outlive its server.
+//!
+//! # Why
+//! A swap device's pages live in its server. A kernel module never dies
+//! alone; a process can (a bug, the OOM killer, an upgrade), and when the
+//! FUSE connection goes with it, every process with a page on the device
+//! dies of SIGBUS at its next swap-in. Two things must outlive the server:
+//! the connection, and the pool.
+//!
+//! # How
+//! `zmem swap serve` is the keeper. It mounts the FUSE filesystem and
+//! makes a clone of the connection's file for each worker
+//! (`zmem_fuse::Channel`), then starts the server, the same binary, with
+//! those files inherited and their numbers in [`ENV`]. A server with a
+//! pool that can be opened again (a ledger: `zmem_core::PoolConfig::
+//! ledger_keys`) hands the keeper its arena, the memfd holding every
+//! object and the ledger, over a socket pair ([`Kept::hand_over`]). The
+//! keeper does no I/O and holds no page itself: it waits.
+//!
+//! When the server dies (any signal, any exit but a clean stop), the
+//! keeper starts a new one with the same files and the arena. The new
+//! server opens the pool where the old one left it (`zmem_core::Pool::
+//! open`: every published page whole, what was half done freed or marked
+//! lost) and takes the connection over: the kernel sends again the
+//! requests the old one had read and not answered (`zmem_fuse::Start::
+//! TakeOver`). The processes waiting on a swap-in see a pause. A restart
+//! asked for (`zmem swap restart`, SIGHUP to the keeper) is the same with
+//! the server stopped on purpose, by the binary now on disk: an upgrade.
+//!
+//! A server that keeps dying is not started again and again: past
+//! [`CRASH_LIMIT`] deaths in [`CRASH_WINDOW`], the keeper stops trying,
+//! says so, and holds the pages and the connection (the waiting processes
+//! wait) until a restart is asked for or the device is turned off. A
+//! server that died before it handed its arena over (or whose pool keeps
+//! no ledger: a cold store or dedup) cannot be followed: the keeper exits,
+//! and the device fails as it did before the keeper.
+//!
+//! # Costs
+//! The keeper is a second process, small and idle: it wakes every
+//! [`TICK`] to look at its child. Its memory is locked as the server's
+//! is (`zmem_server::reclaim::protect`).
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+
+use crate::error::{Result, SwapError};
+
+/// The environment variable that tells a server it was started by a
+/// keeper, and which files it holds: `fuse=A,B,C;link=L[;arena=M];restarts=N`.
+pub const ENV: &str = "ZMEM_SWAP_KEPT";
+/// Deaths within [`CRASH_WINDOW`] past which the keeper stops starting
+/// servers.
+pub const CRASH_LIMIT: usize = 5;
+pub const CRASH_WINDOW: Duration = Duration::from_secs(60);
+/// The exit code of a server that left the device to the next one (a
+/// restart asked for: `Served::Left`); EX_TEMPFAIL.
+pub const EXIT_LEFT: i32 = 75;
+/// How often the keeper looks at its server.
+const TICK: Duration = Duration::from_millis(10);
+/// A server asked to stop for a restart that has not exited by then is
+/// killed (the new one takes over what it left, as after a crash).
+const RESTART_GRACE: Duration = Duration::from_secs(5);
+
+/// What a server started by a keeper was handed.
+pub struct Kept {
+    /// The FUSE connection's files (the mount's first).
+    pub fds: Vec<OwnedFd>,
+    /// The socket to the keeper.
+    link: OwnedFd,
+    /// The pool's arena, when a server before this one handed it over.
+    pub arena: Option<OwnedFd>,
+    /// Servers the keeper started before this one.
+    pub restarts: u64,
+}
+
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+impl Kept {
+    /// The hand-over, if this process was started by a keeper (once a
+    /// process; `None` after). A hand-over that names files this process
+    /// does not hold is an error.
+    pub fn take() -> Result<Option<Kept>> {
+        let Some(v) = std::env::var_os(ENV) else { return Ok(None) };
+        if TAKEN.swap(true, Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let v = v.to_string_lossy().into_owned();
+        Kept::parse(&v).ok_or_else(|| SwapError::Keeper(format!("{ENV}={v}: names files this server does not hold"))).map(Some)
+    }
+
+    fn parse(v: &str) -> Option<Kept> {
+        let (mut fds, mut link, mut arena, mut restarts) = (Vec::new(), None, None, 0);
+        for part in v.split(';') {
+            let (k, val) = part.split_once('=')?;
+            match k {
+                "fuse" => {
+                    for n in val.split(',') {
+                        fds.push(crate::inherit::take(n.parse().ok()?, "/dev/fuse")?);
+                    }
+                }
+                "link" => link = Some(crate::inherit::take(val.parse().ok()?, "socket:")?),
+                "arena" => arena = Some(crate::inherit::take(val.parse().ok()?, "/memfd:")?),
+                "restarts" => restarts = val.parse().ok()?,
+                _ => return None,
+            }
+        }
+        if fds.is_empty() {
+            return None;
+        }
+        Some(Kept { fds, link: link?, arena, restarts })
+    }
+
+    /// Give the keeper the pool's arena, so that it can start another
+    /// server on it.
+    pub fn hand_over(&self, arena: BorrowedFd<'_>) -> Result<()> {
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds = [arena];
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+        rustix::net::sendmsg(&self.link, &[IoSlice::new(b"arena")], &mut control, SendFlags::empty())
+            .map_err(|e| SwapError::Keeper(format!("handing the pool's arena to the keeper: {e}")))?;
+        Ok(())
+    }
+}
+
+/// The arena, if the server sent it on `link` (non-blocking).
+fn receive_arena(link: &OwnedFd) -> Option<OwnedFd> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut buf = [0u8; 16];
+    let msg = rustix::net::recvmsg(link, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC).ok()?;
+    let mut got = None;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            got = fds.into_iter().next();
+        }
+    }
+    (&buf[..msg.bytes.min(buf.len())] == b"arena").then_some(got).flatten()
+}
+
+/// What a keeper runs.
+#[derive(Clone, Debug)]
+pub struct KeeperConfig {
+    /// The device's directory (its `mnt/` is mounted here).
+    pub dir: PathBuf,
+    /// Workers the servers run: a file of the connection each.
+    pub workers: usize,
+    /// The server's program and arguments.
+    pub server: Vec<OsString>,
+}
+
+/// Run the keeper of the device in `cfg.dir` until its server stops
+/// cleanly (the device is off), or cannot be followed. SIGTERM (`stop`)
+/// is passed on to the server; `restart` (SIGHUP) replaces it.
+pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Result<()> {
+    zmem_server::reclaim::protect()?;
+    let mut startup_code = zmem_server::reclaim::StartupCode::new();
+    let mnt = cfg.dir.join("mnt");
+    std::fs::create_dir_all(&mnt).map_err(|e| SwapError::file("create", &mnt, e))?;
+    let channel = zmem_fuse::Channel::mount(&mnt, cfg.workers, false).map_err(|source| SwapError::Mount { mnt: mnt.clone(), source })?;
+    let fds: Vec<BorrowedFd> = channel.fds().collect();
+    for fd in &fds {
+        zmem_fuse::inheritable(fd).map_err(|e| SwapError::Keeper(format!("passing the FUSE files on: {e}")))?;
+    }
+    let fuse_list = fds.iter().map(|f| f.as_raw_fd().to_string()).collect::<Vec<_>>().join(",");
+    let mut arena: Option<OwnedFd> = None;
+    let mut deaths = Deaths::default();
+    let mut restarts = 0u64;
+    loop {
+        let (mut child, link) = spawn(cfg, &fuse_list, arena.as_ref(), restarts)?;
+        eprintln!("zmem: keeper {}: started server {} ({})", std::process::id(), child.id(), if restarts == 0 { "new pool" } else { "taking over" });
+        let (status, asked) = wait(&mut child, &link, &mut arena, stop, restart, &mut startup_code);
+        let asked = asked || status.code() == Some(EXIT_LEFT);
+        if status.success() && !asked {
+            eprintln!("zmem: keeper {}: the server stopped; the device is off", std::process::id());
+            return Ok(());
+        }
+        if arena.is_none() {
+            // Nothing to start a new server on: let the connection go.
+            drop(channel);
+            return Err(SwapError::Keeper(format!(
+                "the server exited ({status}) before it handed over its pool (a pool with a cold store or dedup is not kept yet): the device is lost"
+            )));
+        }
+        restarts += 1;
+        if asked {
+            eprintln!("zmem: keeper {}: restarting the server, as asked ({status})", std::process::id());
+            continue;
+        }
+        eprintln!("zmem: keeper {}: the server died ({status}); starting another on the same pool", std::process::id());
+        if deaths.died(Instant::now()) {
+            eprintln!(
+                "zmem: keeper {}: the server died {} times in {} s; not starting it again. The pages are held; `zmem swap restart` tries again, `zmem swap off` ends the device",
+                std::process::id(),
+                CRASH_LIMIT + 1,
+                CRASH_WINDOW.as_secs()
+            );
+            loop {
+                if restart.swap(false, Ordering::SeqCst) {
+                    deaths = Deaths::default();
+                    break;
+                }
+                if stop.swap(false, Ordering::SeqCst) {
+                    return Err(SwapError::Keeper("stopped after a crash loop: the device's pages are lost".into()));
+                }
+                std::thread::sleep(TICK);
+            }
+        }
+    }
+}
+
+/// The server's recent deaths: a crash loop is more than [`CRASH_LIMIT`]
+/// of them within [`CRASH_WINDOW`].
+#[derive(Default)]
+struct Deaths(VecDeque<Instant>);
+
+impl Deaths {
+    /// Count a death at `now`; whether that makes a crash loop.
+    fn died(&mut self, now: Instant) -> bool {
+        self.0.push_back(now);
+        while self.0.front().is_some_and(|&t| now.duration_since(t) > CRASH_WINDOW) {
+            self.0.pop_front();
+        }
+        self.0.len() > CRASH_LIMIT
+    }
+}
+
+/// Start a server on the kept files.
+fn spawn(cfg: &KeeperConfig, fuse_list: &str, arena: Option<&OwnedFd>, restarts: u64) -> Result<(Child, OwnedFd)> {
+    let (mine, theirs) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        .map_err(|e| SwapError::Keeper(format!("making the keeper's socket: {e}")))?;
+    zmem_fuse::inheritable(&theirs).map_err(|e| SwapError::Keeper(format!("passing the socket on: {e}")))?;
+    let mut env = format!("fuse={fuse_list};link={};restarts={restarts}", theirs.as_raw_fd());
+    if let Some(a) = arena {
+        zmem_fuse::inheritable(a).map_err(|e| SwapError::Keeper(format!("passing the arena on: {e}")))?;
+        env += &format!(";arena={}", a.as_raw_fd());
+    }
+    let (exe, args) = cfg.server.split_first().ok_or(SwapError::NoServer)?;
+    let child = Command::new(exe).args(args).env(ENV, env).spawn().map_err(SwapError::Spawn)?;
+    Ok((child, mine))
+}
+
+/// Wait for the server to exit, passing SIGTERM on, asking it to stop on a
+/// restart (killing it past [`RESTART_GRACE`]), and taking its arena;
+/// returns how it exited and whether a restart was asked for.
+fn wait(
+    child: &mut Child,
+    link: &OwnedFd,
+    arena: &mut Option<OwnedFd>,
+    stop: &AtomicBool,
+    restart: &AtomicBool,
+    startup_code: &mut zmem_server::reclaim::StartupCode,
+) -> (ExitStatus, bool) {
+    use rustix::process::{kill_process, Pid, Signal};
+    let pid = Pid::from_raw(child.id() as i32);
+    let mut asked: Option<Instant> = None;
+    loop {
+        if arena.is_none() {
+            *arena = receive_arena(link);
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                if arena.is_none() {
+                    *arena = receive_arena(link);
+                }
+                return (status, asked.is_some());
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("zmem: keeper: waiting for the server: {e}"),
+        }
+        if stop.swap(false, Ordering::SeqCst) {
+            if let Some(p) = pid {
+                let _ = kill_process(p, Signal::TERM);
+            }
+        }
+        if asked.is_none() && restart.swap(false, Ordering::SeqCst) {
+            if arena.is_none() {
+                eprintln!("zmem: keeper: a restart was asked for, but the server's pool cannot be handed over: it keeps serving");
+            } else {
+                asked = Some(Instant::now());
+                if let Some(p) = pid {
+                    let _ = kill_process(p, Signal::USR1);
+                }
+            }
+        }
+        if asked.is_some_and(|t| t.elapsed() > RESTART_GRACE) {
+            if let Some(p) = pid {
+                let _ = kill_process(p, Signal::KILL);
+            }
+        }
+        if let Some(Err(e)) = startup_code.tick() {
+            eprintln!("zmem: keeper: could not give back the start-up code ({e})");
+        }
+        std::thread::sleep(TICK);
+    }
+}
+
+/// The pid of the server serving the device in `dir` now (its `ready`
+/// file), if it is running.
+pub(crate) fn server_pid(dir: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(dir.join("ready")).ok()?.trim().parse().ok()?;
+    crate::is_our_server(pid, dir).then_some(pid)
+}
+
+/// Replace the server of the device in `dir` (whose keeper is `keeper`)
+/// with a new one, from the binary on disk now, and wait until it serves
+/// (at most `limit`); returns the old server's pid and the new one's.
+pub(crate) fn restart(dir: &Path, keeper: u32, limit: Duration) -> Result<(Option<u32>, u32)> {
+    use rustix::process::{kill_process, Pid, Signal};
+    let old = server_pid(dir);
+    let pid = Pid::from_raw(keeper as i32).ok_or_else(|| SwapError::Keeper(format!("bad keeper pid {keeper}")))?;
+    kill_process(pid, Signal::HUP).map_err(|e| SwapError::Keeper(format!("signalling keeper {keeper}: {e}")))?;
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(new) = server_pid(dir).filter(|&p| Some(p) != old) {
+            return Ok((old, new));
+        }
+        if !crate::is_our_server(keeper, dir) {
+            return Err(SwapError::Keeper(format!("keeper {keeper} exited during the restart; see {}", dir.join("server.log").display())));
+        }
+        if Instant::now() > end {
+            return Err(SwapError::Keeper(format!("no new server after {} s; see {}", limit.as_secs(), dir.join("server.log").display())));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_loop_is_too_many_deaths_in_the_window() {
+        let t0 = Instant::now();
+        let mut d = Deaths::default();
+        for i in 0..CRASH_LIMIT {
+            assert!(!d.died(t0 + Duration::from_secs(i as u64)), "death {i}");
+        }
+        assert!(d.died(t0 + Duration::from_secs(10)), "one more within the window");
+        // Spread out, deaths never make a loop.
+        let mut d = Deaths::default();
+        for i in 0..100u64 {
+            assert!(!d.died(t0 + CRASH_WINDOW / 4 * i as u32), "death {i}");
+        }
+    }
+
+    #[test]
+    fn a_hand_over_naming_files_not_held_is_refused() {
+        assert!(Kept::parse("fuse=999;link=998").is_none(), "files not open");
+        assert!(Kept::parse("fuse=0;link=1").is_none(), "stdin and stdout are not the keeper's");
+        assert!(Kept::parse("link=998").is_none());
+        assert!(Kept::parse("fuse=a;link=b").is_none());
+        assert!(Kept::parse("what=1").is_none());
+    }
+}
