@@ -137,26 +137,33 @@ impl ArenaFile {
     /// whole pages. (On an error, the whole range: reading it is slower,
     /// never wrong.)
     pub(crate) fn data_ranges(&self, at: u64, len: u64) -> Vec<std::ops::Range<u64>> {
-        use rustix::fs::SeekFrom;
-        let end = at + len;
-        let mut out = Vec::new();
-        let mut pos = at;
-        while pos < end {
-            let data = match rustix::fs::seek(&self.fd, SeekFrom::Data(pos)) {
-                Ok(d) => d,
-                Err(rustix::io::Errno::NXIO) => break,
-                Err(_) => return std::iter::once(0..len).collect(),
-            };
-            if data >= end {
-                break;
-            }
-            let hole = rustix::fs::seek(&self.fd, SeekFrom::Hole(data)).unwrap_or(end).min(end);
-            let (a, b) = (data / PAGE_SIZE as u64 * PAGE_SIZE as u64, hole.next_multiple_of(PAGE_SIZE as u64).min(end));
-            out.push(a - at..b - at);
-            pos = b.max(pos + 1);
-        }
-        out
+        data_ranges(self.fd.as_fd(), at, len)
     }
+}
+
+/// The ranges of `[at, at+len)` of file `fd` that hold data, in whole
+/// pages, relative to `at` (`lseek(SEEK_DATA/SEEK_HOLE)`; the whole range
+/// if the file cannot say).
+pub(crate) fn data_ranges(fd: BorrowedFd<'_>, at: u64, len: u64) -> Vec<std::ops::Range<u64>> {
+    use rustix::fs::SeekFrom;
+    let end = at + len;
+    let mut out = Vec::new();
+    let mut pos = at;
+    while pos < end {
+        let data = match rustix::fs::seek(fd, SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(_) => return std::iter::once(0..len).collect(),
+        };
+        if data >= end {
+            break;
+        }
+        let hole = rustix::fs::seek(fd, SeekFrom::Hole(data)).unwrap_or(end).min(end);
+        let (a, b) = (data / PAGE_SIZE as u64 * PAGE_SIZE as u64, hole.next_multiple_of(PAGE_SIZE as u64).min(end));
+        out.push(a - at..b - at);
+        pos = b.max(pos + 1);
+    }
+    out
 }
 
 /// An arena: its file, its header, and where the next region goes.

@@ -102,6 +102,7 @@ use std::sync::Arc;
 pub use arena::{ArenaError, ARENA_VERSION};
 use budget::grow_charged;
 pub use budget::Budget;
+pub use mem::ArenaLock;
 pub use table::{SharedTable, TABLE_PAGE_ENTRIES};
 
 use parking_lot::RwLock;

@@ -182,3 +182,71 @@ impl Drop for Region {
         }
     }
 }
+
+/// An arena's data held in RAM by a process that does not use it: one
+/// read-only shared mapping of the whole file, each range of it that
+/// holds data locked (`mlock`; holes are not touched, which would fill
+/// them). The swap keeper takes one when a server takes over, so that the
+/// pages no server has touched since cannot be reclaimed onto the swap
+/// device they make up: a server under `mlockall(MCL_ONFAULT)` locks only
+/// what it touches. Pages freed later (a hole punched) go all the same.
+/// Dropped: unmapped, and with that unlocked.
+pub struct ArenaLock {
+    ptr: NonNull<u8>,
+    len: usize,
+    locked: u64,
+}
+
+// SAFETY: the mapping is only ever unmapped (on drop); no reference into
+// it is handed out, so the pointer may move between and be shared by
+// threads.
+unsafe impl Send for ArenaLock {}
+// SAFETY: as for Send: `&ArenaLock` gives access to nothing but a count.
+unsafe impl Sync for ArenaLock {}
+
+impl ArenaLock {
+    /// Map arena file `fd` and lock what it holds now.
+    pub fn take(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<ArenaLock> {
+        let size = rustix::fs::fstat(fd)?.st_size as u64;
+        let len = usize::try_from(size).map_err(|_| io::Error::other("arena too large to map"))?;
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "an empty file is not an arena"));
+        }
+        // SAFETY: a fresh read-only shared mapping at a kernel-chosen address
+        // (no MAP_FIXED) cannot alias any Rust object; it is checked against
+        // MAP_FAILED, never read or written through, only locked and unmapped.
+        let p =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_NORESERVE, std::os::fd::AsRawFd::as_raw_fd(&fd), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let mut lock = ArenaLock { ptr, len, locked: 0 };
+        for r in crate::arena::data_ranges(fd, 0, size) {
+            // SAFETY: `r` lies within the mapping (data_ranges clips to
+            // `size`, the mapping's length) and is page aligned; mlock only
+            // faults the range in and pins it.
+            let rc = unsafe { libc::mlock(lock.ptr.as_ptr().add(r.start as usize).cast(), (r.end - r.start) as usize) };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            lock.locked += r.end - r.start;
+        }
+        Ok(lock)
+    }
+
+    /// Bytes locked.
+    pub fn locked_bytes(&self) -> u64 {
+        self.locked
+    }
+}
+
+impl Drop for ArenaLock {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, never lent out; unmapping it unlocks it
+        // and leaves the file's pages to their other holders.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}

@@ -63,7 +63,16 @@ pub struct Outcome {
     pub digest: u64,
     pub fill: Duration,
     pub ops: Duration,
+    /// The longest a client went without finishing an operation (timed
+    /// every [`PAUSE_SAMPLE`] operations): a swap-in's worst stall, and the
+    /// operations around it.
+    pub longest_pause: Duration,
 }
+
+/// Operations between two looks at the clock, for [`Outcome::longest_pause`]
+/// (a look costs about what an operation does; a batch of them well under
+/// a millisecond when nothing stalls).
+pub const PAUSE_SAMPLE: u64 = 64;
 
 /// How a run failed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -160,14 +169,20 @@ impl Share<'_> {
             write_record(self.rec(i), key, 0, words);
         }
     }
-    /// `ops` operations; returns (reads, updates).
-    fn work(&mut self, ops: u64, seed: u64, words: &[Vec<u8>]) -> Result<(u64, u64), KvError> {
+    /// `ops` operations; returns (reads, updates, the longest pause).
+    fn work(&mut self, ops: u64, seed: u64, words: &[Vec<u8>]) -> Result<(u64, u64, Duration), KvError> {
         let n = self.records();
         let hot = (n / HOT_ONE_IN).max(1);
         let per_epoch = ops.div_ceil(EPOCHS).max(1);
         let mut r = Rng(mix(seed));
         let (mut reads, mut updates) = (0, 0);
+        let (mut last, mut longest) = (Instant::now(), Duration::ZERO);
         for op in 0..ops {
+            if op % PAUSE_SAMPLE == 0 {
+                let now = Instant::now();
+                longest = longest.max(now - last);
+                last = now;
+            }
             let i = if r.below(100) < HOT_PERCENT {
                 // The j-th hot record of this epoch, hashed over the share.
                 let epoch = op / per_epoch;
@@ -187,7 +202,7 @@ impl Share<'_> {
                 reads += 1;
             }
         }
-        Ok((reads, updates))
+        Ok((reads, updates, longest.max(last.elapsed())))
     }
 }
 
@@ -219,7 +234,7 @@ pub fn run(cfg: Config) -> Result<Outcome, KvError> {
     });
     let fill = t0.elapsed();
     let t1 = Instant::now();
-    let done: Vec<Result<(u64, u64), KvError>> = std::thread::scope(|s| {
+    let done: Vec<Result<(u64, u64, Duration), KvError>> = std::thread::scope(|s| {
         let hs: Vec<_> = shares
             .iter_mut()
             .map(|sh| {
@@ -233,9 +248,10 @@ pub fn run(cfg: Config) -> Result<Outcome, KvError> {
     });
     let mut out = Outcome { records, fill, ops: t1.elapsed(), ..Outcome::default() };
     for d in done {
-        let (r, u) = d?;
+        let (r, u, pause) = d?;
         out.reads += r;
         out.updates += u;
+        out.longest_pause = out.longest_pause.max(pause);
     }
     drop(shares);
     let mut h = Xxh3::new();

@@ -36,6 +36,7 @@ pub mod pages;
 pub mod plot;
 pub mod remote;
 pub mod reopen;
+pub mod restart;
 pub mod store;
 pub mod store_dict;
 pub mod swap;

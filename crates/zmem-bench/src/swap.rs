@@ -926,7 +926,7 @@ fn zmem_compressor<'a>(bench: &'a str, zmem_args: &[String]) -> Vec<&'a str> {
 
 /// What a system's pool holds in memory now, read on the budget keeper's
 /// thread.
-fn pool_gauge(sys: System, s: &Setup, server_pid: Option<u32>) -> anyhow::Result<Box<dyn FnMut() -> Option<u64> + Send>> {
+fn pool_gauge(sys: System, s: &Setup, zmem_pids: &[u32]) -> anyhow::Result<Box<dyn FnMut() -> Option<u64> + Send>> {
     let field_of = |p: PathBuf, field: usize| move || std::fs::read_to_string(&p).ok()?.split_whitespace().nth(field)?.parse().ok();
     Ok(match sys {
         System::Disk => bail!("disk swap has no pool"),
@@ -936,10 +936,30 @@ fn pool_gauge(sys: System, s: &Setup, server_pid: Option<u32>) -> anyhow::Result
             Box::new(field_of(PathBuf::from("/sys/block").join(dev.name()).join("mm_stat"), 2))
         }
         System::Zmem | System::ZmemRemote | System::ZmemB => {
-            let pid = server_pid.context("the zmem server's pid is unknown")?;
-            Box::new(move || shared_budget::rss_of(pid))
+            // The server's memory, and its keeper's own (the keeper locks
+            // the server's pool, which the server's RSS counts already).
+            let (&server, keepers) = zmem_pids.split_last().context("the zmem server's pid is unknown")?;
+            let keepers = keepers.to_vec();
+            Box::new(move || Some(shared_budget::rss_of(server)? + keepers.iter().filter_map(|&k| shared_budget::rss_private_of(k)).sum::<u64>()))
         }
     })
+}
+
+/// A zmem device's processes, the server last: its keeper and its server
+/// (`zmem swap status`), or the server alone (a zmem from before keepers).
+fn zmem_pids(status: &serde_json::Value) -> Vec<u32> {
+    let first = status["state"]["pid"].as_u64().map(|p| p as u32);
+    let server = status["server_pid"].as_u64().map(|p| p as u32);
+    match (first, server) {
+        (Some(k), Some(s)) if k != s => vec![k, s],
+        (Some(k), _) => vec![k],
+        _ => Vec::new(),
+    }
+}
+
+/// The CPU seconds `pids` have used.
+fn cpu_of(pids: &[u32]) -> f64 {
+    pids.iter().filter_map(|&p| host::cpu_secs(p)).sum()
 }
 
 /// The workload's command for `jobs`.
@@ -991,8 +1011,9 @@ struct Rig {
     dead: Option<DeadSampler>,
     cg: MemCgroup,
     setup: Option<Setup>,
-    server_pid: Option<u32>,
-    /// The zmem server's CPU time when the run began.
+    /// The zmem device's processes (its keeper and its server).
+    zmem_pids: Vec<u32>,
+    /// The zmem server's (and keeper's) CPU time when the run began.
     server_cpu0: f64,
 }
 
@@ -1047,7 +1068,7 @@ impl Trial<'_> {
         // the keeper below then takes the pool's share from it.
         let cg = MemCgroup::create(CGROUP, (self.budget > 0).then_some(self.budget), cfg.swappiness)?;
         let zstatus = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status());
-        let server_pid = zstatus.as_ref().and_then(|v| v["state"]["pid"].as_u64()).map(|p| p as u32);
+        let zmem_pids = zstatus.as_ref().map(zmem_pids).unwrap_or_default();
         let dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().map(|v| zmem_areas(&v["state"]))) {
             (Some(z), Some(areas)) if !areas.is_empty() => Some(DeadSampler {
                 zmem: z.zmem.clone(),
@@ -1060,12 +1081,12 @@ impl Trial<'_> {
             }),
             _ => None,
         };
-        let server_cpu0 = server_pid.and_then(host::cpu_secs).unwrap_or(0.0);
+        let server_cpu0 = cpu_of(&zmem_pids);
         let keeper = match (&setup, sys) {
             (None, _) | (_, System::Disk) => None,
-            (Some(s), _) => Some(SharedBudget::start(cg.path(), self.budget, self.budget / 4, pool_gauge(sys, s, server_pid)?)?),
+            (Some(s), _) => Some(SharedBudget::start(cg.path(), self.budget, self.budget / 4, pool_gauge(sys, s, &zmem_pids)?)?),
         };
-        Ok(Rig { keeper, dead, cg, setup, server_pid, server_cpu0 })
+        Ok(Rig { keeper, dead, cg, setup, zmem_pids, server_cpu0 })
     }
 
     /// The counters before the run: /proc/vmstat, the disk's, kswapd's and the children's CPU, zswap's pages written back.
@@ -1216,7 +1237,7 @@ impl Trial<'_> {
                     f.written_back = st["written_back_pages"].as_u64().unwrap_or(0);
                     f.server_stats = Some(st.clone());
                 }
-                f.server_cpu = rig.server_pid.and_then(host::cpu_secs).map_or(0.0, |c| c - rig.server_cpu0);
+                f.server_cpu = cpu_of(&rig.zmem_pids) - rig.server_cpu0;
             }
             _ => {}
         }

@@ -212,6 +212,16 @@ pub fn rss_of(pid: u32) -> Option<u64> {
     Some(s.split_whitespace().nth(1)?.parse::<u64>().ok()? * PAGE)
 }
 
+/// A process's resident memory of its own: anonymous and file pages, not
+/// the shared memory it maps (`RssAnon` + `RssFile` of
+/// `/proc/PID/status`), for a process that maps memory another one's
+/// [`rss_of`] counts already (the swap keeper, which locks the server's pool).
+pub fn rss_private_of(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |key: &str| s.lines().find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse::<u64>().ok());
+    Some((kib("RssAnon:")? + kib("RssFile:")?) << 10)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,7 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,9 +177,21 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
     let mut arena: Option<OwnedFd> = None;
     let mut deaths = Deaths::default();
     let mut restarts = 0u64;
+    // The pool's pages while a server that took over has not touched them
+    // (see `ArenaLock`); taken anew at every takeover.
+    let mut _held: Option<zmem_core::ArenaLock> = None;
     loop {
         let (mut child, link) = spawn(cfg, &fuse_list, arena.as_ref(), restarts)?;
         eprintln!("zmem: keeper {}: started server {} ({})", std::process::id(), child.id(), if restarts == 0 { "new pool" } else { "taking over" });
+        if let Some(a) = arena.as_ref() {
+            // After the start, not before: a page the dying server's lock
+            // let go of and reclaim took meanwhile comes back only through
+            // the new server.
+            match zmem_core::ArenaLock::take(a.as_fd()) {
+                Ok(l) => _held = Some(l),
+                Err(e) => eprintln!("zmem: keeper: could not lock the pool's pages ({e}): those the new server has not touched may be swapped out"),
+            }
+        }
         let (status, asked) = wait(&mut child, &link, &mut arena, stop, restart, &mut startup_code);
         let asked = asked || status.code() == Some(EXIT_LEFT);
         if status.success() && !asked {

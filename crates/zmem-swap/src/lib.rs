@@ -738,7 +738,9 @@ pub fn serve(
             // has one (its parent).
             let me = std::process::id();
             let parent = kept.as_ref().and_then(|_| rustix::process::getppid()).map(|p| p.as_raw_nonzero().get() as u32);
-            let rss = move || Some(zmem_host::shared_budget::rss_of(me)? + parent.and_then(zmem_host::shared_budget::rss_of).unwrap_or(0));
+            // (The keeper's own: it maps and locks the pool this server
+            // counts already.)
+            let rss = move || Some(zmem_host::shared_budget::rss_of(me)? + parent.and_then(zmem_host::shared_budget::rss_private_of).unwrap_or(0));
             let keeper = zmem_host::shared_budget::SharedBudget::start(cg, budget, budget / 4, rss)?;
             eprintln!("zmem: counting the server's memory against {} (budget {})", cg.display(), human(budget));
             Some(Arc::new(keeper))

@@ -132,14 +132,15 @@ pub struct KvArgs {
 pub fn run_kv(a: KvArgs) -> anyhow::Result<()> {
     let o = zmem_bench::kv::run(zmem_bench::kv::Config { bytes: a.size, threads: a.threads, passes: a.passes })?;
     println!(
-        "kv: {} records of {} B, {} reads and {} updates, all checked; fill {:.2} s, operations {:.2} s; digest {:016x}",
+        "kv: {} records of {} B, {} reads and {} updates, all checked; fill {:.2} s, operations {:.2} s; digest {:016x}; longest pause {:.3} s",
         o.records,
         zmem_bench::kv::RECORD,
         o.reads,
         o.updates,
         o.fill.as_secs_f64(),
         o.ops.as_secs_f64(),
-        o.digest
+        o.digest,
+        o.longest_pause.as_secs_f64()
     );
     Ok(())
 }

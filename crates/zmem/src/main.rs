@@ -10,7 +10,7 @@
 //! * `zmem stat` — what a running `zmem serve` holds, like zramctl.
 //! * `zmem writeback` — zram's explicit writeback, for `zmem serve --backing`.
 //! * `zmem recompress` — zram's recompression with a stronger algorithm.
-//! * `zmem swap on|off|status` — zmem as a swap device (FUSE image + loop).
+//! * `zmem swap on|off|status|restart` — zmem as a swap device (FUSE image + loop).
 //! * `zmem man DIR`, `zmem completions SHELL` — the manual pages and shell
 //!   completions, generated from these very definitions (`docs.rs`).
 
@@ -18,6 +18,7 @@ mod bench_blockdev;
 mod bench_cache;
 mod bench_remote;
 mod bench_reopen;
+mod bench_restart;
 mod bench_store;
 mod bench_swap;
 mod docs;
@@ -91,6 +92,10 @@ enum BenchCmd {
     /// of a pool with a ledger against a plain one, and how long opening
     /// it again takes, every page checked.
     Reopen(bench_reopen::Args),
+    /// A swap device under a workload whose server is killed, then
+    /// restarted, again and again: how long each takeover takes, the
+    /// workload's longest pause, and that it saw no error and no wrong page.
+    Restart(bench_restart::Args),
 }
 
 /// Colour in log lines only for a terminal that can show it: never in a
@@ -117,6 +122,7 @@ fn main() {
         Cmd::Bench(BenchCmd::Remote(a)) => bench_remote::run(a),
         Cmd::Bench(BenchCmd::Kv(a)) => bench_swap::run_kv(a),
         Cmd::Bench(BenchCmd::Reopen(a)) => bench_reopen::run(a),
+        Cmd::Bench(BenchCmd::Restart(a)) => bench_restart::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Swap(c) => swap::run(c),
         Cmd::Stat(a) => stat::run(a),

@@ -563,6 +563,10 @@ fn the_device_outlives_its_server() {
     assert!(r["pages"].as_u64().unwrap() > 0, "the last server found the pages: {r}");
     assert_eq!(stats["stats"]["failed_reads"].as_u64(), Some(0));
     assert_eq!(stats["fuse"]["errors"].as_u64(), Some(0), "{}", stats["fuse"]);
+    // The keeper locked the pool's pages at the last takeover (a server
+    // locks only what it touches).
+    let pool = stats["stats"]["mem_used_total"].as_u64().unwrap();
+    assert!(status_kib(keeper, "VmLck:") << 10 >= pool / 2, "the keeper locks {} KiB of a pool of {pool} B", status_kib(keeper, "VmLck:"));
     let status = run.ok(&["swap", "status"]);
     assert!(status.lines().nth(1).is_some_and(|l| l.ends_with("swap")), "{status}");
     drop(cg);
