@@ -212,14 +212,16 @@ pub fn rss_of(pid: u32) -> Option<u64> {
     Some(s.split_whitespace().nth(1)?.parse::<u64>().ok()? * PAGE)
 }
 
-/// A process's resident memory of its own: anonymous and file pages, not
-/// the shared memory it maps (`RssAnon` + `RssFile` of
-/// `/proc/PID/status`), for a process that maps memory another one's
-/// [`rss_of`] counts already (the swap keeper, which locks the server's pool).
+/// A process's resident memory of its own: its anonymous pages
+/// (`RssAnon` of `/proc/PID/status`), for a process that maps what another
+/// one's [`rss_of`] counts already: the swap keeper maps and locks the
+/// server's pool (shared memory), and runs the server's binary, whose code
+/// pages the server maps too (file pages two processes map count in each
+/// one's RSS; the keeper's own few go uncounted).
 pub fn rss_private_of(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib = |key: &str| s.lines().find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse::<u64>().ok());
-    Some((kib("RssAnon:")? + kib("RssFile:")?) << 10)
+    let kib = s.lines().find_map(|l| l.strip_prefix("RssAnon:")?.split_whitespace().next()?.parse::<u64>().ok())?;
+    Some(kib << 10)
 }
 
 #[cfg(test)]
@@ -313,6 +315,10 @@ mod tests {
     #[test]
     fn own_rss_is_readable() {
         assert!(rss_of(std::process::id()).unwrap() > 1 << 20);
+        // Its own share: the anonymous pages, part of the whole.
+        let (own, all) = (rss_private_of(std::process::id()).unwrap(), rss_of(std::process::id()).unwrap());
+        assert!(own > 0 && own <= all, "{own} of {all}");
+        assert_eq!(rss_private_of(u32::MAX), None);
         assert_eq!(rss_of(u32::MAX), None);
     }
 }
