@@ -6,7 +6,9 @@
 //! updated at random, every read checked) run in a memory cgroup far
 //! smaller than its heap, so that most of it lives on the device. Once
 //! the device holds at least [`Config::min_swapped`], the server is
-//! replaced `events` times at random intervals, in one of two phases, each
+//! replaced `events` times at random intervals (5.5 to 8 s: a server that
+//! dies sooner after its start counts toward the keeper's crash loop), in
+//! one of two phases, each
 //! a run of its own: `crashes` (SIGKILL of the server at a random instant:
 //! the keeper starts another) and `restarts` (`zmem swap restart`: the
 //! server leaves, the binary on disk takes over). Each phase reports how
@@ -202,7 +204,9 @@ fn phase(cfg: &Config, kind: &str) -> anyhow::Result<Phase> {
     p.swapped_bytes = dev.swapped();
     let mut seed = 0x5eed_u64 ^ kind.len() as u64;
     for _ in 0..cfg.events {
-        std::thread::sleep(Duration::from_millis(300 + next(&mut seed) % 1200));
+        // Past the keeper's QUICK_DEATH: a server killed sooner after its
+        // start counts toward a crash loop, which these kills are not.
+        std::thread::sleep(Duration::from_millis(5500 + next(&mut seed) % 2500));
         if kv.ended()? {
             break;
         }

@@ -27,8 +27,9 @@
 //! asked for (`zmem swap restart`, SIGHUP to the keeper) is the same with
 //! the server stopped on purpose, by the binary now on disk: an upgrade.
 //!
-//! A server that keeps dying is not started again and again: past
-//! [`CRASH_LIMIT`] deaths in [`CRASH_WINDOW`], the keeper stops trying,
+//! A server that keeps dying at once is not started again and again: past
+//! [`CRASH_LIMIT`] deaths in a row of servers that ran less than
+//! [`QUICK_DEATH`] each, the keeper stops trying,
 //! says so, and holds the pages and the connection (the waiting processes
 //! wait) until a restart is asked for or the device is turned off. A
 //! server that died before it handed its arena over (or whose pool keeps
@@ -40,7 +41,6 @@
 //! [`TICK`] to look at its child. Its memory is locked as the server's
 //! is (`zmem_server::reclaim::protect`).
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -59,10 +59,13 @@ use crate::error::{Result, SwapError};
 /// The environment variable that tells a server it was started by a
 /// keeper, and which files it holds: `fuse=A,B,C;link=L[;arena=M];restarts=N`.
 pub const ENV: &str = "ZMEM_SWAP_KEPT";
-/// Deaths within [`CRASH_WINDOW`] past which the keeper stops starting
-/// servers.
+/// Quick deaths in a row ([`QUICK_DEATH`]) past which the keeper stops
+/// starting servers: a crash loop.
 pub const CRASH_LIMIT: usize = 5;
-pub const CRASH_WINDOW: Duration = Duration::from_secs(60);
+/// A server that dies sooner than this after it was started died at once
+/// (its start, or the first requests it was sent, kill it); one that ran
+/// longer served, and ends a run of quick deaths.
+pub const QUICK_DEATH: Duration = Duration::from_secs(5);
 /// The exit code of a server that left the device to the next one (a
 /// restart asked for: `Served::Left`); EX_TEMPFAIL.
 pub const EXIT_LEFT: i32 = 75;
@@ -181,6 +184,7 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
     // (see `ArenaLock`); taken anew at every takeover.
     let mut _held: Option<zmem_core::ArenaLock> = None;
     loop {
+        let started = Instant::now();
         let (mut child, link) = spawn(cfg, &fuse_list, arena.as_ref(), restarts)?;
         eprintln!("zmem: keeper {}: started server {} ({})", std::process::id(), child.id(), if restarts == 0 { "new pool" } else { "taking over" });
         if let Some(a) = arena.as_ref() {
@@ -211,12 +215,12 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
             continue;
         }
         eprintln!("zmem: keeper {}: the server died ({status}); starting another on the same pool", std::process::id());
-        if deaths.died(Instant::now()) {
+        if deaths.died(started.elapsed()) {
             eprintln!(
-                "zmem: keeper {}: the server died {} times in {} s; not starting it again. The pages are held; `zmem swap restart` tries again, `zmem swap off` ends the device",
+                "zmem: keeper {}: {} servers in a row died within {} s of their start; not starting another. The pages are held; `zmem swap restart` tries again, `zmem swap off` ends the device",
                 std::process::id(),
                 CRASH_LIMIT + 1,
-                CRASH_WINDOW.as_secs()
+                QUICK_DEATH.as_secs()
             );
             loop {
                 if restart.swap(false, Ordering::SeqCst) {
@@ -232,19 +236,17 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
     }
 }
 
-/// The server's recent deaths: a crash loop is more than [`CRASH_LIMIT`]
-/// of them within [`CRASH_WINDOW`].
+/// The servers' quick deaths in a row: a crash loop is more than
+/// [`CRASH_LIMIT`] of them.
 #[derive(Default)]
-struct Deaths(VecDeque<Instant>);
+struct Deaths(usize);
 
 impl Deaths {
-    /// Count a death at `now`; whether that makes a crash loop.
-    fn died(&mut self, now: Instant) -> bool {
-        self.0.push_back(now);
-        while self.0.front().is_some_and(|&t| now.duration_since(t) > CRASH_WINDOW) {
-            self.0.pop_front();
-        }
-        self.0.len() > CRASH_LIMIT
+    /// Count the death of a server that ran for `ran`; whether that makes
+    /// a crash loop.
+    fn died(&mut self, ran: Duration) -> bool {
+        self.0 = if ran < QUICK_DEATH { self.0 + 1 } else { 0 };
+        self.0 > CRASH_LIMIT
     }
 }
 
@@ -353,17 +355,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_crash_loop_is_too_many_deaths_in_the_window() {
-        let t0 = Instant::now();
+    fn a_crash_loop_is_too_many_quick_deaths_in_a_row() {
+        let quick = QUICK_DEATH / 2;
         let mut d = Deaths::default();
         for i in 0..CRASH_LIMIT {
-            assert!(!d.died(t0 + Duration::from_secs(i as u64)), "death {i}");
+            assert!(!d.died(quick), "death {i}");
         }
-        assert!(d.died(t0 + Duration::from_secs(10)), "one more within the window");
-        // Spread out, deaths never make a loop.
+        assert!(d.died(quick), "one more in a row");
+        // A server that served in between ends the run; servers killed
+        // after they served never make a loop, however often.
         let mut d = Deaths::default();
-        for i in 0..100u64 {
-            assert!(!d.died(t0 + CRASH_WINDOW / 4 * i as u32), "death {i}");
+        for i in 0..100 {
+            let ran = if i % CRASH_LIMIT == 0 { QUICK_DEATH } else { quick };
+            assert!(!d.died(ran), "death {i}");
         }
     }
 

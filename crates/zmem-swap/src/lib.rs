@@ -53,7 +53,7 @@ mod inherit;
 mod keeper;
 mod unmapped;
 pub use error::{Result, SwapError};
-pub use keeper::{keep, KeeperConfig, Kept, CRASH_LIMIT, CRASH_WINDOW, EXIT_LEFT};
+pub use keeper::{keep, KeeperConfig, Kept, CRASH_LIMIT, EXIT_LEFT, QUICK_DEATH};
 
 /// The FUSE file a device's server serves, under its mountpoint.
 pub const IMAGE: &str = "image";
@@ -594,10 +594,10 @@ pub fn restart(run_dir: &Path, name: &str) -> Result<String> {
     }
     // Only a server whose pool the next one can open is replaced, and only
     // by a binary that reads what it leaves.
-    let stats = zmem_server::protocol::stats(&dir.join("control.sock")).map_err(|e| {
-        SwapError::Keeper(format!("device {name}'s server does not answer ({e}): its keeper is starting one, or `zmem swap status` says what is wrong"))
-    })?;
-    match stats.recovery.as_ref().map_or(0, |r| r.state_version) {
+    // (No server answering: the keeper is starting one, or gave up after a
+    // crash loop, and a restart is what starts one again.)
+    let version = zmem_server::protocol::stats(&dir.join("control.sock")).ok().map(|s| s.recovery.as_ref().map_or(0, |r| r.state_version));
+    match version.unwrap_or(zmem_core::STATE_VERSION) {
         0 => {
             return Err(SwapError::Keeper(format!(
                 "device {name}'s pool cannot be handed to another server (a cold store, dedup or a dictionary): a restart would lose its pages"
