@@ -69,7 +69,11 @@ fn file_ranges(smaps: &str) -> Vec<(usize, usize)> {
         // A mapping's header line: range, perms, offset, device, inode, path.
         current = None;
         if let Some(path) = f.nth(3) {
-            if path.starts_with('/') && !perms.contains('w') && a < b {
+            // (Not shared memory, even mapped read-only: a memfd's path
+            // starts with `/memfd:`, SysV's with `/SYSV`, and paging its
+            // pages out would swap them, maybe onto the device they serve.)
+            let shared_memory = path.starts_with("/memfd:") || path.starts_with("/SYSV") || path.starts_with("/dev/shm/") || perms.ends_with('s');
+            if path.starts_with('/') && !perms.contains('w') && !shared_memory && a < b {
                 current = Some((a, b));
             }
         }
@@ -105,9 +109,15 @@ VmFlags: rd mr mw me
 Anonymous:             0 kB
 zz-1 r--p 0 0 0 /x
 Anonymous:             0 kB
+7db134fe6000-7db134fea000 r--s 00000000 00:01 32191 /memfd:zmem-arena (deleted)
+Anonymous:             0 kB
+7db134fea000-7db134feb000 r--s 00000000 fe:01 789 /var/lib/shared.db
+Anonymous:             0 kB
 ";
-        // The RELRO (anonymous pages in a read-only mapping) and a mapping
-        // whose Anonymous line is missing are left alone.
+        // The RELRO (anonymous pages in a read-only mapping), a mapping
+        // whose Anonymous line is missing, and shared memory (a pool's
+        // arena locked read-only by the swap keeper; any shared mapping)
+        // are left alone.
         assert_eq!(file_ranges(smaps), vec![(0x55fca7bfb000, 0x55fca7e03000), (0x55fca7e03000, 0x55fca8544000), (0x7fe7aa823000, 0x7fe7aa979000)]);
     }
 

@@ -180,21 +180,18 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
     let mut arena: Option<OwnedFd> = None;
     let mut deaths = Deaths::default();
     let mut restarts = 0u64;
-    // The pool's pages while a server that took over has not touched them
-    // (see `ArenaLock`); taken anew at every takeover.
-    let mut _held: Option<zmem_core::ArenaLock> = None;
+    // The pool's pages while a server that took over has not touched them,
+    // and while none runs after a crash loop (see `ArenaLock`).
+    let mut held: Option<zmem_core::ArenaLock> = None;
     loop {
         let started = Instant::now();
         let (mut child, link) = spawn(cfg, &fuse_list, arena.as_ref(), restarts)?;
         eprintln!("zmem: keeper {}: started server {} ({})", std::process::id(), child.id(), if restarts == 0 { "new pool" } else { "taking over" });
         if let Some(a) = arena.as_ref() {
-            // After the start, not before: a page the dying server's lock
-            // let go of and reclaim took meanwhile comes back only through
-            // the new server.
-            match zmem_core::ArenaLock::take(a.as_fd()) {
-                Ok(l) => _held = Some(l),
-                Err(e) => eprintln!("zmem: keeper: could not lock the pool's pages ({e}): those the new server has not touched may be swapped out"),
-            }
+            // After the start, not before: should a page have been
+            // reclaimed since the last server's lock went with it, it comes
+            // back only through the new server, which must run to serve it.
+            lock_pool(a, &mut held);
         }
         let (status, asked) = wait(&mut child, &link, &mut arena, stop, restart, &mut startup_code);
         let asked = asked || status.code() == Some(EXIT_LEFT);
@@ -222,6 +219,10 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
                 CRASH_LIMIT + 1,
                 QUICK_DEATH.as_secs()
             );
+            if let Some(a) = arena.as_ref() {
+                // No server will touch the pages the last ones made.
+                lock_pool(a, &mut held);
+            }
             loop {
                 if restart.swap(false, Ordering::SeqCst) {
                     deaths = Deaths::default();
@@ -233,6 +234,14 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
                 std::thread::sleep(TICK);
             }
         }
+    }
+}
+
+/// Lock what the pool's arena holds now (`ArenaLock`), in place of `held`.
+fn lock_pool(arena: &OwnedFd, held: &mut Option<zmem_core::ArenaLock>) {
+    match zmem_core::ArenaLock::take(arena.as_fd()) {
+        Ok(l) => *held = Some(l),
+        Err(e) => eprintln!("zmem: keeper: could not lock the pool's pages ({e}): those no server touches may be swapped out"),
     }
 }
 
