@@ -635,8 +635,9 @@ fn charge_to_lends_the_cgroup_s_budget_and_off_gives_it_back() {
     run.ok(&["swap", "on", "--name", "a", "--size", "64M", "--max-pool", "32M", "--charge-to", cgp]);
     let pid = run.server_pid("a");
     // The device's memory: its keeper's and its server's.
-    let rss =
-        || zmem_host::shared_budget::rss_of(pid).expect("the keeper's RSS") + run.serving_pid("a").and_then(zmem_host::shared_budget::rss_of).unwrap_or(0);
+    let rss = || {
+        zmem_host::shared_budget::rss_private_of(pid).expect("the keeper's RSS") + run.serving_pid("a").and_then(zmem_host::shared_budget::rss_of).unwrap_or(0)
+    };
     let end = std::time::Instant::now() + Duration::from_secs(10);
     while cg.get("memory.limit_in_bytes") == BUDGET {
         assert!(std::time::Instant::now() < end, "the limit never made room for the server");
