@@ -509,6 +509,7 @@ fn teardown(dir: &Path) -> Result<()> {
         stop_server(pid, dir)?;
         eprintln!("zmem: stopped keeper {pid} and its server");
     }
+    // (Asked again: it is gone by now if its keeper stopped it.)
     if let Some(pid) = server.filter(|&p| is_our_server(p, dir)) {
         stop_server(pid, dir)?;
         eprintln!("zmem: stopped server {pid}, whose keeper was gone");
