@@ -145,6 +145,11 @@ impl ArenaFile {
 /// pages, relative to `at` (`lseek(SEEK_DATA/SEEK_HOLE)`; the whole range
 /// if the file cannot say).
 pub(crate) fn data_ranges(fd: BorrowedFd<'_>, at: u64, len: u64) -> Vec<std::ops::Range<u64>> {
+    data_ranges_said(fd, at, len).unwrap_or_else(|_| std::iter::once(0..len).collect())
+}
+
+/// [`data_ranges`], or the error of a file that cannot say.
+pub(crate) fn data_ranges_said(fd: BorrowedFd<'_>, at: u64, len: u64) -> std::io::Result<Vec<std::ops::Range<u64>>> {
     use rustix::fs::SeekFrom;
     let end = at + len;
     let mut out = Vec::new();
@@ -153,7 +158,7 @@ pub(crate) fn data_ranges(fd: BorrowedFd<'_>, at: u64, len: u64) -> Vec<std::ops
         let data = match rustix::fs::seek(fd, SeekFrom::Data(pos)) {
             Ok(d) => d,
             Err(rustix::io::Errno::NXIO) => break,
-            Err(_) => return std::iter::once(0..len).collect(),
+            Err(e) => return Err(e.into()),
         };
         if data >= end {
             break;
@@ -163,7 +168,7 @@ pub(crate) fn data_ranges(fd: BorrowedFd<'_>, at: u64, len: u64) -> Vec<std::ops
         out.push(a - at..b - at);
         pos = b.max(pos + 1);
     }
-    out
+    Ok(out)
 }
 
 /// An arena: its file, its header, and where the next region goes.

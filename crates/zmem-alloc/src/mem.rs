@@ -184,13 +184,18 @@ impl Drop for Region {
 }
 
 /// An arena's data held in RAM by a process that does not use it: one
-/// read-only shared mapping of the whole file, each range of it that
-/// holds data locked (`mlock`; holes are not touched, which would fill
-/// them). The swap keeper takes one when a server takes over, so that the
-/// pages no server has touched since cannot be reclaimed onto the swap
-/// device they make up: a server under `mlockall(MCL_ONFAULT)` locks only
-/// what it touches. Pages freed later (a hole punched) go all the same.
-/// Dropped: unmapped, and with that unlocked.
+/// read-only shared mapping of the whole file, locked on fault
+/// (`mlock2(MLOCK_ONFAULT)`: nothing is faulted in by the lock itself),
+/// and each range of it that holds data faulted in (`MADV_POPULATE_READ`;
+/// holes are not touched, which would fill them), which locks it. The swap
+/// keeper holds one and refreshes it ([`ArenaLock::refresh`]), so that the
+/// pages no live server maps (a server under `mlockall(MCL_ONFAULT)`
+/// locks only what it touches, and a dead one nothing) cannot be
+/// reclaimed onto the swap device they make up. Pages freed later (a hole
+/// punched) go all the same. A hole punched between the listing of the
+/// ranges and their fault is filled again with a zeroed page: free space
+/// to the pool, which it reuses. Dropped: unmapped, and with that
+/// unlocked.
 pub struct ArenaLock {
     ptr: NonNull<u8>,
     len: usize,
@@ -204,6 +209,9 @@ unsafe impl Send for ArenaLock {}
 // SAFETY: as for Send: `&ArenaLock` gives access to nothing but a count.
 unsafe impl Sync for ArenaLock {}
 
+/// `mlock2`'s flag (not in the libc crate for glibc targets).
+const MLOCK_ONFAULT: libc::c_uint = 1;
+
 impl ArenaLock {
     /// Map arena file `fd` and lock what it holds now.
     pub fn take(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<ArenaLock> {
@@ -214,7 +222,8 @@ impl ArenaLock {
         }
         // SAFETY: a fresh read-only shared mapping at a kernel-chosen address
         // (no MAP_FIXED) cannot alias any Rust object; it is checked against
-        // MAP_FAILED, never read or written through, only locked and unmapped.
+        // MAP_FAILED, never read or written through, only locked, populated
+        // and unmapped.
         let p =
             unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_NORESERVE, std::os::fd::AsRawFd::as_raw_fd(&fd), 0) };
         if p == libc::MAP_FAILED {
@@ -222,17 +231,33 @@ impl ArenaLock {
         }
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
         let mut lock = ArenaLock { ptr, len, locked: 0 };
-        for r in crate::arena::data_ranges(fd, 0, size) {
-            // SAFETY: `r` lies within the mapping (data_ranges clips to
-            // `size`, the mapping's length) and is page aligned; mlock only
-            // faults the range in and pins it.
-            let rc = unsafe { libc::mlock(lock.ptr.as_ptr().add(r.start as usize).cast(), (r.end - r.start) as usize) };
+        // SAFETY: the whole of our own mapping; with MLOCK_ONFAULT the call
+        // only marks it (one area, never split), faulting nothing in.
+        if unsafe { libc::mlock2(lock.ptr.as_ptr().cast(), len, MLOCK_ONFAULT) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        lock.refresh(fd)?;
+        Ok(lock)
+    }
+
+    /// Lock what arena file `fd` (the file taken) holds now: the ranges
+    /// filled since the last call too. Returns the bytes locked. A page
+    /// that was swapped out comes back in first, so call it where a wait
+    /// on the swap device harms nothing.
+    pub fn refresh(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+        let mut locked = 0;
+        for r in crate::arena::data_ranges_said(fd, 0, self.len as u64)? {
+            // SAFETY: `r` lies within the mapping (data_ranges clips to its
+            // length) and is page aligned; MADV_POPULATE_READ only faults
+            // the range in (read-only), which the mapping's lock pins.
+            let rc = unsafe { libc::madvise(self.ptr.as_ptr().add(r.start as usize).cast(), (r.end - r.start) as usize, libc::MADV_POPULATE_READ) };
             if rc != 0 {
                 return Err(io::Error::last_os_error());
             }
-            lock.locked += r.end - r.start;
+            locked += r.end - r.start;
         }
-        Ok(lock)
+        self.locked = locked;
+        Ok(locked)
     }
 
     /// Bytes locked.

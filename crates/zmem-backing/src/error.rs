@@ -46,6 +46,10 @@ pub enum BackingError {
     /// A least read-ahead larger than the most a read reads past a record.
     #[error("a read-ahead of at least {asked} bytes is more than the most a read of the backing file reads past a record ({most} bytes): give at most that")]
     ReadAhead { asked: usize, most: usize },
+    /// [`BackingStore::adopt`](crate::BackingStore::adopt) was given a
+    /// store that is not new.
+    #[error("cannot take over the records of a backing file: {why}")]
+    Adopt { why: String },
     /// Appending would grow the file past its size cap, even after
     /// compaction.
     #[error("backing file reached its limit of {limit_bytes} bytes even after compaction (raise the limit, free records, or stop writeback)")]

@@ -28,6 +28,8 @@ pub trait BlockFile: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Truncate or extend the file.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Its length in bytes (a block device's size).
+    fn size(&self) -> io::Result<u64>;
     /// Reserve blocks for `len` bytes at `off` without changing the file's
     /// length (`fallocate` with `FALLOC_FL_KEEP_SIZE`); `ENOSPC` when the
     /// filesystem is full. Files that cannot reserve simply do not.
@@ -63,6 +65,9 @@ impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         (**self).set_len(len)
+    }
+    fn size(&self) -> io::Result<u64> {
+        (**self).size()
     }
     fn allocate(&self, off: u64, len: u64) -> io::Result<()> {
         (**self).allocate(off, len)
@@ -196,6 +201,25 @@ impl OsFile {
         Ok((f, None))
     }
 
+    /// The backing file a server that died had open, as its keeper kept
+    /// it (`file`, the same open file: `O_DIRECT` if it was opened so),
+    /// for a store that takes its records over
+    /// ([`BackingStore::adopt`](crate::BackingStore::adopt)). Nothing is
+    /// written or cut here. `path` is what it was opened at, for messages.
+    pub fn kept(file: File, path: &Path) -> Result<OsFile, BackingError> {
+        let io_err = |op: &'static str, e: io::Error| BackingError::Io { op, source: io::Error::new(e.kind(), format!("{}: {e}", path.display())) };
+        let meta = file.metadata().map_err(|e| io_err("stat", e))?;
+        check_kind(meta.file_type()).map_err(|why| BackingError::Refused { path: path.to_owned(), why })?;
+        let flags = rustix::fs::fcntl_getfl(&file).map_err(|e| io_err("fcntl", e.into()))?;
+        let device_bytes = if meta.file_type().is_block_device() { Some((&file).seek(io::SeekFrom::End(0)).map_err(|e| io_err("seek", e))?) } else { None };
+        Ok(OsFile { direct: flags.contains(rustix::fs::OFlags::DIRECT), file, path: path.to_owned(), device_bytes })
+    }
+
+    /// The open file, to hand to a keeper that outlives this process.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// The path the file was opened at.
     pub fn path(&self) -> &Path {
         &self.path
@@ -298,6 +322,12 @@ impl BlockFile for OsFile {
     }
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data().map_err(|e| self.ctx(e))
+    }
+    fn size(&self) -> io::Result<u64> {
+        match self.device_bytes {
+            Some(n) => Ok(n),
+            None => Ok(self.file.metadata().map_err(|e| self.ctx(e))?.len()),
+        }
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         if self.device_bytes.is_some() {
@@ -403,6 +433,9 @@ impl BlockFile for MemFile {
     }
     fn sync(&self) -> io::Result<()> {
         Ok(())
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.len())
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.data.lock().resize(len as usize, 0);
@@ -568,6 +601,9 @@ impl<F: BlockFile> BlockFile for FaultyFile<F> {
     }
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
+    }
+    fn size(&self) -> io::Result<u64> {
+        self.inner.size()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)

@@ -108,7 +108,10 @@
 //! file (`O_DIRECT` when the filesystem allows, buffered otherwise, and it
 //! tells you why); [`MemFile`] and [`FaultyFile`] are test doubles. The
 //! store keeps no on-disk index: like swap, the file's contents mean
-//! nothing after a restart, and [`BackingStore::open`] truncates it. It
+//! nothing after a restart, and [`BackingStore::open`] truncates it. Only
+//! a swap device's keeper, which holds the file open across its servers,
+//! has the next server's store take over the records its pool still
+//! names ([`BackingStore::adopt`], from the ids in the pool's ledger). It
 //! opens only a regular file or a block device, never through a symbolic
 //! link, and refuses one that holds data other than a zmem store unless
 //! told to overwrite it ([`Existing`]).
@@ -193,5 +196,11 @@ impl ColdStore for BackingStore {
     }
     fn stats(&self) -> ColdStats {
         BackingStore::stats(self)
+    }
+    fn adoptable(&self) -> bool {
+        true
+    }
+    fn adopt(&self, ids: &[RecordId]) -> Result<Vec<bool>, ColdError> {
+        Ok(BackingStore::adopt(self, ids)?)
     }
 }

@@ -772,6 +772,13 @@ impl BackingStore {
     /// says why `O_DIRECT` is not in use, if it is not.
     pub fn open(path: &Path, limit_bytes: Option<u64>, existing: Existing) -> Result<(BackingStore, Option<String>)> {
         let (f, why) = OsFile::open(path, existing)?;
+        Ok((BackingStore::on_file(f, limit_bytes)?, why))
+    }
+
+    /// A store on `f`, a file [`OsFile::open`] or [`OsFile::kept`] opened
+    /// (its limit capped, and checked, as [`BackingStore::open`] does).
+    pub fn on_file(f: OsFile, limit_bytes: Option<u64>) -> Result<BackingStore> {
+        let path = f.path().to_owned();
         let limit = match (f.device_bytes(), limit_bytes) {
             (Some(dev), Some(l)) => Some(l.min(dev)),
             (Some(dev), None) => Some(dev),
@@ -779,11 +786,11 @@ impl BackingStore {
         };
         if limit.is_some_and(|l| l < SEG) {
             return Err(BackingError::Refused {
-                path: path.to_owned(),
+                path,
                 why: format!("it can hold at most {} bytes; a backing store needs at least one {SEGMENT_SIZE}-byte segment", limit.unwrap_or(0)),
             });
         }
-        Ok((BackingStore::new(Box::new(f), limit), why))
+        Ok(BackingStore::new(Box::new(f), limit))
     }
 
     /// The least a read of a record reads past it (`0`: the record's own
@@ -1096,6 +1103,95 @@ impl BackingStore {
             }
         }
         Ok(())
+    }
+
+    /// Take the records `ids` name as this store's live records: the
+    /// store is new, over the file a store of a process that died left
+    /// (kept open by its keeper: `OsFile::kept`), and `ids` are the ids its
+    /// engine's ledger names (`zmem_core::Pool::open`). Every other byte of
+    /// the file is free space: records written and not yet named (a batch
+    /// in flight, a compaction's copy not yet taken) are dropped with it.
+    /// Returns, for each id, whether it was taken; one that cannot be a
+    /// live record of this store is not (past the file's end or its
+    /// limit, overlapping one taken, or of another generation than the
+    /// rest of its segment's), and its page should be marked lost. An id
+    /// named twice is one record. The records' bytes are not read here:
+    /// every read checks its record's header, key and checksum as always.
+    /// The file is cut past the last record named.
+    pub fn adopt(&self, ids: &[RecordId]) -> Result<Vec<bool>> {
+        let _app = self.app.lock();
+        let mut st = self.state.write();
+        if st.records > 0 || !st.segs.is_empty() {
+            return Err(BackingError::Adopt { why: "the store has written records of its own already".into() });
+        }
+        // A record past the file's end (or its limit) was never written.
+        let size = self.file.size().map_err(|source| BackingError::Io { op: "stat", source })?;
+        let max_segs = self.limit.map_or(MAX_SEGS, |l| (l / SEG).min(MAX_SEGS)).min(size.div_ceil(SEG));
+        // (segment, offset, span, generation, index in `ids`), valid ones.
+        let mut named: Vec<(u32, u32, u16, u8, usize)> = ids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &id)| {
+                let (p, gen) = split_id(id)?;
+                let fits = gen != 0 && p.span > 0 && u64::from(p.seg) < max_segs && p.off as usize + p.bytes() <= SEGMENT_SIZE && id.to_raw() >> 28 & 0xf == 0;
+                fits.then_some((p.seg, p.off, p.span, gen, i))
+            })
+            .collect();
+        named.sort_unstable();
+        let mut taken = vec![false; ids.len()];
+        let segs = named.last().map_or(0, |n| n.0 as usize + 1);
+        st.segs = (0..segs).map(|_| Segment::new(SegState::Free)).collect();
+        let mut at = 0;
+        while at < named.len() {
+            let seg = named[at].0;
+            let end = at + named[at..].iter().take_while(|n| n.0 == seg).count();
+            let group = &named[at..end];
+            at = end;
+            // The generation most of the segment's ids carry: all of them,
+            // unless a word was damaged.
+            let mut gens: Vec<u8> = group.iter().map(|n| n.3).collect();
+            gens.sort_unstable();
+            let gen = gens.chunk_by(|a, b| a == b).max_by_key(|c| c.len()).map_or(1, |c| c[0]);
+            let s = &mut st.segs[seg as usize];
+            s.gen = gen;
+            let mut last: Option<(u32, u16)> = None;
+            for &(_, off, span, g, i) in group {
+                let p = Place { seg, off, span };
+                match last {
+                    _ if g != gen => continue,
+                    Some((o, sp)) if (o, sp) == (off, span) => {}
+                    Some((o, sp)) if off < o + u32::from(sp) * REC_ALIGN => continue,
+                    _ => {
+                        s.live.push((off / REC_ALIGN) as u16);
+                        s.live_bytes += p.bytes() as u32;
+                        s.used = s.used.max(round_up(u64::from(off) + p.bytes() as u64) as u32);
+                        last = Some((off, span));
+                    }
+                }
+                taken[i] = true;
+            }
+        }
+        let mut free = Vec::new();
+        for (i, s) in st.segs.iter_mut().enumerate() {
+            if s.live.is_empty() {
+                free.push(i as u32);
+            } else {
+                s.state = SegState::Closed;
+                s.live.shrink_to_fit();
+            }
+        }
+        free.reverse();
+        let (records, live_bytes, lists) =
+            st.segs.iter().fold((0, 0, 0), |(r, b, l), s| (r + s.live.len() as u64, b + u64::from(s.live_bytes), l + s.live.capacity() * 2));
+        st.free_segs = free;
+        let room = st.segs.capacity() - st.free_segs.len();
+        st.free_segs.reserve_exact(room);
+        st.old_gens = vec![1; st.segs.len()];
+        (st.records, st.live_bytes, st.live_list_bytes) = (records, live_bytes, lists as u64);
+        st.file_len = st.segs.last().map_or(0, |s| (segs as u64 - 1) * SEG + u64::from(s.used)).min(size);
+        self.file.set_len(st.file_len).map_err(|source| BackingError::Io { op: "truncate", source })?;
+        self.epoch.fetch_add(1, Relaxed);
+        Ok(taken)
     }
 
     /// Copy the live records of sparse segments (under half live) into the

@@ -219,6 +219,20 @@ pub trait ColdStore: Send + Sync {
     fn keeps(&self) -> bool {
         true
     }
+    /// Whether a store made on what this one leaves can take its records
+    /// over ([`adopt`](Self::adopt)): a pool with a ledger
+    /// ([`PoolConfig::ledger_keys`](crate::PoolConfig::ledger_keys)) can
+    /// have no other.
+    fn adoptable(&self) -> bool {
+        false
+    }
+    /// Take the records `ids` name as live, in a store just made on what
+    /// the store of a process that died left (the pool's ledger names
+    /// them: [`Pool::open`](crate::Pool::open)); for each, whether it was
+    /// taken (one that cannot be a live record here is not).
+    fn adopt(&self, _ids: &[RecordId]) -> Result<Vec<bool>, ColdError> {
+        Err(ColdError::Store("this cold store cannot take over another's records".into()))
+    }
 }
 
 /// Drop every cold object: a clean-page cache (zcache), whose pages can be

@@ -324,8 +324,18 @@ impl Shard {
     /// Make the keys of `key`'s block that name record `from` name `to`
     /// (the cold store copied it); returns whether one did. The counts do
     /// not change: the pages are written back either way.
+    /// The ledger records each key renamed.
     pub fn rename_record(&mut self, key: u64, from: u64, to: u64, b: &Budget) -> bool {
-        self.index.rename_record(key, from, to, b)
+        let renamed = self.index.rename_record(key, from, to, b);
+        if renamed && self.ledger.is_some() {
+            let block = key & !crate::index::BLOCK_MASK;
+            for k in block..=block | crate::index::BLOCK_MASK {
+                if let Some(e) = self.index.get(k).filter(|e| e.record() == Some(to)) {
+                    self.record(k, Some(e));
+                }
+            }
+        }
+        renamed
     }
 
     /// `e` with the shard's next generation (the writeback tier tells the

@@ -33,13 +33,15 @@
 //! says so, and holds the pages and the connection (the waiting processes
 //! wait) until a restart is asked for or the device is turned off. A
 //! server that died before it handed its arena over (or whose pool keeps
-//! no ledger: a cold store or dedup) cannot be followed: the keeper exits,
+//! no ledger: a remote tier, dedup or a dictionary) cannot be followed: the keeper exits,
 //! and the device fails as it did before the keeper.
 //!
 //! # Costs
 //! The keeper is a second process, small and idle: it wakes every
-//! [`TICK`] to look at its child. Its memory is locked as the server's
-//! is (`zmem_server::reclaim::protect`).
+//! [`TICK`] to look at its child, and its lock thread every
+//! [`LOCK_EVERY`] to lock the pool's new pages (`Locker`: it maps the
+//! pool's pages, which the server's memory counts already). Its memory is
+//! locked as the server's is (`zmem_server::reclaim::protect`).
 
 use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut};
@@ -71,6 +73,9 @@ pub const QUICK_DEATH: Duration = Duration::from_secs(5);
 pub const EXIT_LEFT: i32 = 75;
 /// How often the keeper looks at its server.
 const TICK: Duration = Duration::from_millis(10);
+/// How often the keeper locks the pool's pages the server touched since
+/// (see `Locker`).
+const LOCK_EVERY: Duration = Duration::from_secs(1);
 /// A server asked to stop for a restart that has not exited by then is
 /// killed (the new one takes over what it left, as after a crash).
 const RESTART_GRACE: Duration = Duration::from_secs(5);
@@ -81,8 +86,9 @@ pub struct Kept {
     pub fds: Vec<OwnedFd>,
     /// The socket to the keeper.
     link: OwnedFd,
-    /// The pool's arena, when a server before this one handed it over.
-    pub arena: Option<OwnedFd>,
+    /// What a server before this one handed over (its pool's arena and
+    /// backing file), if one did.
+    pub left: Option<Handed>,
     /// Servers the keeper started before this one.
     pub restarts: u64,
 }
@@ -103,7 +109,7 @@ impl Kept {
     }
 
     fn parse(v: &str) -> Option<Kept> {
-        let (mut fds, mut link, mut arena, mut restarts) = (Vec::new(), None, None, 0);
+        let (mut fds, mut link, mut arena, mut backing, mut restarts) = (Vec::new(), None, None, None, 0);
         for part in v.split(';') {
             let (k, val) = part.split_once('=')?;
             match k {
@@ -114,6 +120,7 @@ impl Kept {
                 }
                 "link" => link = Some(crate::inherit::take(val.parse().ok()?, "socket:")?),
                 "arena" => arena = Some(crate::inherit::take(val.parse().ok()?, "/memfd:")?),
+                "backing" => backing = Some(crate::inherit::take(val.parse().ok()?, "/")?),
                 "restarts" => restarts = val.parse().ok()?,
                 _ => return None,
             }
@@ -121,15 +128,18 @@ impl Kept {
         if fds.is_empty() {
             return None;
         }
-        Some(Kept { fds, link: link?, arena, restarts })
+        if backing.is_some() && arena.is_none() {
+            return None;
+        }
+        Some(Kept { fds, link: link?, left: arena.map(|arena| Handed { arena, backing }), restarts })
     }
 
-    /// Give the keeper the pool's arena, so that it can start another
-    /// server on it.
-    pub fn hand_over(&self, arena: BorrowedFd<'_>) -> Result<()> {
-        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    /// Give the keeper the pool's arena (and its backing file, if it has
+    /// one), so that it can start another server on them.
+    pub fn hand_over(&self, arena: BorrowedFd<'_>, backing: Option<BorrowedFd<'_>>) -> Result<()> {
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut control = SendAncillaryBuffer::new(&mut space);
-        let fds = [arena];
+        let fds: Vec<BorrowedFd> = std::iter::once(arena).chain(backing).collect();
         control.push(SendAncillaryMessage::ScmRights(&fds));
         rustix::net::sendmsg(&self.link, &[IoSlice::new(b"arena")], &mut control, SendFlags::empty())
             .map_err(|e| SwapError::Keeper(format!("handing the pool's arena to the keeper: {e}")))?;
@@ -137,19 +147,32 @@ impl Kept {
     }
 }
 
-/// The arena, if the server sent it on `link` (non-blocking).
-fn receive_arena(link: &OwnedFd) -> Option<OwnedFd> {
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+/// What a server hands its keeper, and the keeper the next server: the
+/// pool's arena (its objects and ledger), and its backing file if it has
+/// one.
+#[derive(Debug)]
+pub struct Handed {
+    pub arena: OwnedFd,
+    pub backing: Option<OwnedFd>,
+}
+
+/// What the server sent on `link`, if it did (non-blocking).
+fn receive_handed(link: &OwnedFd) -> Option<Handed> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut buf = [0u8; 16];
     let msg = rustix::net::recvmsg(link, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC).ok()?;
-    let mut got = None;
+    let mut got = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
-            got = fds.into_iter().next();
+            got.extend(fds);
         }
     }
-    (&buf[..msg.bytes.min(buf.len())] == b"arena").then_some(got).flatten()
+    if &buf[..msg.bytes.min(buf.len())] != b"arena" || got.len() > 2 {
+        return None;
+    }
+    let mut got = got.into_iter();
+    Some(Handed { arena: got.next()?, backing: got.next() })
 }
 
 /// What a keeper runs.
@@ -177,33 +200,30 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
         zmem_fuse::inheritable(fd).map_err(|e| SwapError::Keeper(format!("passing the FUSE files on: {e}")))?;
     }
     let fuse_list = fds.iter().map(|f| f.as_raw_fd().to_string()).collect::<Vec<_>>().join(",");
-    let mut arena: Option<OwnedFd> = None;
+    let mut handed: Option<Handed> = None;
     let mut deaths = Deaths::default();
     let mut restarts = 0u64;
-    // The pool's pages while a server that took over has not touched them,
-    // and while none runs after a crash loop (see `ArenaLock`).
-    let mut held: Option<zmem_core::ArenaLock> = None;
+    // Holds the pool's pages in RAM from the hand-over on (see `Locker`).
+    let mut locker: Option<Locker> = None;
     loop {
         let started = Instant::now();
-        let (mut child, link) = spawn(cfg, &fuse_list, arena.as_ref(), restarts)?;
+        let (mut child, link) = spawn(cfg, &fuse_list, handed.as_ref(), restarts)?;
         eprintln!("zmem: keeper {}: started server {} ({})", std::process::id(), child.id(), if restarts == 0 { "new pool" } else { "taking over" });
-        if let Some(a) = arena.as_ref() {
-            // After the start, not before: should a page have been
-            // reclaimed since the last server's lock went with it, it comes
-            // back only through the new server, which must run to serve it.
-            lock_pool(a, &mut held);
+        let (status, asked) = wait(&mut child, &link, &mut handed, &mut locker, stop, restart, &mut startup_code);
+        if let Some(l) = &locker {
+            // What the dead server touched last is locked by no one now.
+            l.nudge();
         }
-        let (status, asked) = wait(&mut child, &link, &mut arena, stop, restart, &mut startup_code);
         let asked = asked || status.code() == Some(EXIT_LEFT);
         if status.success() && !asked {
             eprintln!("zmem: keeper {}: the server stopped; the device is off", std::process::id());
             return Ok(());
         }
-        if arena.is_none() {
+        if handed.is_none() {
             // Nothing to start a new server on: let the connection go.
             drop(channel);
             return Err(SwapError::Keeper(format!(
-                "the server exited ({status}) before it handed over its pool (a pool with a cold store or dedup is not kept yet): the device is lost"
+                "the server exited ({status}) before it handed over its pool (a pool with a remote tier, dedup or a dictionary is not kept yet): the device is lost"
             )));
         }
         restarts += 1;
@@ -219,10 +239,6 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
                 CRASH_LIMIT + 1,
                 QUICK_DEATH.as_secs()
             );
-            if let Some(a) = arena.as_ref() {
-                // No server will touch the pages the last ones made.
-                lock_pool(a, &mut held);
-            }
             loop {
                 if restart.swap(false, Ordering::SeqCst) {
                     deaths = Deaths::default();
@@ -237,11 +253,56 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
     }
 }
 
-/// Lock what the pool's arena holds now (`ArenaLock`), in place of `held`.
-fn lock_pool(arena: &OwnedFd, held: &mut Option<zmem_core::ArenaLock>) {
-    match zmem_core::ArenaLock::take(arena.as_fd()) {
-        Ok(l) => *held = Some(l),
-        Err(e) => eprintln!("zmem: keeper: could not lock the pool's pages ({e}): those no server touches may be swapped out"),
+/// The keeper's thread that holds the pool's pages in RAM
+/// (`zmem_core::ArenaLock`), refreshed every [`LOCK_EVERY`] and when
+/// nudged (a server died). A server locks the pages it touches
+/// (`mlockall(MCL_ONFAULT)`), a dead one none: without this, a page of the
+/// arena that no live server had touched could be reclaimed onto the very
+/// device it belongs to, and the next server, which must read it to open
+/// the pool, would wait on itself. The thread, not the keeper's loop, waits
+/// should a page already be out (it comes back through the server).
+/// (One that could not start says so once and is a no-op.)
+struct Locker {
+    nudge: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Locker {
+    fn start(arena: &OwnedFd) -> Locker {
+        let fd = match arena.try_clone() {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("zmem: keeper: could not lock the pool's pages ({e}): pages no server touches may be swapped out");
+                return Locker { nudge: None };
+            }
+        };
+        let (nudge, nudged) = std::sync::mpsc::channel::<()>();
+        let run = move || {
+            let mut lock = match zmem_core::ArenaLock::take(fd.as_fd()) {
+                Ok(l) => l,
+                Err(e) => return eprintln!("zmem: keeper: could not lock the pool's pages ({e}): pages no server touches may be swapped out"),
+            };
+            let mut said = false;
+            while !matches!(nudged.recv_timeout(LOCK_EVERY), Err(std::sync::mpsc::RecvTimeoutError::Disconnected)) {
+                if let Err(e) = lock.refresh(fd.as_fd()) {
+                    if !std::mem::replace(&mut said, true) {
+                        eprintln!("zmem: keeper: could not lock the pool's new pages ({e}); trying again every {} s", LOCK_EVERY.as_secs());
+                    }
+                }
+            }
+        };
+        match std::thread::Builder::new().name("zmem-keeper-lock".into()).spawn(run) {
+            Ok(_) => Locker { nudge: Some(nudge) },
+            Err(e) => {
+                eprintln!("zmem: keeper: could not start its lock thread ({e}): pages no server touches may be swapped out");
+                Locker { nudge: None }
+            }
+        }
+    }
+
+    fn nudge(&self) {
+        if let Some(n) = &self.nudge {
+            let _ = n.send(());
+        }
     }
 }
 
@@ -260,14 +321,18 @@ impl Deaths {
 }
 
 /// Start a server on the kept files.
-fn spawn(cfg: &KeeperConfig, fuse_list: &str, arena: Option<&OwnedFd>, restarts: u64) -> Result<(Child, OwnedFd)> {
+fn spawn(cfg: &KeeperConfig, fuse_list: &str, handed: Option<&Handed>, restarts: u64) -> Result<(Child, OwnedFd)> {
     let (mine, theirs) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
         .map_err(|e| SwapError::Keeper(format!("making the keeper's socket: {e}")))?;
     zmem_fuse::inheritable(&theirs).map_err(|e| SwapError::Keeper(format!("passing the socket on: {e}")))?;
     let mut env = format!("fuse={fuse_list};link={};restarts={restarts}", theirs.as_raw_fd());
-    if let Some(a) = arena {
-        zmem_fuse::inheritable(a).map_err(|e| SwapError::Keeper(format!("passing the arena on: {e}")))?;
-        env += &format!(";arena={}", a.as_raw_fd());
+    if let Some(h) = handed {
+        zmem_fuse::inheritable(&h.arena).map_err(|e| SwapError::Keeper(format!("passing the arena on: {e}")))?;
+        env += &format!(";arena={}", h.arena.as_raw_fd());
+        if let Some(b) = &h.backing {
+            zmem_fuse::inheritable(b).map_err(|e| SwapError::Keeper(format!("passing the backing file on: {e}")))?;
+            env += &format!(";backing={}", b.as_raw_fd());
+        }
     }
     let (exe, args) = cfg.server.split_first().ok_or(SwapError::NoServer)?;
     let child = Command::new(exe).args(args).env(ENV, env).spawn().map_err(SwapError::Spawn)?;
@@ -280,7 +345,8 @@ fn spawn(cfg: &KeeperConfig, fuse_list: &str, arena: Option<&OwnedFd>, restarts:
 fn wait(
     child: &mut Child,
     link: &OwnedFd,
-    arena: &mut Option<OwnedFd>,
+    handed: &mut Option<Handed>,
+    locker: &mut Option<Locker>,
     stop: &AtomicBool,
     restart: &AtomicBool,
     startup_code: &mut zmem_server::reclaim::StartupCode,
@@ -289,13 +355,19 @@ fn wait(
     let pid = Pid::from_raw(child.id() as i32);
     let mut asked: Option<Instant> = None;
     loop {
-        if arena.is_none() {
-            *arena = receive_arena(link);
+        if handed.is_none() {
+            *handed = receive_handed(link);
+        }
+        if locker.is_none() {
+            *locker = handed.as_ref().map(|h| Locker::start(&h.arena));
         }
         match child.try_wait() {
             Ok(Some(status)) => {
-                if arena.is_none() {
-                    *arena = receive_arena(link);
+                if handed.is_none() {
+                    *handed = receive_handed(link);
+                }
+                if locker.is_none() {
+                    *locker = handed.as_ref().map(|h| Locker::start(&h.arena));
                 }
                 return (status, asked.is_some());
             }
@@ -308,7 +380,7 @@ fn wait(
             }
         }
         if asked.is_none() && restart.swap(false, Ordering::SeqCst) {
-            if arena.is_none() {
+            if handed.is_none() {
                 eprintln!("zmem: keeper: a restart was asked for, but the server's pool cannot be handed over: it keeps serving");
             } else {
                 asked = Some(Instant::now());

@@ -53,7 +53,7 @@ mod inherit;
 mod keeper;
 mod unmapped;
 pub use error::{Result, SwapError};
-pub use keeper::{keep, KeeperConfig, Kept, CRASH_LIMIT, EXIT_LEFT, QUICK_DEATH};
+pub use keeper::{keep, Handed, KeeperConfig, Kept, CRASH_LIMIT, EXIT_LEFT, QUICK_DEATH};
 
 /// The FUSE file a device's server serves, under its mountpoint.
 pub const IMAGE: &str = "image";
@@ -601,7 +601,7 @@ pub fn restart(run_dir: &Path, name: &str) -> Result<String> {
     match version.unwrap_or(zmem_core::STATE_VERSION) {
         0 => {
             return Err(SwapError::Keeper(format!(
-                "device {name}'s pool cannot be handed to another server (a cold store, dedup or a dictionary): a restart would lose its pages"
+                "device {name}'s pool cannot be handed to another server (a remote tier, dedup or a dictionary): a restart would lose its pages"
             )))
         }
         v if v != zmem_core::STATE_VERSION => {
@@ -700,6 +700,16 @@ pub fn render_status(rows: &[Status]) -> String {
     out
 }
 
+/// A swap server's pool, as its builder made it (see [`serve`]).
+pub struct Built {
+    pub pool: Pool,
+    pub comp: Compressor,
+    /// What opening the pool the last server left found.
+    pub reopened: Option<zmem_core::Reopened>,
+    /// The pool's backing file, for the keeper to hold (a new pool's).
+    pub backing: Option<std::os::fd::OwnedFd>,
+}
+
 /// One [`Status`] per device under `run_dir`.
 pub fn status(run_dir: &Path) -> Vec<Status> {
     device_dirs(run_dir).iter().map(|d| status_of(d, None)).collect()
@@ -715,7 +725,7 @@ pub fn status(run_dir: &Path) -> Vec<Status> {
 pub fn serve(
     a: &ServerConfig,
     mut kept: Option<Kept>,
-    build_pool: impl FnOnce(Option<std::os::fd::OwnedFd>) -> Result<(Pool, Compressor, Option<zmem_core::Reopened>), Box<dyn std::error::Error + Send + Sync>>,
+    build_pool: impl FnOnce(Option<Handed>) -> Result<Built, Box<dyn std::error::Error + Send + Sync>>,
     stop: &AtomicBool,
     leave: &AtomicBool,
 ) -> Result<Served> {
@@ -751,13 +761,14 @@ pub fn serve(
     if let Some(cg) = &a.cgroup {
         zmem_host::write_attr(cg.join("cgroup.procs"), &format!("{}\n", std::process::id()))?;
     }
-    let left = kept.as_mut().and_then(|k| k.arena.take());
+    let left = kept.as_mut().and_then(|k| k.left.take());
     let fresh = left.is_none();
     let restarts = kept.as_ref().map(|k| k.restarts);
-    let (pool, comp, reopened) = build_pool(left).map_err(SwapError::Pool)?;
+    let Built { pool, comp, reopened, backing } = build_pool(left).map_err(SwapError::Pool)?;
     if let (Some(k), Some(arena), true) = (&kept, pool.arena(), fresh) {
-        k.hand_over(arena)?;
+        k.hand_over(arena, backing.as_ref().map(std::os::fd::AsFd::as_fd))?;
     }
+    drop(backing);
     let kept_pool = pool.arena().is_some();
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");

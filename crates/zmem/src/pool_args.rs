@@ -1,6 +1,7 @@
 //! The pool options every command that builds a pool shares (`zmem serve`,
 //! `zmem swap on`), and building the pool from them.
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -8,6 +9,7 @@ use zmem_compress::Compressor;
 use zmem_core::{DictConfig, DictSource, Pool, PoolConfig, Reopened};
 use zmem_server::policy::{IdleRecompress, Policies, RecompressCpu, SizePool};
 use zmem_server::sizing::Work;
+use zmem_swap::Built;
 
 use crate::util::{parse_on_off, parse_pool_limit, parse_size};
 
@@ -347,14 +349,7 @@ impl PoolArgs {
                 let existing = if self.force { zmem_backing::Existing::Overwrite } else { zmem_backing::Existing::Refuse };
                 let (store, why) =
                     zmem_backing::BackingStore::open(path, self.backing_limit, existing).with_context(|| format!("opening backing file {}", path.display()))?;
-                match self.read_ahead {
-                    ReadAhead::Bytes(n) => store.set_min_read_ahead(usize::try_from(n).unwrap_or(usize::MAX)),
-                    ReadAhead::Auto => store.set_read_ahead_auto(zmem_backing::MIN_READAHEAD),
-                }
-                .context("--read-ahead")?;
-                if let Some(why) = why {
-                    eprintln!("zmem: {why}");
-                }
+                self.set_read_ahead(&store, why)?;
                 Pool::with_cold_store(cfg, Box::new(store))?
             }
             None => Pool::new(cfg)?,
@@ -362,39 +357,76 @@ impl PoolArgs {
         Ok((pool, comp))
     }
 
+    /// The backing store's read-ahead as --read-ahead says; `why` (why
+    /// the file is not under `O_DIRECT`) told the user.
+    fn set_read_ahead(&self, store: &zmem_backing::BackingStore, why: Option<String>) -> anyhow::Result<()> {
+        match self.read_ahead {
+            ReadAhead::Bytes(n) => store.set_min_read_ahead(usize::try_from(n).unwrap_or(usize::MAX)),
+            ReadAhead::Auto => store.set_read_ahead_auto(zmem_backing::MIN_READAHEAD),
+        }
+        .context("--read-ahead")?;
+        if let Some(why) = why {
+            eprintln!("zmem: {why}");
+        }
+        Ok(())
+    }
+
     /// A swap device's pool of `pages` pages, under a keeper: with a ledger
-    /// where it can keep one (no cold store, dedup or dictionary yet), so
-    /// that the next server opens it again; opened from `arena` (what the
-    /// server before this one left) when given, with what opening it found.
-    pub fn build_kept(
-        &self,
-        default: &Defaults,
-        device: &str,
-        pages: u64,
-        arena: Option<std::os::fd::OwnedFd>,
-    ) -> anyhow::Result<(Pool, Compressor, Option<Reopened>)> {
+    /// where it can keep one (no remote tier, dedup or dictionary yet), so
+    /// that the next server opens it again; opened from `left` (the arena
+    /// the server before this one left, and its backing file) when given,
+    /// with what opening it found, and the backing file for the keeper to
+    /// hold when this server made it.
+    pub fn build_kept(&self, default: &Defaults, device: &str, pages: u64, left: Option<(OwnedFd, Option<OwnedFd>)>) -> anyhow::Result<Built> {
         let (mut cfg, comp) = self.config(default)?;
-        let kept = !self.has_cold_store() && cfg.keep_ledger(pages);
-        match arena {
-            None if !kept => {
-                eprintln!("zmem: warning: this device's pool cannot be kept across a server crash or restart (a cold store, dedup or a dictionary): a dead server loses its pages");
+        let kept = self.remote.is_none() && cfg.keep_ledger(pages);
+        let report = |r: &Reopened| {
+            eprintln!(
+                "zmem: opened the pool the last server left in {} ms: {} pages, {} objects it had not published freed, {} pages lost",
+                r.took.as_millis(),
+                r.pages,
+                r.strays_freed,
+                r.lost
+            )
+        };
+        match (left, &self.backing) {
+            (None, _) if !kept => {
+                eprintln!("zmem: warning: this device's pool cannot be kept across a server crash or restart (a remote tier, dedup or a dictionary): a dead server loses its pages");
                 let (pool, comp) = self.build(default, device)?;
-                Ok((pool, comp, None))
+                Ok(Built { pool, comp, reopened: None, backing: None })
             }
-            None => Ok((Pool::new(cfg)?, comp, None)),
-            Some(_) if !kept => {
+            (None, None) => Ok(Built { pool: Pool::new(cfg)?, comp, reopened: None, backing: None }),
+            (None, Some(path)) => {
+                let existing = if self.force { zmem_backing::Existing::Overwrite } else { zmem_backing::Existing::Refuse };
+                let (f, why) = zmem_backing::OsFile::open(path, existing).with_context(|| format!("opening backing file {}", path.display()))?;
+                let backing = f.file().try_clone().with_context(|| format!("keeping backing file {}", path.display()))?;
+                let store = zmem_backing::BackingStore::on_file(f, self.backing_limit).with_context(|| format!("opening backing file {}", path.display()))?;
+                self.set_read_ahead(&store, why)?;
+                Ok(Built { pool: Pool::with_cold_store(cfg, Box::new(store))?, comp, reopened: None, backing: Some(backing.into()) })
+            }
+            (Some(_), _) if !kept => {
                 anyhow::bail!("the pool another server left keeps a ledger, which these options cannot have: start it with the options it was made with")
             }
-            Some(fd) => {
-                let (pool, r) = Pool::open(fd, cfg).context("opening the pool the last server left")?;
-                eprintln!(
-                    "zmem: opened the pool the last server left in {} ms: {} pages, {} objects it had not published freed, {} pages lost",
-                    r.took.as_millis(),
-                    r.pages,
-                    r.strays_freed,
-                    r.lost
-                );
-                Ok((pool, comp, Some(r)))
+            (Some((arena, None)), None) => {
+                let (pool, r) = Pool::open(arena, cfg).context("opening the pool the last server left")?;
+                report(&r);
+                Ok(Built { pool, comp, reopened: Some(r), backing: None })
+            }
+            (Some((arena, Some(file))), Some(path)) => {
+                let f = zmem_backing::OsFile::kept(std::fs::File::from(file), path).with_context(|| format!("taking over backing file {}", path.display()))?;
+                let store =
+                    zmem_backing::BackingStore::on_file(f, self.backing_limit).with_context(|| format!("taking over backing file {}", path.display()))?;
+                self.set_read_ahead(&store, None)?;
+                let (pool, r) = Pool::open_with_cold_store(arena, cfg, Box::new(store)).context("opening the pool the last server left")?;
+                report(&r);
+                Ok(Built { pool, comp, reopened: Some(r), backing: None })
+            }
+            (Some((_, Some(_))), None) => anyhow::bail!("the pool another server left has a backing file: start it with the --backing it was made with"),
+            (Some((_, None)), Some(path)) => {
+                anyhow::bail!(
+                    "the pool another server left has no backing file, and --backing {} was given: start it with the options it was made with",
+                    path.display()
+                )
             }
         }
     }

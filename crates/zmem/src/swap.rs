@@ -278,7 +278,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     let leave = crate::sys::flag_on(signal_hook::consts::SIGUSR1).context("installing signal handlers")?;
     let name = device_name(&a.dir);
-    let build = |arena| a.pool.build_kept(&DEFAULTS, &name, a.size / 4096, arena).map_err(Into::into);
+    let build = |left: Option<zmem_swap::Handed>| a.pool.build_kept(&DEFAULTS, &name, a.size / 4096, left.map(|h| (h.arena, h.backing))).map_err(Into::into);
     match zmem_swap::serve(&cfg, Some(kept), build, stop, &leave)? {
         zmem_swap::Served::Stopped => Ok(()),
         zmem_swap::Served::Left => std::process::exit(zmem_swap::EXIT_LEFT),

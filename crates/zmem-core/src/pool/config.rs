@@ -99,8 +99,9 @@ pub struct PoolConfig {
     /// Keep every key's entry in the ledger too, for keys below this (a
     /// device's pages; a multiple of 256), so that another process can
     /// open the pool where this one left it ([`Pool::open`], `ledger.rs`).
-    /// A store of a key past it is refused. For pools without dedup,
-    /// dictionaries or a cold store, so far. `None`: no ledger.
+    /// A store of a key past it is refused. For pools without dedup or
+    /// dictionaries, whose cold store (if any) can take its records over
+    /// (`ColdStore::adoptable`: a backing file), so far. `None`: no ledger.
     pub ledger_keys: Option<u64>,
 }
 
@@ -140,7 +141,8 @@ impl Default for PoolConfig {
 impl PoolConfig {
     /// Keep a ledger for a device of `pages` pages (rounded up to the
     /// ledger's multiple), if a pool of these settings can keep one (no
-    /// dedup, no dictionary; a cold store is the caller's to rule out).
+    /// dedup, no dictionary; a cold store other than a backing file, one that
+    /// can take its records over, is the caller's to rule out).
     /// Returns whether it does.
     pub fn keep_ledger(&mut self, pages: u64) -> bool {
         let keys = pages.max(1).next_multiple_of(zmem_alloc::TABLE_PAGE_ENTRIES as u64);

@@ -2,9 +2,13 @@
 //! left, its objects and its ledger (`ledger.rs`).
 //!
 //! The allocator finds its live objects again (`zmem_alloc::ZsPool::open`);
-//! each key the ledger records goes back into the index, in its shard,
-//! stamped and counted as a store would; the objects no key names (the
-//! dead process had allocated them and not yet published them) are freed.
+//! a pool with a backing file has a new store on the same file take over
+//! the records the ledger names (`ColdStore::adopt`); each key the ledger
+//! records goes back into the index, in its shard, stamped and counted as
+//! a store would (an object in RAM on the tier's LRU, a written-back key
+//! in its cold block); the objects no key names (the dead process had
+//! allocated them and not yet published them, or written them back and
+//! not yet freed them) are freed.
 //! Access times start again at the opening (every page is as young as
 //! the others), and so do the counters of events; the counts of what the
 //! pool holds are rebuilt.
@@ -23,6 +27,7 @@ use std::time::{Duration, Instant};
 use zmem_alloc::{Budget, Handle, ZsPool};
 
 use super::{Engine, Pool, PoolConfig};
+use crate::cold::{ColdStore, RecordId};
 use crate::entry::Slot;
 use crate::error::{Result, ZmemError};
 use crate::ledger::Recorded;
@@ -62,6 +67,19 @@ impl Pool {
     /// A key whose entry cannot be proven right is marked lost instead
     /// ([`Reopened::lost`]): its reads fail, the other pages are served.
     pub fn open(arena: OwnedFd, cfg: PoolConfig) -> Result<(Pool, Reopened)> {
+        Self::open_on(arena, cfg, None)
+    }
+
+    /// [`Pool::open`] of a pool that wrote pages back: `store` is a cold
+    /// store made on what the last one left (a backing file's store on the
+    /// same file, `zmem_backing::OsFile::kept`), which takes over the
+    /// records the ledger names ([`ColdStore::adopt`]); a page whose
+    /// record it cannot take is marked lost.
+    pub fn open_with_cold_store(arena: OwnedFd, cfg: PoolConfig, store: Box<dyn ColdStore>) -> Result<(Pool, Reopened)> {
+        Self::open_on(arena, cfg, Some(store))
+    }
+
+    fn open_on(arena: OwnedFd, cfg: PoolConfig, store: Option<Box<dyn ColdStore>>) -> Result<(Pool, Reopened)> {
         let t = Instant::now();
         if cfg.ledger_keys.is_none() {
             return Err(ZmemError::Config("opening a pool again needs the ledger_keys it was made with".into()));
@@ -70,7 +88,7 @@ impl Pool {
         // No limit while the pages go back in: they are held already.
         let budget = Arc::new(Budget::new(None));
         let (alloc, found) = ZsPool::open(arena, Arc::clone(&budget)).map_err(|e| ZmemError::Reopen(e.to_string()))?;
-        let e = Engine::build(cfg, None, Some((alloc, budget)))?;
+        let e = Engine::build(cfg, store, Some((alloc, budget)))?;
         let mut report = e.rebuild(found)?;
         e.budget().set_limit(e.cfg.mem_limit);
         let pool = Pool::start(e)?;
@@ -80,20 +98,42 @@ impl Pool {
 }
 
 impl Engine {
-    /// Put every key the ledger records back (or mark it lost), then free
-    /// the objects no key names.
+    /// Put every key the ledger records back (or mark it lost): the objects
+    /// in RAM on the tier's LRU, the written-back pages' records taken
+    /// over by the cold store; then free the objects no key names.
     fn rebuild(&self, found: Vec<Handle>) -> Result<Reopened> {
         let ledger = self.index.ledger().ok_or_else(|| ZmemError::Reopen("the pool keeps no ledger".into()))?;
         let mut unnamed: HashSet<u64> = found.iter().map(|h| h.to_raw()).collect();
-        let now = self.now();
+        let b = self.budget();
+        // The records the ledger names, for the cold store to take over.
+        let backed: Vec<RecordId> = ledger
+            .entries()
+            .filter_map(|(_, rec)| match rec {
+                Recorded::Entry(e) => match e.slot() {
+                    Slot::Backed(id, _) => Some(RecordId::from_raw(id)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        let taken: HashSet<u64> = if backed.is_empty() || !self.tier.writes_back() {
+            HashSet::new()
+        } else {
+            let kept = self.tier.adopt(&backed, b).map_err(|e| ZmemError::Reopen(format!("the cold store could not take its records over: {e}")))?;
+            backed.iter().zip(kept).filter(|(_, k)| *k).map(|(id, _)| id.to_raw()).collect()
+        };
         let (mut pages, mut lost) = (0, 0);
+        let mut cold_blocks: Vec<u64> = Vec::new();
         for (key, rec) in ledger.entries() {
             let why = match rec {
                 Recorded::Entry(e) => match e.slot() {
                     Slot::Obj(h, _) if unnamed.remove(&h.to_raw()) => None,
                     Slot::Obj(h, _) => Some(format!("names object {:#x}, which the arena does not hold", h.to_raw())),
                     Slot::Same(_) => None,
-                    Slot::Dedup(..) | Slot::Backed(..) => Some("is shared or written back, which a pool with a ledger cannot have yet".into()),
+                    Slot::Backed(id, _) if taken.contains(&id) => None,
+                    Slot::Backed(id, _) if self.tier.writes_back() => Some(format!("names record {id:#x}, which the cold store could not take")),
+                    Slot::Backed(..) => Some("is written back, and this pool has no cold store".into()),
+                    Slot::Dedup(..) => Some("is shared, which a pool with a ledger cannot have yet".into()),
                 },
                 Recorded::Lost => Some("was lost at an earlier opening".into()),
                 Recorded::Damaged => Some("has a damaged ledger entry".into()),
@@ -101,8 +141,14 @@ impl Engine {
             let mut s = self.index.shard(key).lock();
             match (rec, why) {
                 (Recorded::Entry(e), None) => {
-                    let e = s.stamp(e);
-                    s.insert(key, e, now, self.budget())?;
+                    // As a store publishes: an object goes on the tier's
+                    // LRU (every page as young as the others).
+                    let p = self.publish_locked(&mut s, key, e)?;
+                    drop(s);
+                    self.tier.queue(self, p.place, p.key, p.gen, p.live);
+                    if matches!(e.slot(), Slot::Backed(..)) && cold_blocks.last() != Some(&(key & !crate::index::BLOCK_MASK)) {
+                        cold_blocks.push(key & !crate::index::BLOCK_MASK);
+                    }
                     pages += 1;
                 }
                 (_, why) => {
@@ -113,6 +159,10 @@ impl Engine {
                     lost += 1;
                 }
             }
+        }
+        // The written-back keys to their cold blocks, as a writeback leaves them.
+        for key in cold_blocks {
+            self.index.shard(key).lock().make_cold(&[key], b);
         }
         for &raw in &unnamed {
             self.objects.free(Handle::from_raw(raw)).map_err(|err| ZmemError::Reopen(format!("freeing an unnamed object: {err}")))?;

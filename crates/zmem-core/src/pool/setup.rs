@@ -78,8 +78,8 @@ impl Engine {
     /// opened on an arena another process left, and its budget) if given.
     pub(super) fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>, opened: Option<(ZsPool, Arc<Budget>)>) -> Result<Engine> {
         cfg.check()?;
-        if cfg.ledger_keys.is_some() && store.is_some() {
-            return Err(ZmemError::Config("a pool that can be opened again (a ledger) cannot have a cold store yet".into()));
+        if cfg.ledger_keys.is_some() && store.as_ref().is_some_and(|s| !s.adoptable()) {
+            return Err(ZmemError::Config("a pool that can be opened again (a ledger) can have no cold store but a backing file yet".into()));
         }
         // One budget for everything the pool holds: the allocator charges
         // its pages and tables to it, the index, dedup table and the tier's

@@ -58,6 +58,19 @@ impl Tier {
         r
     }
 
+    /// The cold store takes the records `ids` over (a pool opened again:
+    /// [`ColdStore::adopt`]) and the budget is charged for its tables;
+    /// for each id, whether it was taken.
+    pub(crate) fn adopt(&self, ids: &[RecordId], b: &Budget) -> std::result::Result<Vec<bool>, String> {
+        let taken = self.store.adopt(ids).map_err(|e| e.to_string())?;
+        // Tables the pool holds already (as an opened arena's pages are).
+        let mut c = self.backing_charged.lock();
+        let actual = self.store.metadata_bytes();
+        b.force_charge(actual.saturating_sub(c.charged));
+        c.charged = c.charged.max(actual);
+        Ok(taken)
+    }
+
     /// Bring the budget's charge for the backing store's tables to what
     /// they hold now. The writer passes the `reserved` bound it charged
     /// ahead (its growth has happened); anyone else passes 0: frees shrink

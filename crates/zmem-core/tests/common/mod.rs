@@ -3,6 +3,8 @@
 
 use zmem_testkit::XorShift;
 
+pub mod crash_log;
+
 pub const PAGE: usize = 4096;
 
 /// Every seed gives its own stream ([`XorShift::new`] mixes it first).

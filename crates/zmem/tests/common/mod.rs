@@ -350,6 +350,10 @@ impl Loop {
 
 pub const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
 
+/// How long a workload may stall at its cgroup's limit once
+/// [`Cgroup::run_riding_stalls`] has raised it as far as it may.
+pub const STALL_PAST_BOUND: Duration = Duration::from_secs(3);
+
 /// Sets its flag when dropped, also by a panic's unwinding: the flag that
 /// stops a thread of a `std::thread::scope`, which joins its threads before
 /// a panic in its body leaves it (a thread that waits for a flag the panic
@@ -395,10 +399,14 @@ impl Cgroup {
     /// workload in 64 MiB, once; a churn in 80 MiB, 3 runs in 8), and with
     /// the OOM killer off the cgroup can wait at its limit for good. So a
     /// watcher gives a cgroup that stalls at its limit 8 MiB more (the
-    /// kernel then wakes it), up to `max_raise`, and says so. Returns the
-    /// output and how much the limit was raised; the watcher stops also
-    /// when the run panics (a scope joins its threads before a panic
-    /// leaves it).
+    /// kernel then wakes it), up to `max_raise`, and says so. A stall past
+    /// that bound that lasts [`STALL_PAST_BOUND`] turns the OOM killer
+    /// back on, which ends the workload at once (a failure that says so,
+    /// not a wait for the time limit: a waiter is woken only by memory
+    /// freed in the cgroup or a new limit, so it would wait for good).
+    /// Returns the output and how much the limit was raised; the watcher
+    /// stops also when the run panics (a scope joins its threads before a
+    /// panic leaves it).
     pub fn run_riding_stalls(&self, cmd: &mut Command, limit: Duration, max_raise: u64) -> (Output, u64) {
         let base = self.get("memory.limit_in_bytes");
         self.set("memory.oom_control", "1");
@@ -406,12 +414,26 @@ impl Cgroup {
         std::thread::scope(|s| {
             let watcher = s.spawn(|| {
                 let mut raised = 0u64;
+                let mut past_bound: Option<Instant> = None;
                 while !done.load(Relaxed) {
                     let oom = std::fs::read_to_string(self.0.join("memory.oom_control")).unwrap_or_default();
-                    if oom.lines().any(|l| l.trim() == "under_oom 1") && raised < max_raise {
+                    let stalled = oom.lines().any(|l| l.trim() == "under_oom 1");
+                    if stalled && raised < max_raise {
                         raised += 8 << 20;
                         self.set("memory.limit_in_bytes", &(base + raised).to_string());
                         eprintln!("{}: the workload stalled at its cgroup's limit; limit raised by {} MiB", self.0.display(), raised >> 20);
+                    } else if stalled {
+                        let since = *past_bound.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= STALL_PAST_BOUND && oom.lines().any(|l| l.trim() == "oom_kill_disable 1") {
+                            eprintln!(
+                                "{}: the workload stalled at its limit past the bound ({} MiB raised); the OOM killer ends it",
+                                self.0.display(),
+                                raised >> 20
+                            );
+                            self.set("memory.oom_control", "0");
+                        }
+                    } else {
+                        past_bound = None;
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }
