@@ -1,7 +1,8 @@
 //! `zmem bench restart`: a swap device's server killed and replaced under
 //! a workload, which must see neither an error nor a wrong page.
 //!
-//! A zmem swap device (no cold store: its pool can be handed over) takes
+//! A zmem swap device (its pages in RAM, or with `backed_pool` most of
+//! them in its backing file) takes
 //! the pages of the `kv` workload (`kv.rs`: a heap of records read and
 //! updated at random, every read checked) run in a memory cgroup far
 //! smaller than its heap, so that most of it lives on the device. Once
@@ -47,6 +48,9 @@ pub struct Config {
     pub passes: u32,
     /// Where the device lives while the bench runs.
     pub scratch: PathBuf,
+    /// The device's pool cap, with a backing file (in `scratch`) for what
+    /// does not fit; `None`: every page in RAM, no backing file.
+    pub backed_pool: Option<u64>,
 }
 
 /// One phase's figures.
@@ -176,7 +180,14 @@ fn phase(cfg: &Config, kind: &str) -> anyhow::Result<Phase> {
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let size = (cfg.heap * 2).next_multiple_of(1 << 20).to_string();
     let dev = Device { cfg, run_dir };
-    dev.zmem(&["swap", "on", "--name", NAME, "--size", &size, "--max-pool", &cfg.heap.to_string(), "--priority", "32767"]).context("zmem swap on")?;
+    let backing = cfg.scratch.join("backing.img");
+    let _ = std::fs::remove_file(&backing);
+    let mut on = vec!["swap".to_string(), "on".into(), "--name".into(), NAME.into(), "--size".into(), size, "--priority".into(), "32767".into()];
+    match cfg.backed_pool {
+        Some(cap) => on.extend(["--max-pool".into(), cap.to_string(), "--backing".into(), backing.display().to_string()]),
+        None => on.extend(["--max-pool".into(), cfg.heap.to_string()]),
+    }
+    dev.zmem(&on.iter().map(String::as_str).collect::<Vec<_>>()).context("zmem swap on")?;
     let cg = MemCgroup::create(CGROUP, Some(cfg.resident), 60)?;
     let kv = Command::new("sh")
         .arg("-c")

@@ -215,6 +215,9 @@ pub struct Config {
     /// Sets of runs for each budget (at least 1): every second set runs
     /// the systems in the reverse order ([`set_order`]).
     pub sets: u32,
+    /// Replace the `zmem-b` runs' server this often while the workload
+    /// runs (`zmem swap restart`): what a planned restart costs.
+    pub zmem_b_restart_every: Option<Duration>,
 }
 
 /// One run's measurements.
@@ -287,6 +290,14 @@ pub struct RunResult {
     /// freed slot).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dead: Option<DeadShare>,
+    /// Times the zmem server was replaced during the run
+    /// ([`Config::zmem_b_restart_every`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The dead share of a pool: pages it holds (in RAM and in its backing
@@ -580,6 +591,9 @@ pub struct Report {
     /// The `zmem-b` runs' binary, if not the zmem runs'.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zmem_b_bin: Option<PathBuf>,
+    /// Seconds between the `zmem-b` runs' server restarts, if they restart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zmem_b_restart_every_secs: Option<u64>,
     pub notes: Vec<String>,
     pub runs: Vec<RunResult>,
 }
@@ -613,6 +627,7 @@ pub fn run(cfg: &Config, stop: &Arc<AtomicBool>, mut progress: impl FnMut(Progre
         zmem_args: cfg.zmem_args.clone(),
         zmem_b_args: cfg.zmem_b_args.clone(),
         zmem_b_bin: cfg.zmem_b.clone(),
+        zmem_b_restart_every_secs: cfg.zmem_b_restart_every.map(|d| d.as_secs()),
         notes: Vec::new(),
         runs: Vec::new(),
     };
@@ -926,7 +941,7 @@ fn zmem_compressor<'a>(bench: &'a str, zmem_args: &[String]) -> Vec<&'a str> {
 
 /// What a system's pool holds in memory now, read on the budget keeper's
 /// thread.
-fn pool_gauge(sys: System, s: &Setup, zmem_pids: &[u32]) -> anyhow::Result<Box<dyn FnMut() -> Option<u64> + Send>> {
+fn pool_gauge(sys: System, s: &Setup, zmem: Option<&ZmemProcs>) -> anyhow::Result<Box<dyn FnMut() -> Option<u64> + Send>> {
     let field_of = |p: PathBuf, field: usize| move || std::fs::read_to_string(&p).ok()?.split_whitespace().nth(field)?.parse().ok();
     Ok(match sys {
         System::Disk => bail!("disk swap has no pool"),
@@ -936,30 +951,52 @@ fn pool_gauge(sys: System, s: &Setup, zmem_pids: &[u32]) -> anyhow::Result<Box<d
             Box::new(field_of(PathBuf::from("/sys/block").join(dev.name()).join("mm_stat"), 2))
         }
         System::Zmem | System::ZmemRemote | System::ZmemB => {
-            // The server's memory, and its keeper's own (the keeper locks
-            // the server's pool, which the server's RSS counts already).
-            let (&server, keepers) = zmem_pids.split_last().context("the zmem server's pid is unknown")?;
-            let keepers = keepers.to_vec();
-            Box::new(move || Some(shared_budget::rss_of(server)? + keepers.iter().filter_map(|&k| shared_budget::rss_private_of(k)).sum::<u64>()))
+            let z = zmem.context("the zmem server's pid is unknown")?.clone();
+            Box::new(move || z.rss())
         }
     })
 }
 
-/// A zmem device's processes, the server last: its keeper and its server
-/// (`zmem swap status`), or the server alone (a zmem from before keepers).
-fn zmem_pids(status: &serde_json::Value) -> Vec<u32> {
-    let first = status["state"]["pid"].as_u64().map(|p| p as u32);
-    let server = status["server_pid"].as_u64().map(|p| p as u32);
-    match (first, server) {
-        (Some(k), Some(s)) if k != s => vec![k, s],
-        (Some(k), _) => vec![k],
-        _ => Vec::new(),
-    }
+/// A zmem device's processes: its keeper, and its server now (which a
+/// restart replaces), or the server alone (a zmem from before keepers).
+#[derive(Clone, Debug)]
+struct ZmemProcs {
+    keeper: Option<u32>,
+    /// The server when the run began.
+    first: u32,
+    /// The file a server writes its pid to once it serves.
+    ready: PathBuf,
 }
 
-/// The CPU seconds `pids` have used.
-fn cpu_of(pids: &[u32]) -> f64 {
-    pids.iter().filter_map(|&p| host::cpu_secs(p)).sum()
+impl ZmemProcs {
+    /// From `zmem swap status` of the device in `dir`.
+    fn of(status: &serde_json::Value, dir: &Path) -> Option<ZmemProcs> {
+        let first = status["state"]["pid"].as_u64().map(|p| p as u32)?;
+        let ready = dir.join("ready");
+        Some(match status["server_pid"].as_u64().map(|p| p as u32) {
+            Some(s) if s != first => ZmemProcs { keeper: Some(first), first: s, ready },
+            _ => ZmemProcs { keeper: None, first, ready },
+        })
+    }
+
+    /// The server serving now.
+    fn server(&self) -> u32 {
+        let now = std::fs::read_to_string(&self.ready).ok().and_then(|s| s.trim().parse::<u32>().ok());
+        now.filter(|_| self.keeper.is_some()).filter(|p| Path::new(&format!("/proc/{p}")).exists()).unwrap_or(self.first)
+    }
+
+    /// The device's memory: the server's, and its keeper's own (the keeper
+    /// maps the server's pool, which the server's RSS counts already).
+    fn rss(&self) -> Option<u64> {
+        Some(shared_budget::rss_of(self.server())? + self.keeper.and_then(shared_budget::rss_private_of).unwrap_or(0))
+    }
+
+    /// CPU seconds the device has used: the keeper's, the servers' it has
+    /// reaped, and the serving one's.
+    fn cpu(&self) -> f64 {
+        let keeper = self.keeper.and_then(|k| host::cpu_times(&k.to_string())).map_or(0.0, |t| t.user + t.system + t.children_user + t.children_system);
+        keeper + host::cpu_secs(self.server()).unwrap_or(0.0)
+    }
 }
 
 /// The workload's command for `jobs`.
@@ -1012,7 +1049,7 @@ struct Rig {
     cg: MemCgroup,
     setup: Option<Setup>,
     /// The zmem device's processes (its keeper and its server).
-    zmem_pids: Vec<u32>,
+    zmem: Option<ZmemProcs>,
     /// The zmem server's (and keeper's) CPU time when the run began.
     server_cpu0: f64,
 }
@@ -1043,6 +1080,8 @@ struct Sampled {
     pool_peak: u64,
     anon_peak: u64,
     error: Option<String>,
+    /// Server restarts made ([`Config::zmem_b_restart_every`]).
+    restarts: u32,
 }
 
 /// What the pool did: its peak, the pages it wrote back, the zmem server's CPU and counters.
@@ -1068,7 +1107,7 @@ impl Trial<'_> {
         // the keeper below then takes the pool's share from it.
         let cg = MemCgroup::create(CGROUP, (self.budget > 0).then_some(self.budget), cfg.swappiness)?;
         let zstatus = setup.as_ref().and_then(|s| s.zmem.as_ref()).and_then(|z| z.status());
-        let zmem_pids = zstatus.as_ref().map(zmem_pids).unwrap_or_default();
+        let zmem = setup.as_ref().and_then(|s| s.zmem.as_ref()).zip(zstatus.as_ref()).and_then(|(z, v)| ZmemProcs::of(v, &z.run_dir.join(ZMEM_NAME)));
         let dead = match (setup.as_ref().and_then(|s| s.zmem.as_ref()), zstatus.as_ref().map(|v| zmem_areas(&v["state"]))) {
             (Some(z), Some(areas)) if !areas.is_empty() => Some(DeadSampler {
                 zmem: z.zmem.clone(),
@@ -1081,12 +1120,12 @@ impl Trial<'_> {
             }),
             _ => None,
         };
-        let server_cpu0 = cpu_of(&zmem_pids);
+        let server_cpu0 = zmem.as_ref().map_or(0.0, ZmemProcs::cpu);
         let keeper = match (&setup, sys) {
             (None, _) | (_, System::Disk) => None,
-            (Some(s), _) => Some(SharedBudget::start(cg.path(), self.budget, self.budget / 4, pool_gauge(sys, s, &zmem_pids)?)?),
+            (Some(s), _) => Some(SharedBudget::start(cg.path(), self.budget, self.budget / 4, pool_gauge(sys, s, zmem.as_ref())?)?),
         };
-        Ok(Rig { keeper, dead, cg, setup, zmem_pids, server_cpu0 })
+        Ok(Rig { keeper, dead, cg, setup, zmem, server_cpu0 })
     }
 
     /// The counters before the run: /proc/vmstat, the disk's, kswapd's and the children's CPU, zswap's pages written back.
@@ -1136,6 +1175,9 @@ impl Trial<'_> {
         let mut pool_peak = 0u64;
         let mut anon_peak = 0u64;
         let mut error = None;
+        let every = self.cfg.zmem_b_restart_every.filter(|_| self.sys == System::ZmemB);
+        let mut next_restart = every.map(|p| Instant::now() + p);
+        let mut restarts = 0;
         let status = loop {
             if let Some(st) = child.try_wait()? {
                 break Some(st);
@@ -1146,6 +1188,18 @@ impl Trial<'_> {
             }
             if self.sys == System::Zswap && self.kind.is_some() {
                 pool_peak = pool_peak.max(self.zswap.counter("pool_total_size"));
+            }
+            if let (Some(t), Some(p), Some(z)) = (next_restart, every, rig.setup.as_ref().and_then(|s| s.zmem.as_ref())) {
+                if Instant::now() >= t {
+                    // (Returns once the new server serves.)
+                    match host::run_tool(Command::new(&z.zmem).args(["swap", "restart", "--all", "--run-dir"]).arg(&z.run_dir)) {
+                        Ok(_) => restarts += 1,
+                        Err(e) => {
+                            error.get_or_insert(format!("zmem swap restart failed: {e:#}"));
+                        }
+                    }
+                    next_restart = Some(t + p);
+                }
             }
             if stop.load(Ordering::Relaxed) || w.t0.elapsed() > cfg.timeout {
                 error = Some(if stop.load(Ordering::Relaxed) { "interrupted".to_string() } else { format!("timed out after {:?}", cfg.timeout) });
@@ -1158,7 +1212,7 @@ impl Trial<'_> {
             }
             std::thread::sleep(Duration::from_millis(if w.t0.elapsed() < Duration::from_secs(2) { 20 } else { 200 }));
         };
-        Ok(Sampled { status, pool_peak, anon_peak, error })
+        Ok(Sampled { status, pool_peak, anon_peak, error, restarts })
     }
 
     /// The run's result: its times, the counters since `before`, why it failed if it did, the pool's figures.
@@ -1217,6 +1271,7 @@ impl Trial<'_> {
             shared_budget,
             server_stats: pool.server_stats,
             dead: rig.dead.take().map(|d| d.share),
+            restarts: s.restarts,
         }
     }
 
@@ -1237,7 +1292,7 @@ impl Trial<'_> {
                     f.written_back = st["written_back_pages"].as_u64().unwrap_or(0);
                     f.server_stats = Some(st.clone());
                 }
-                f.server_cpu = cpu_of(&rig.zmem_pids) - rig.server_cpu0;
+                f.server_cpu = rig.zmem.as_ref().map_or(0.0, ZmemProcs::cpu) - rig.server_cpu0;
             }
             _ => {}
         }
@@ -1393,6 +1448,10 @@ pub fn render(report: &Report) -> String {
     if let Some(bin) = &report.zmem_b_bin {
         out += &format!("zmem-b runs: {}\n", bin.display());
     }
+    if let Some(secs) = report.zmem_b_restart_every_secs {
+        let made: Vec<String> = report.runs.iter().filter(|r| r.system == System::ZmemB).map(|r| r.restarts.to_string()).collect();
+        out += &format!("zmem-b replaces its server every {secs} s (`zmem swap restart`): {} restarts a run\n", made.join(", "));
+    }
     let head = [
         "jobs", "disk", "budget", "system", "wall s", "cpu s", "srv s", "pswpin", "pswpout", "majflt", "rd ops", "rd MB", "wr ops", "wr MB", "pool MB",
         "mem MB", "cap MB", "wb pages", "ops/in", "ops/fpg", "rd/rec", "ms/rd", "ra use%", "dead%", "ramunm%", "data%", "B/wbpg", "us/pg", "idle%", "mus/in",
@@ -1519,6 +1578,7 @@ pub(crate) fn test_report(runs: Vec<RunResult>) -> Report {
         zmem_args: vec![],
         zmem_b_args: vec![],
         zmem_b_bin: None,
+        zmem_b_restart_every_secs: None,
         notes: vec![],
         runs,
     }
@@ -1561,6 +1621,7 @@ pub(crate) fn test_run(system: System, disk: Option<DiskKind>, budget: u64, wall
         shared_budget: None,
         server_stats: None,
         dead: None,
+        restarts: 0,
     }
 }
 
@@ -1581,6 +1642,17 @@ mod tests {
         st.as_object_mut().unwrap().retain(|k, _| !k.starts_with("first_out"));
         let read: zmem_core::Stats = serde_json::from_value(st).expect("stats without the newer counters");
         assert_eq!((read.loads, read.bd_reads, read.first_out_taken), (7, 3, 0));
+    }
+
+    #[test]
+    fn the_report_says_how_often_zmem_b_was_restarted() {
+        let mut b = run(System::ZmemB, Some(DiskKind::Real), 100 << 20, 50.0, 1);
+        b.restarts = 7;
+        let mut rep = report(vec![run(System::Zmem, Some(DiskKind::Real), 100 << 20, 48.0, 1), b]);
+        assert!(!render(&rep).contains("replaces its server"));
+        rep.zmem_b_restart_every_secs = Some(30);
+        let text = render(&rep);
+        assert!(text.contains("zmem-b replaces its server every 30 s (`zmem swap restart`): 7 restarts a run"), "{text}");
     }
 
     #[test]

@@ -29,19 +29,34 @@ pub struct Args {
     #[arg(long, default_value = "/var/tmp/zmem-bench-restart")]
     pub scratch: PathBuf,
     /// Print one JSON array (a phase each) instead of lines.
+    /// Give the device this pool cap and a backing file (in --scratch)
+    /// for the rest: the written-back pages are handed over too
+    /// [default: every page in RAM, no backing file]
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub backed_pool: Option<u64>,
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let zmem = std::env::current_exe().context("finding the zmem binary")?;
-    let cfg = Config { zmem, heap: a.heap, resident: a.resident, events: a.events, min_swapped: a.min_swapped, passes: a.passes, scratch: a.scratch };
+    let cfg = Config {
+        zmem,
+        heap: a.heap,
+        resident: a.resident,
+        events: a.events,
+        min_swapped: a.min_swapped,
+        passes: a.passes,
+        scratch: a.scratch,
+        backed_pool: a.backed_pool,
+    };
     let phases = restart::run(&cfg)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&phases)?);
         return Ok(());
     }
-    println!("zmem bench restart: a {} MiB heap in {} MiB, its server replaced {} times a phase", a.heap >> 20, a.resident >> 20, a.events);
+    let pool = a.backed_pool.map_or("every page in RAM".to_string(), |c| format!("a pool of {} MiB and a backing file", c >> 20));
+    println!("zmem bench restart: a {} MiB heap in {} MiB ({pool}), its server replaced {} times a phase", a.heap >> 20, a.resident >> 20, a.events);
     println!("{:<9} {:>6} {:>10} {:>12} {:>11} {:>13}  workload", "phase", "events", "swapped", "takeover p50", "takeover max", "longest pause");
     for p in &phases {
         let mut t = p.takeover_ms.clone();

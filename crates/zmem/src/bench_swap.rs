@@ -71,6 +71,11 @@ pub struct Args {
     /// disk,zmem,zmem-b --zmem-b-arg=--read-ahead --zmem-b-arg=0`).
     #[arg(long = "zmem-b-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub zmem_b_args: Vec<String>,
+    /// Replace the `zmem-b` runs' server every this many seconds while
+    /// the workload runs (`zmem swap restart`): what planned restarts cost,
+    /// against `zmem` in the same set (`--systems zmem,zmem-b`).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub zmem_b_restart_every: Option<u64>,
     /// Kill a run that takes longer than this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub timeout: u64,
@@ -234,6 +239,7 @@ fn config(a: &Args) -> anyhow::Result<Config> {
         zmem_b_args: a.zmem_b_args.clone(),
         timeout: Duration::from_secs(a.timeout),
         sets: a.sets,
+        zmem_b_restart_every: a.zmem_b_restart_every.map(Duration::from_secs),
     })
 }
 

@@ -75,7 +75,7 @@ enum BenchCmd {
     /// The seed experiment: a build under a memory limit swapping to a
     /// disk, kernel zswap, kernel zram and zmem, on a real and a throttled
     /// disk, with equal memory; table, ratios, --json and a PNG plot.
-    Swap(bench_swap::Args),
+    Swap(Box<bench_swap::Args>),
     /// zcache's iozone experiment: fio over a real data set on a throttled
     /// disk, with and without `zmem serve --origin` in the path, zmem's
     /// memory counted in the reader's budget (root).
@@ -117,7 +117,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Bench(BenchCmd::Store(a)) => bench_store::run(a),
         Cmd::Bench(BenchCmd::Blockdev(a)) => bench_blockdev::run(a),
-        Cmd::Bench(BenchCmd::Swap(a)) => bench_swap::run(a),
+        Cmd::Bench(BenchCmd::Swap(a)) => bench_swap::run(*a),
         Cmd::Bench(BenchCmd::Cache(a)) => bench_cache::run(a),
         Cmd::Bench(BenchCmd::Remote(a)) => bench_remote::run(a),
         Cmd::Bench(BenchCmd::Kv(a)) => bench_swap::run_kv(a),

@@ -159,11 +159,15 @@ fn every_system_swaps_and_the_machine_is_restored() {
     assert_eq!(&head[1..4], b"PNG");
 }
 
+/// The kv workload through disk swap and through zmem (`zmem-b`: its
+/// server replaced every 3 s, its pages in RAM and in its backing file
+/// handed over each time) reads back every record it wrote.
 #[test]
 fn the_kv_workload_reads_back_every_record_it_wrote_through_swap() {
     let Some(Bench { _turn, dir, before, .. }) = Bench::new() else { return };
     let mut c = Command::new(ZMEM);
-    c.args(["bench", "swap", "--workload", "kv", "--kv-size", "256M", "--kv-passes", "1", "-j", "2", "--systems", "disk,zmem", "--disks", "real"])
+    c.args(["bench", "swap", "--workload", "kv", "--kv-size", "256M", "--kv-passes", "1", "-j", "2", "--systems", "disk,zmem-b", "--disks", "real"])
+        .args(["--zmem-b-restart-every", "3"])
         .args(["--budget", "50%", "--swap-size", "1G", "--json", "--timeout", "300", "--scratch"])
         .arg(dir.path().join("scratch"));
     let out = common::run_timeout(&mut c, Duration::from_secs(600));
@@ -183,6 +187,12 @@ fn the_kv_workload_reads_back_every_record_it_wrote_through_swap() {
         // Random reads of a heap twice the budget: most come back from swap.
         assert!(n(r, "pswpin") > 10_000 && n(r, "pswpout") > 10_000, "{}: {r}", r["system"]);
     }
+    let zmem = &runs[2];
+    let wall = zmem["wall_secs"].as_f64().unwrap();
+    // (Every 3 s on a clock that does not slip: half of those at least,
+    // on a loaded machine.)
+    assert!(wall > 6.0 && n(zmem, "restarts") >= 1 && n(zmem, "restarts") as f64 >= wall / 6.0 - 1.0, "restarts in {wall} s: {zmem}");
+    assert_eq!(v["zmem_b_restart_every_secs"], 3, "{v}");
 }
 
 #[test]
