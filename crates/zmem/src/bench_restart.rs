@@ -28,12 +28,12 @@ pub struct Args {
     /// Where the device lives while the bench runs.
     #[arg(long, default_value = "/var/tmp/zmem-bench-restart")]
     pub scratch: PathBuf,
-    /// Print one JSON array (a phase each) instead of lines.
     /// Give the device this pool cap and a backing file (in --scratch)
     /// for the rest: the written-back pages are handed over too
     /// [default: every page in RAM, no backing file]
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub backed_pool: Option<u64>,
+    /// Print one JSON array (a phase each) instead of lines.
     #[arg(long)]
     pub json: bool,
 }
