@@ -61,10 +61,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for p in &phases {
         let mut t = p.takeover_ms.clone();
         t.sort_by(f64::total_cmp);
-        let p50 = t.get(t.len() / 2).copied().unwrap_or(f64::NAN);
-        let max = t.last().copied().unwrap_or(f64::NAN);
+        // (No replacement, no takeover: `--events 0` measures the pauses
+        // the workload has without them.)
+        let ms = |x: Option<&f64>| x.map_or("-".to_string(), |v| format!("{v:.0}"));
+        let (p50, max) = (ms(t.get(t.len() / 2)), ms(t.last()));
         let verdict = if p.workload_ok { "every read right".to_string() } else { format!("FAILED ({}): {}", p.workload, p.kv) };
-        println!("{:<9} {:>6} {:>6} MiB {:>9.0} ms {:>8.0} ms {:>11.3} s  {verdict}", p.kind, p.events, p.swapped_bytes >> 20, p50, max, p.longest_pause_s);
+        println!("{:<9} {:>6} {:>6} MiB {:>9} ms {:>8} ms {:>11.3} s  {verdict}", p.kind, p.events, p.swapped_bytes >> 20, p50, max, p.longest_pause_s);
     }
     for p in &phases {
         println!("  {}: {}; recovery {}; requests sent again {}", p.kind, p.kv, p.recovery, p.fuse["resent"]);
