@@ -1133,7 +1133,7 @@ impl BackingStore {
             .enumerate()
             .filter_map(|(i, &id)| {
                 let (p, gen) = split_id(id)?;
-                let fits = gen != 0 && p.span > 0 && u64::from(p.seg) < max_segs && p.off as usize + p.bytes() <= SEGMENT_SIZE && id.to_raw() >> 28 & 0xf == 0;
+                let fits = gen != 0 && p.span > 0 && u64::from(p.seg) < max_segs && p.off as usize + p.bytes() <= SEGMENT_SIZE;
                 fits.then_some((p.seg, p.off, p.span, gen, i))
             })
             .collect();
@@ -1182,7 +1182,7 @@ impl BackingStore {
         }
         free.reverse();
         let (records, live_bytes, lists) =
-            st.segs.iter().fold((0, 0, 0), |(r, b, l), s| (r + s.live.len() as u64, b + u64::from(s.live_bytes), l + s.live.capacity() * 2));
+            st.segs.iter().fold((0, 0, 0), |(r, b, l), s| (r + s.live.len() as u64, b + u64::from(s.live_bytes), l + s.live.capacity() * size_of::<u16>()));
         st.free_segs = free;
         let room = st.segs.capacity() - st.free_segs.len();
         st.free_segs.reserve_exact(room);

@@ -306,6 +306,17 @@ impl Locker {
     }
 }
 
+/// What the server handed over on `link`, if it has and nothing was
+/// taken yet; the lock thread started on its arena.
+fn take_handed(link: &OwnedFd, handed: &mut Option<Handed>, locker: &mut Option<Locker>) {
+    if handed.is_none() {
+        *handed = receive_handed(link);
+    }
+    if locker.is_none() {
+        *locker = handed.as_ref().map(|h| Locker::start(&h.arena));
+    }
+}
+
 /// The servers' quick deaths in a row: a crash loop is more than
 /// [`CRASH_LIMIT`] of them.
 #[derive(Default)]
@@ -355,20 +366,10 @@ fn wait(
     let pid = Pid::from_raw(child.id() as i32);
     let mut asked: Option<Instant> = None;
     loop {
-        if handed.is_none() {
-            *handed = receive_handed(link);
-        }
-        if locker.is_none() {
-            *locker = handed.as_ref().map(|h| Locker::start(&h.arena));
-        }
+        take_handed(link, handed, locker);
         match child.try_wait() {
             Ok(Some(status)) => {
-                if handed.is_none() {
-                    *handed = receive_handed(link);
-                }
-                if locker.is_none() {
-                    *locker = handed.as_ref().map(|h| Locker::start(&h.arena));
-                }
+                take_handed(link, handed, locker);
                 return (status, asked.is_some());
             }
             Ok(None) => {}
