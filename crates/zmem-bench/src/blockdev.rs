@@ -57,7 +57,7 @@ use serde::Serialize;
 
 use crate::kernel_zram;
 use crate::zmem_stats;
-use zmem_host::shared_budget::rss_of;
+use zmem_host::shared_budget::{device_rss_of, served_by};
 use zmem_host::{cpu_secs, have, run_limited, run_tool, wait_for_file, wait_for_socket, ChildGuard, Step, UnmountIfMounted};
 
 /// Everything a run needs.
@@ -320,9 +320,10 @@ fn fill_and_run(cfg: &Config, plan: &Plan, job: &Job, engine: &str, target: &str
     Ok(r)
 }
 
-/// How much `pid`'s resident memory grew past `rss0`.
+/// How much the resident memory of the device `pid` started grew past
+/// `rss0` (its server's and its keeper's own: `device_rss_of`).
 fn rss_growth(pid: u32, rss0: Option<u64>) -> Option<u64> {
-    rss_of(pid).zip(rss0).map(|(b, a)| b.saturating_sub(a))
+    device_rss_of(pid).zip(rss0).map(|(b, a)| b.saturating_sub(a))
 }
 
 /// `zmem serve` with the bench's settings, on NBD socket `sock` and control
@@ -349,8 +350,8 @@ fn bench_zmem(cfg: &Config, plan: &mut Plan, dir: &Path) -> anyhow::Result<Targe
         let mut server = ChildGuard::spawn(&mut serve(cfg, &sock, &ctl), Stdio::null())?;
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
-        let rss0 = rss_of(server.pid());
-        jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri, Some(server.pid()))?);
+        let rss0 = device_rss_of(server.pid());
+        jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri, Some(served_by(server.pid())))?);
         if job.name == "fill" {
             let v = zmem_stats(&cfg.zmem, &ctl)?;
             let st = &v["stats"];
@@ -390,8 +391,8 @@ fn bench_nbdkit(cfg: &Config, plan: &Plan, dir: &Path, allocator: Option<&str>) 
         )?;
         wait_for_socket(&sock, &mut server)?;
         let uri = format!("nbd+unix:///?socket={}", sock.display());
-        let rss0 = rss_of(server.pid());
-        jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri, Some(server.pid()))?);
+        let rss0 = device_rss_of(server.pid());
+        jobs.push(fill_and_run(cfg, plan, job, "nbd", &uri, Some(served_by(server.pid())))?);
         if job.name == "fill" {
             rss = rss_growth(server.pid(), rss0);
         }
@@ -454,8 +455,8 @@ fn bench_zmem_fuse(cfg: &Config, plan: &Plan, dir: &Path) -> anyhow::Result<Targ
         wait_for_file(&image, &mut server, &log)?;
         let lo = run_tool(Command::new("losetup").args(["--find", "--show", "--direct-io=on"]).arg(&image))?.trim().to_string();
         let detach = Step::new(&format!("detach {lo}"), &["losetup", "-d", &lo]);
-        let rss0 = rss_of(server.pid());
-        jobs.push(fill_and_run(cfg, plan, job, "io_uring", &lo, Some(server.pid()))?);
+        let rss0 = device_rss_of(server.pid());
+        jobs.push(fill_and_run(cfg, plan, job, "io_uring", &lo, Some(served_by(server.pid())))?);
         if job.name == "fill" {
             mem = zmem_stats(&cfg.zmem, &ctl)?["stats"]["mem_used_total"].as_u64();
             rss = rss_growth(server.pid(), rss0);

@@ -67,7 +67,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 use crate::zmem_stats;
-use zmem_host::shared_budget::{rss_of, BudgetStats, SharedBudget};
+use zmem_host::shared_budget::{device_rss_of, rss_of, BudgetStats, SharedBudget};
 use zmem_host::{
     self as host, have, run_limited, run_tool, wait_for_file, wait_for_socket, ChildGuard, DiskStat, LoopDisk, MemCgroup, Step, Throttle, UnmountIfMounted,
 };
@@ -422,12 +422,12 @@ fn run_zmem(cfg: &Config, disk: &LoopDisk, max_pool: u64, progress: &mut impl Fn
 
     let cg = MemCgroup::create(CGROUP, Some(cfg.budget), 0)?;
     let (spid, fpid) = (server.pid(), nbdfuse.as_ref().map(|f| f.pid()));
-    let keeper = SharedBudget::start(cg.path(), cfg.budget, reader_floor(cfg.budget), move || Some(rss_of(spid)? + fpid.and_then(rss_of).unwrap_or(0)))?;
+    let keeper = SharedBudget::start(cg.path(), cfg.budget, reader_floor(cfg.budget), move || Some(device_rss_of(spid)? + fpid.and_then(rss_of).unwrap_or(0)))?;
     let phases = phases(cfg, &cg, &mnt, disk.dev(), progress);
     let budget = keeper.finish();
     let peak = cg.counter("memory.max_usage_in_bytes");
     let v = zmem_stats(&cfg.zmem, &ctl);
-    let rss = rss_of(spid).unwrap_or(0) + fpid.and_then(rss_of).unwrap_or(0);
+    let rss = device_rss_of(spid).unwrap_or(0) + fpid.and_then(rss_of).unwrap_or(0);
     drop(cg);
     drop(unmount);
     drop(detach);

@@ -81,7 +81,7 @@ pub use recompress::{Recompress, RecompressReport, MAX_RECOMP_ALGORITHMS};
 pub use stats::{RateLimited, Stats};
 pub use tier::{Resident, WritebackMode};
 /// A pool's arena held in RAM by a process that keeps it for the next one
-/// (the swap keeper): see [`Pool::arena`].
+/// (the keeper): see [`Pool::arena`].
 pub use zmem_alloc::ArenaLock;
 /// The version of what a pool that can be opened again leaves behind (the
 /// arena's layout and the ledger's entries): [`Pool::open`] refuses

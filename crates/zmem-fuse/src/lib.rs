@@ -33,7 +33,7 @@
 //!
 //! # Outliving a server
 //! The connection lives as long as any process holds one of its files
-//! ([`Channel`]). A process that keeps them (zmem-swap's keeper) can start
+//! ([`Channel`]). A process that keeps them (zmem-server's keeper) can start
 //! a new server on them when the last one dies or is replaced:
 //! [`Start::TakeOver`] has the kernel send again what the last one had
 //! read and not answered (`FUSE_NOTIFY_RESEND`, Linux 6.9), so the
@@ -583,6 +583,11 @@ pub struct Mounted {
 impl Mounted {
     pub fn stats(&self) -> &Arc<FuseStats> {
         &self.stats
+    }
+
+    /// The connection's files ([`Channel::fds`]), for a keeper to hold.
+    pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.channel.iter().flat_map(Channel::fds)
     }
 
     /// Unmount and wait for the threads.

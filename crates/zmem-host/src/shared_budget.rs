@@ -224,9 +224,32 @@ pub fn rss_private_of(pid: u32) -> Option<u64> {
     Some(kib << 10)
 }
 
+/// The process serving the device a `zmem serve` or `zmem swap serve`
+/// started as `pid` runs: the keeper's child (its server now), or `pid`
+/// itself when it has none.
+pub fn served_by(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok().and_then(|c| c.split_whitespace().next()?.parse().ok()).unwrap_or(pid)
+}
+
+/// A device's resident memory: its server's ([`rss_of`]) and its keeper's
+/// own ([`rss_private_of`]), for the device a process started as `pid`.
+pub fn device_rss_of(pid: u32) -> Option<u64> {
+    let server = served_by(pid);
+    let keeper = if server == pid { 0 } else { rss_private_of(pid).unwrap_or(0) };
+    Some(rss_of(server)? + keeper)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_without_children_serves_itself() {
+        let me = std::process::id();
+        assert_eq!(served_by(me), me);
+        assert!(device_rss_of(me).is_some_and(|r| r > 0));
+        assert_eq!(served_by(u32::MAX), u32::MAX, "no such process");
+    }
 
     /// A directory that looks like a cgroup v1 memory cgroup to the keeper
     /// (plain files: the kernel's refusals cannot be imitated, the

@@ -175,7 +175,8 @@ impl Listener {
         }
     }
 
-    fn fd(&self) -> BorrowedFd<'_> {
+    /// Its socket's file.
+    pub fn fd(&self) -> BorrowedFd<'_> {
         match self {
             Listener::Unix(l) => l.as_fd(),
             Listener::Tcp(l) => l.as_fd(),

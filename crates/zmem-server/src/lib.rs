@@ -22,8 +22,13 @@
 //!   every server.
 //! * [`reclaim`] — `mlockall`, `PR_SET_IO_FLUSHER`, `oom_score_adj`,
 //!   malloc's tuning under `mlockall`, and giving back the start-up code's
-//!   locked pages (the crate's only `unsafe`, in `malloc.rs` and
-//!   `pageout.rs`).
+//!   locked pages (with `inherit.rs`, the crate's only `unsafe`, in
+//!   `malloc.rs` and `pageout.rs`).
+//! * [`keeper`] — the process that outlives its server: it holds the
+//!   device's files (FUSE connection, NBD listener, the pool's arena and
+//!   backing file) and starts a new server on them when one dies or a
+//!   restart is asked for (`inherit.rs` takes the files a server was
+//!   started with).
 //! * [`memory`] — the server process's resident memory beside its pool
 //!   (code, buffers, stacks, malloc's free memory), in every stats reply.
 //!
@@ -32,6 +37,8 @@
 
 pub mod control;
 pub mod device;
+mod inherit;
+pub mod keeper;
 mod malloc;
 pub mod memory;
 pub mod metrics;

@@ -1,5 +1,5 @@
 //! malloc's tuning for a process under `mlockall`, and malloc's own view
-//! of its memory: the crate's only `unsafe` (libc has no safe wrappers
+//! of its memory: `unsafe`, as `pageout.rs` and `inherit.rs` are (libc has no safe wrappers
 //! for `mallopt` and `mallinfo2`).
 
 #![allow(unsafe_code)]

@@ -142,7 +142,7 @@ pub struct StatsReply {
     pub recovery: Option<Recovery>,
 }
 
-/// What a swap server under a keeper took over (`zmem-swap`'s keeper.rs).
+/// What a server under a keeper took over (`keeper.rs`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recovery {
     /// Servers the keeper started before this one (crashes and restarts).

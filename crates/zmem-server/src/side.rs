@@ -36,9 +36,9 @@ pub struct SideThreads<'a> {
 impl SideThreads<'_> {
     /// Start the side threads, call `ready` (the server's ready file or
     /// log line, and systemd's READY=1 through [`crate::notify::ready`]),
-    /// run `main` on this thread, then tell systemd the server is stopping
-    /// and stop the side threads; returns what `main` returned once they
-    /// have all ended.
+    /// run `main` on this thread (which tells systemd the server stops, if
+    /// it does: [`crate::notify::stopping`]), then stop the side threads;
+    /// returns what `main` returned once they have all ended.
     pub fn run<R>(self, info: &Info, ready: impl FnOnce(), main: impl FnOnce() -> R) -> R {
         let quit = AtomicBool::new(false);
         let SideThreads { control, metrics, policies, jobs } = self;
@@ -55,8 +55,9 @@ impl SideThreads<'_> {
                 s.spawn(move || job(quit));
             }
             ready();
+            // (`main` tells the service manager it stops, if it does: a
+            // server that leaves for the next one does not.)
             let r = main();
-            crate::notify::stopping();
             quit.store(true, Ordering::SeqCst);
             r
         })

@@ -82,6 +82,8 @@ pub enum SwapError {
     #[error("cannot build the pool: {0}")]
     Pool(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error(transparent)]
+    Kept(#[from] zmem_server::keeper::KeeperError),
+    #[error(transparent)]
     Host(#[from] HostError),
     #[error(transparent)]
     Lock(#[from] zmem_server::reclaim::LockError),

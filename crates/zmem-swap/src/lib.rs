@@ -40,7 +40,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use zmem_core::{Compressor, Pool};
 use zmem_export::Export;
 use zmem_host::human_size as human;
 use zmem_server::control::{bind_unix, Frontend, Info};
@@ -49,11 +48,10 @@ use zmem_server::protocol::StatsReply;
 use zmem_server::side::{SideJob, SideThreads};
 
 mod error;
-mod inherit;
-mod keeper;
+mod replace;
 mod unmapped;
 pub use error::{Result, SwapError};
-pub use keeper::{keep, Handed, KeeperConfig, Kept, CRASH_LIMIT, EXIT_LEFT, QUICK_DEATH};
+pub use zmem_server::keeper::{keep, Built, KeeperConfig, Kept, PoolFiles, Served, CRASH_LIMIT, EXIT_LEFT, QUICK_DEATH};
 
 /// The FUSE file a device's server serves, under its mountpoint.
 pub const IMAGE: &str = "image";
@@ -504,7 +502,7 @@ fn teardown(dir: &Path) -> Result<()> {
     }
     // The keeper passes the stop on to its server; a server whose keeper
     // is gone (killed) is stopped by itself.
-    let server = keeper::server_pid(dir);
+    let server = replace::server_pid(dir);
     if let Some(pid) = st.as_ref().map(|s| s.pid).filter(|&p| is_our_server(p, dir)) {
         stop_server(pid, dir)?;
         eprintln!("zmem: stopped keeper {pid} and its server");
@@ -612,12 +610,12 @@ pub fn restart(run_dir: &Path, name: &str) -> Result<String> {
         }
         _ => {}
     }
-    if keeper::server_pid(&dir) == Some(st.pid) {
+    if replace::server_pid(&dir) == Some(st.pid) {
         // A server from before keepers: SIGHUP would end it, and its pages.
         return Err(SwapError::Keeper(format!("device {name}'s server {} has no keeper (an older zmem started it): it cannot be restarted in place; `zmem swap off --name {name}` and `on` again when memory allows", st.pid)));
     }
     let t = Instant::now();
-    let (old, new) = keeper::restart(&dir, st.pid, Duration::from_secs(60))?;
+    let (old, new) = replace::restart(&dir, st.pid, Duration::from_secs(60))?;
     let old = old.map_or("none".to_string(), |p| p.to_string());
     Ok(format!("{name}: server {old} replaced by {new} in {} ms\n", t.elapsed().as_millis()))
 }
@@ -648,7 +646,7 @@ fn status_of(dir: &Path, st: Option<&State>) -> Status {
     let used = state.as_ref().and_then(|s| s.devices().into_iter().map(swap_used).sum::<Option<u64>>());
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let keeper = state.as_ref().map(|s| s.pid).filter(|&p| is_our_server(p, dir));
-    Status { name, state, stats, used, keeper, server_pid: keeper::server_pid(dir) }
+    Status { name, state, stats, used, keeper, server_pid: replace::server_pid(dir) }
 }
 
 /// Bytes used on swap device `dev` (/proc/swaps).
@@ -700,16 +698,6 @@ pub fn render_status(rows: &[Status]) -> String {
     out
 }
 
-/// A swap server's pool, as its builder made it (see [`serve`]).
-pub struct Built {
-    pub pool: Pool,
-    pub comp: Compressor,
-    /// What opening the pool the last server left found.
-    pub reopened: Option<zmem_core::Reopened>,
-    /// The pool's backing file, for the keeper to hold (a new pool's).
-    pub backing: Option<std::os::fd::OwnedFd>,
-}
-
 /// One [`Status`] per device under `run_dir`.
 pub fn status(run_dir: &Path) -> Vec<Status> {
     device_dirs(run_dir).iter().map(|d| status_of(d, None)).collect()
@@ -725,7 +713,7 @@ pub fn status(run_dir: &Path) -> Vec<Status> {
 pub fn serve(
     a: &ServerConfig,
     mut kept: Option<Kept>,
-    build_pool: impl FnOnce(Option<Handed>) -> Result<Built, Box<dyn std::error::Error + Send + Sync>>,
+    build_pool: impl FnOnce(Option<PoolFiles>) -> Result<Built, Box<dyn std::error::Error + Send + Sync>>,
     stop: &AtomicBool,
     leave: &AtomicBool,
 ) -> Result<Served> {
@@ -766,7 +754,7 @@ pub fn serve(
     let restarts = kept.as_ref().map(|k| k.restarts);
     let Built { pool, comp, reopened, backing } = build_pool(left).map_err(SwapError::Pool)?;
     if let (Some(k), Some(arena), true) = (&kept, pool.arena(), fresh) {
-        k.hand_over(arena, backing.as_ref().map(std::os::fd::AsFd::as_fd))?;
+        k.hand_over(&zmem_server::keeper::HandOver { pool: Some((arena, backing.as_ref().map(std::os::fd::AsFd::as_fd))), ..Default::default() })?;
     }
     drop(backing);
     let kept_pool = pool.arena().is_some();
@@ -779,7 +767,7 @@ pub fn serve(
         // one has the last one's unanswered requests sent again.
         Some(k) => {
             let start = if k.restarts == 0 { zmem_fuse::Start::Fresh } else { zmem_fuse::Start::TakeOver };
-            let channel = zmem_fuse::Channel::from_fds(k.fds).map_err(mount_err)?;
+            let channel = zmem_fuse::Channel::from_fds(k.fuse).map_err(mount_err)?;
             zmem_fuse::serve(Arc::clone(&export), &mnt, channel, &cfg, start).map_err(mount_err)?
         }
         // (Not under a keeper: the mountpoint is touched only here, since
@@ -846,6 +834,7 @@ pub fn serve(
             // device with it: keep serving until its loop device is gone.
             let users = loops_backed_by(&image);
             if users.is_empty() {
+                zmem_server::notify::stopping();
                 break;
             }
             eprintln!("zmem: asked to stop, but {} still use the image; `zmem swap off` detaches them first", users.join(" "));
@@ -875,16 +864,6 @@ pub fn serve(
     let mut err = std::io::stderr();
     let _ = writeln!(err, "zmem: swap server stopped; mm_stat {}", st.mm_stat().split_whitespace().collect::<Vec<_>>().join(" "));
     Ok(Served::Stopped)
-}
-
-/// How a server ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Served {
-    /// Stopped: the device is off.
-    Stopped,
-    /// Left the device to the next server (a restart): exit with
-    /// [`EXIT_LEFT`].
-    Left,
 }
 
 #[cfg(test)]

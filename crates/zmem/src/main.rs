@@ -104,6 +104,16 @@ fn log_colours(stderr_is_terminal: bool, term: Option<&str>, no_color: bool) -> 
     stderr_is_terminal && !no_color && term.is_some_and(|t| !t.is_empty() && t != "dumb")
 }
 
+/// A keeper's end: as a server's error would end, but with the server's
+/// exit code where the server failed.
+fn keeper_exit(r: Result<(), zmem_server::keeper::KeeperError>) -> anyhow::Result<()> {
+    if let Err(e) = r {
+        eprintln!("zmem: error: {e}");
+        std::process::exit(e.exit_code());
+    }
+    Ok(())
+}
+
 fn main() {
     use std::io::IsTerminal;
     let term = std::env::var("TERM").ok();

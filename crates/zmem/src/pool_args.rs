@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use zmem_compress::Compressor;
 use zmem_core::{DictConfig, DictSource, Pool, PoolConfig, Reopened};
+use zmem_server::keeper::Built;
 use zmem_server::policy::{IdleRecompress, Policies, RecompressCpu, SizePool};
 use zmem_server::sizing::Work;
-use zmem_swap::Built;
 
 use crate::util::{parse_on_off, parse_pool_limit, parse_size};
 

@@ -167,35 +167,74 @@ pub fn open_origin(spec: &str) -> anyhow::Result<Box<dyn zmem_export::Origin>> {
     Ok(Box::new(zmem_export::FileOrigin::open(std::path::Path::new(spec))?))
 }
 
+/// The largest device whose pool is kept across a server's crash or
+/// restart: its ledger has a key a page (16 TiB: 2^32 pages).
+const MAX_KEPT_SIZE: u64 = 1 << 44;
+
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let (export, comp) = match (&a.origin, a.size) {
+    if let Some(size) = a.size {
+        if size == 0 || !size.is_multiple_of(512) {
+            bail!("--size must be a positive multiple of 512 bytes, got {size}");
+        }
+        if size > MAX_SIZE {
+            bail!("--size must be at most {MAX_SIZE} bytes (8 EiB): NBD clients read the size as a signed 64-bit number");
+        }
+    }
+    if a.export_name.len() > 4096 || a.export_name.contains('\0') {
+        bail!("--export-name must be at most 4096 bytes without NUL");
+    }
+    if a.max_inflight < 1 << 20 {
+        bail!("--max-inflight must be at least 1M, got {}", a.max_inflight);
+    }
+    let endpoint = match &a.listen {
+        Some(l) => Endpoint::Tcp(parse_listen(l)?),
+        None => Endpoint::Unix { path: a.socket.clone().unwrap_or_else(|| runtime_dir().join("zmem.sock")), group: a.group },
+    };
+    let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
+    let Some(mut kept) = zmem_server::keeper::Kept::take()? else {
+        // This process is the device's keeper: it runs the server as its
+        // child (the same command line) and starts another when it dies,
+        // or on SIGHUP.
+        let restart = crate::sys::flag_on(signal_hook::consts::SIGHUP).context("installing signal handlers")?;
+        let exe = std::env::current_exe().context("finding the zmem binary")?;
+        let server = std::iter::once(exe.into_os_string()).chain(std::env::args_os().skip(1)).collect();
+        return crate::keeper_exit(zmem_server::keeper::keep(&zmem_server::keeper::KeeperConfig { mount: None, server }, stop, &restart));
+    };
+    // SIGUSR1 (from the keeper): leave the device to the next server.
+    let leave = crate::sys::flag_on(signal_hook::consts::SIGUSR1).context("installing signal handlers")?;
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, std::sync::Arc::clone(stop)).context("installing signal handlers")?;
+    let left = kept.left.take();
+    let (export, comp, followable, backing, reopened) = match (&a.origin, a.size) {
         (Some(spec), _) => {
+            if left.is_some() {
+                bail!("the keeper holds a pool, and a cache (--origin) keeps none: start it with the options the device was made with");
+            }
             let origin = open_origin(spec)?;
             if origin.size() % 4096 != 0 {
                 eprintln!("zmem: the origin's last {} bytes are not a whole page and are not served", origin.size() % 4096);
             }
             let (pool, comp) = a.pool.build_clean_cache(a.cache_max_compressed.into())?;
-            (Export::with_origin(Arc::new(pool), origin), comp)
+            // A cache of clean pages: the next server starts empty.
+            (Export::with_origin(Arc::new(pool), origin), comp, true, None, None)
         }
         (None, Some(size)) => {
-            if size == 0 || !size.is_multiple_of(512) {
-                bail!("--size must be a positive multiple of 512 bytes, got {size}");
+            if kept.restarts > 0 && left.is_none() {
+                bail!("the keeper holds no pool for this device to open (it was made with other options): start it with the options the device was made with");
             }
-            if size > MAX_SIZE {
-                bail!("--size must be at most {MAX_SIZE} bytes (8 EiB): NBD clients read the size as a signed 64-bit number");
-            }
-            let (pool, comp) = a.pool.build(&Defaults::SERVE, &serve_device(&a.export_name))?;
-            (Export::new(Arc::new(pool), size), comp)
+            let name = serve_device(&a.export_name);
+            let built = if size <= MAX_KEPT_SIZE {
+                a.pool.build_kept(&Defaults::SERVE, &name, size.div_ceil(4096), left.map(|p| (p.arena, p.backing)))?
+            } else {
+                eprintln!("zmem: warning: a device past 16 TiB keeps no ledger: its pages do not outlive its server");
+                let (pool, comp) = a.pool.build(&Defaults::SERVE, &name)?;
+                zmem_server::keeper::Built { pool, comp, reopened: None, backing: None }
+            };
+            let followable = built.pool.arena().is_some();
+            (Export::new(Arc::new(built.pool), size), built.comp, followable, built.backing, built.reopened)
         }
         (None, None) => bail!("give --size (a RAM device) or --origin (a cache of a device)"),
     };
-    if a.export_name.len() > 4096 || a.export_name.contains('\0') {
-        bail!("--export-name must be at most 4096 bytes without NUL");
-    }
     let export = Arc::new(export);
-    if a.max_inflight < 1 << 20 {
-        bail!("--max-inflight must be at least 1M, got {}", a.max_inflight);
-    }
     let nbd = ServerConfig {
         workers_per_conn: a.workers.into(),
         max_connections: a.max_connections as usize,
@@ -204,10 +243,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_server_inflight_bytes: a.max_inflight,
         max_inflight_bytes: a.max_inflight.min(64 << 20),
         ..Default::default()
-    };
-    let endpoint = match &a.listen {
-        Some(l) => Endpoint::Tcp(parse_listen(l)?),
-        None => Endpoint::Unix { path: a.socket.clone().unwrap_or_else(|| runtime_dir().join("zmem.sock")), group: a.group },
     };
     let cfg = DeviceConfig {
         export_name: a.export_name.clone(),
@@ -229,8 +264,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         policies: a.pool.policies(&Defaults::SERVE),
         metrics: a.metrics.clone(),
     };
-    let stop = crate::sys::stop_on_signals().context("installing signal handlers")?;
-    Ok(zmem_server::device::serve(export, &cfg, stop)?)
+    let recovery = zmem_server::protocol::Recovery {
+        restarts: kept.restarts,
+        took_ns: reopened.as_ref().map_or(0, |r| r.took.as_nanos() as u64),
+        pages: reopened.as_ref().map_or(0, |r| r.pages),
+        strays_freed: reopened.as_ref().map_or(0, |r| r.strays_freed),
+        lost_pages: reopened.as_ref().map_or(0, |r| r.lost),
+        state_version: if export.pool().arena().is_some() { zmem_core::STATE_VERSION } else { 0 },
+    };
+    let keeping = zmem_server::device::Keeping { kept, followable, backing, recovery };
+    match zmem_server::device::serve(export, &cfg, Some(keeping), stop, &leave)? {
+        zmem_server::keeper::Served::Stopped => Ok(()),
+        zmem_server::keeper::Served::Left => std::process::exit(zmem_server::keeper::EXIT_LEFT),
+    }
 }
 
 /// The device name of `zmem serve`'s export, for the remote namespace.

@@ -273,12 +273,12 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         let exe = std::env::current_exe().context("finding the zmem binary")?;
         let mut server = vec![exe.into_os_string()];
         server.extend(std::env::args_os().skip(1));
-        let keeper = zmem_swap::KeeperConfig { dir: a.dir.clone(), workers: a.threads.into(), server };
-        return Ok(zmem_swap::keep(&keeper, stop, &restart)?);
+        let keeper = zmem_swap::KeeperConfig { mount: Some((a.dir.join("mnt"), a.threads.into())), server };
+        return crate::keeper_exit(zmem_swap::keep(&keeper, stop, &restart));
     };
     let leave = crate::sys::flag_on(signal_hook::consts::SIGUSR1).context("installing signal handlers")?;
     let name = device_name(&a.dir);
-    let build = |left: Option<zmem_swap::Handed>| a.pool.build_kept(&DEFAULTS, &name, a.size / 4096, left.map(|h| (h.arena, h.backing))).map_err(Into::into);
+    let build = |left: Option<zmem_swap::PoolFiles>| a.pool.build_kept(&DEFAULTS, &name, a.size / 4096, left.map(|h| (h.arena, h.backing))).map_err(Into::into);
     match zmem_swap::serve(&cfg, Some(kept), build, stop, &leave)? {
         zmem_swap::Served::Stopped => Ok(()),
         zmem_swap::Served::Left => std::process::exit(zmem_swap::EXIT_LEFT),

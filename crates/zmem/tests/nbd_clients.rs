@@ -221,8 +221,12 @@ fn tcp_listen_on_loopback() {
     struct Kill(std::process::Child);
     impl Drop for Kill {
         fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+            // SIGTERM: the keeper passes it on to its server.
+            let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&self.0), rustix::process::Signal::TERM);
+            if wait_timeout(&mut self.0, Duration::from_secs(10)).is_none() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
         }
     }
     let end = std::time::Instant::now() + Duration::from_secs(10);

@@ -179,6 +179,34 @@ impl ZmemServer {
         panic!("zmem serve did not come up: {}", self.log_text());
     }
 
+    /// The keeper's pid: the process this test started.
+    pub fn keeper_pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The server serving the device now: the keeper's child, once it has
+    /// one.
+    pub fn serving_pid(&self) -> Option<u32> {
+        let k = self.keeper_pid();
+        std::fs::read_to_string(format!("/proc/{k}/task/{k}/children")).ok()?.split_whitespace().next()?.parse().ok()
+    }
+
+    /// Wait (at most a minute) for a server other than `old` to serve the
+    /// device (its control socket answers); its pid.
+    pub fn next_server(&self, old: u32) -> u32 {
+        let t = Instant::now();
+        loop {
+            if let Some(p) = self.serving_pid().filter(|&p| p != old) {
+                let st = run_timeout(Command::new(ZMEM).arg("stat").arg("--control").arg(&self.control).arg("--json"), Duration::from_secs(10));
+                if st.status.success() {
+                    return p;
+                }
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "no server took over from {old} in 60 s: {}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn uri(&self) -> String {
         format!("nbd+unix:///?socket={}", self.socket.display())
     }

@@ -1,5 +1,6 @@
 //! Files a process was started with (by the keeper, `keeper.rs`), taken
-//! by their numbers. All of this crate's `unsafe` is here.
+//! by their numbers: this one `unsafe` block beside `malloc.rs` and
+//! `pageout.rs`.
 
 #![allow(unsafe_code)]
 
