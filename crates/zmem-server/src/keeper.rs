@@ -49,7 +49,7 @@
 //! # Costs
 //! The keeper is a second process, small and idle: it wakes every
 //! [`TICK`] to look at its child, and its lock thread every
-//! [`LOCK_EVERY`] to lock the pool's new pages (`Locker`: it maps the
+//! [`LOCK_EVERY`] (at most 1 % of a CPU) to lock the pool's new pages (`Locker`: it maps the
 //! pool's pages, which the server's memory counts already). Its memory is
 //! locked as the server's is ([`crate::reclaim::protect`]).
 
@@ -83,8 +83,12 @@ pub const EXIT_LEFT: i32 = 75;
 /// How often the keeper looks at its server.
 const TICK: Duration = Duration::from_millis(10);
 /// How often the keeper locks the pool's pages the server touched since
-/// (see `Locker`).
+/// (see `Locker`), at most: a refresh goes over every page of the pool, so
+/// a large pool's come less often ([`LOCK_SHARE`]).
 const LOCK_EVERY: Duration = Duration::from_secs(1);
+/// The share of a CPU the lock thread may spend: the wait after a refresh
+/// is at least this many times the refresh's own time.
+const LOCK_SHARE: u32 = 100;
 /// A server asked to stop for a restart that has not exited by then is
 /// killed (the new one takes over what it left, as after a crash).
 const RESTART_GRACE: Duration = Duration::from_secs(5);
@@ -426,7 +430,8 @@ pub fn keep(cfg: &KeeperConfig, stop: &AtomicBool, restart: &AtomicBool) -> Resu
 }
 
 /// The keeper's thread that holds the pool's pages in RAM
-/// (`zmem_core::ArenaLock`), refreshed every [`LOCK_EVERY`] and when
+/// (`zmem_core::ArenaLock`), refreshed every [`LOCK_EVERY`] (or less
+/// often, so as to spend at most 1/[`LOCK_SHARE`] of a CPU) and when
 /// nudged (a server died). A server locks the pages it touches
 /// (`mlockall(MCL_ONFAULT)`), a dead one none: without this, a page of the
 /// arena that no live server had touched could be reclaimed onto the very
@@ -453,13 +458,15 @@ impl Locker {
                 Ok(l) => l,
                 Err(e) => return eprintln!("zmem: keeper: could not lock the pool's pages ({e}): pages no server touches may be swapped out"),
             };
-            let mut said = false;
-            while !matches!(nudged.recv_timeout(LOCK_EVERY), Err(std::sync::mpsc::RecvTimeoutError::Disconnected)) {
+            let (mut said, mut every) = (false, LOCK_EVERY);
+            while !matches!(nudged.recv_timeout(every), Err(std::sync::mpsc::RecvTimeoutError::Disconnected)) {
+                let t = Instant::now();
                 if let Err(e) = lock.refresh(fd.as_fd()) {
                     if !std::mem::replace(&mut said, true) {
-                        eprintln!("zmem: keeper: could not lock the pool's new pages ({e}); trying again every {} s", LOCK_EVERY.as_secs());
+                        eprintln!("zmem: keeper: could not lock the pool's new pages ({e}); trying again");
                     }
                 }
+                every = LOCK_EVERY.max(t.elapsed() * LOCK_SHARE);
             }
         };
         match std::thread::Builder::new().name("zmem-keeper-lock".into()).spawn(run) {

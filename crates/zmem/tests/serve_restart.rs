@@ -2,13 +2,15 @@
 //! its child the server. A server SIGKILLed or replaced on purpose
 //! (SIGHUP) is followed by a new one on the same pool, the same NBD
 //! listener and the same FUSE connection; every byte written before reads
-//! back right after. A cache (`--origin`) starts again empty and reads its
-//! origin; a pool that cannot be kept (dedup) ends the device with a
-//! message that says so.
+//! back right after, also when servers are killed while they take over. A
+//! crash loop stops the keeper's restarts until one is asked for. A cache
+//! (`--origin`) starts again empty and reads its origin; a pool that
+//! cannot be kept (dedup) ends the device with a message that says so.
 
 mod common;
 
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -214,4 +216,68 @@ fn the_fuse_file_outlives_its_server_under_constant_io() {
     assert!(s.stop().is_some_and(|st| st.success()), "{}", s.log_text());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&*mnt.path().to_string_lossy()), "the device stopped and left its mount");
+}
+
+/// The server serving `s`, as soon as the keeper has started one other
+/// than `old` (it may not serve yet); waits at most a minute.
+fn started_after(s: &ZmemServer, old: u32) -> u32 {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(p) = s.serving_pid().filter(|&p| p != old) {
+            return p;
+        }
+        assert!(t.elapsed() < T, "no server started after {old}: {}", s.log_text());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn servers_killed_while_they_take_over_are_followed_and_a_crash_loop_waits_for_a_restart() {
+    require_tools!("nbdcopy");
+    let s = ZmemServer::start("16M", &[]);
+    let src = fill_device(&s, s.dir.path(), 16 << 20, 5);
+    // Each new server killed at once, or within its first 60 ms: while it
+    // starts, opens the pool the last one left, or takes the listener.
+    // Four quick deaths in a row: fewer than a crash loop.
+    let mut server = s.serving_pid().expect("a server");
+    signal(server, Signal::KILL);
+    for delay_ms in [0, 15, 30, 60] {
+        server = started_after(&s, server);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        signal(server, Signal::KILL);
+    }
+    let server = s.next_server(server);
+    assert_reads_back(&s, &src, s.dir.path());
+    let rec = &s.stats()["recovery"];
+    assert_eq!((rec["pages"].as_u64(), rec["lost_pages"].as_u64()), (Some(4096), Some(0)), "{rec}");
+    // A server that served past QUICK_DEATH ends a run of quick deaths;
+    // then each new one killed at once: the keeper stops starting them
+    // after CRASH_LIMIT + 1 in a row, and holds the pool.
+    std::thread::sleep(Duration::from_secs(5));
+    let mut victim = server;
+    let t = std::time::Instant::now();
+    while !s.log_text().contains("not starting another") {
+        signal(victim, Signal::KILL);
+        let next = loop {
+            if let Some(p) = s.serving_pid().filter(|&p| p != victim) {
+                break Some(p);
+            }
+            if s.log_text().contains("not starting another") {
+                break None;
+            }
+            assert!(t.elapsed() < T, "no crash loop seen: {}", s.log_text());
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        match next {
+            Some(p) => victim = p,
+            None => break,
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(s.serving_pid(), None, "the keeper started a server after the crash loop: {}", s.log_text());
+    assert!(UnixStream::connect(&s.socket).is_ok(), "the keeper let the listener go in the crash loop");
+    // A restart asked for starts one again, on the same pool.
+    signal(s.keeper_pid(), Signal::HUP);
+    s.next_server(0);
+    assert_reads_back(&s, &src, s.dir.path());
 }
