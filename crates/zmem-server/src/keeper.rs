@@ -165,6 +165,22 @@ pub struct Built {
     pub backing: Option<OwnedFd>,
 }
 
+impl Built {
+    /// What `zmem stat` says of this start ([`crate::protocol::Recovery`]),
+    /// for a server the keeper started after `restarts` others.
+    pub fn recovery(&self, restarts: u64) -> crate::protocol::Recovery {
+        let r = self.reopened.as_ref();
+        crate::protocol::Recovery {
+            restarts,
+            took_ns: r.map_or(0, |r| r.took.as_nanos() as u64),
+            pages: r.map_or(0, |r| r.pages),
+            strays_freed: r.map_or(0, |r| r.strays_freed),
+            lost_pages: r.map_or(0, |r| r.lost),
+            state_version: if self.pool.arena().is_some() { zmem_core::STATE_VERSION } else { 0 },
+        }
+    }
+}
+
 /// A pool's files: its arena (objects and ledger) and its backing file.
 #[derive(Debug)]
 pub struct PoolFiles {

@@ -752,12 +752,13 @@ pub fn serve(
     let left = kept.as_mut().and_then(|k| k.left.take());
     let fresh = left.is_none();
     let restarts = kept.as_ref().map(|k| k.restarts);
-    let Built { pool, comp, reopened, backing } = build_pool(left).map_err(SwapError::Pool)?;
+    let built = build_pool(left).map_err(SwapError::Pool)?;
+    let recovery = restarts.map(|n| built.recovery(n));
+    let Built { pool, comp, backing, .. } = built;
     if let (Some(k), Some(arena), true) = (&kept, pool.arena(), fresh) {
         k.hand_over(&zmem_server::keeper::HandOver { pool: Some((arena, backing.as_ref().map(std::os::fd::AsFd::as_fd))), ..Default::default() })?;
     }
     drop(backing);
-    let kept_pool = pool.arena().is_some();
     let export = Arc::new(Export::new(Arc::new(pool), a.size));
     let mnt = a.dir.join("mnt");
     let cfg = zmem_fuse::FuseConfig { file_name: IMAGE.into(), threads: a.threads.into(), allow_other: false, read_threads: a.read_threads.into() };
@@ -792,14 +793,7 @@ pub fn serve(
         dedup: a.dedup,
         endpoint: mnt.join(IMAGE).display().to_string(),
         backing: a.backing.clone(),
-        recovery: restarts.map(|restarts| zmem_server::protocol::Recovery {
-            restarts,
-            took_ns: reopened.as_ref().map_or(0, |r| r.took.as_nanos() as u64),
-            pages: reopened.as_ref().map_or(0, |r| r.pages),
-            strays_freed: reopened.as_ref().map_or(0, |r| r.strays_freed),
-            lost_pages: reopened.as_ref().map_or(0, |r| r.lost),
-            state_version: if kept_pool { zmem_core::STATE_VERSION } else { 0 },
-        }),
+        recovery,
     };
     let ready = a.dir.join("ready");
     std::fs::write(&ready, format!("{}\n", std::process::id())).map_err(|e| SwapError::file("write", &ready, e))?;

@@ -204,7 +204,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let leave = crate::sys::flag_on(signal_hook::consts::SIGUSR1).context("installing signal handlers")?;
     signal_hook::flag::register(signal_hook::consts::SIGUSR1, std::sync::Arc::clone(stop)).context("installing signal handlers")?;
     let left = kept.left.take();
-    let (export, comp, followable, backing, reopened) = match (&a.origin, a.size) {
+    let (export, comp, followable, backing, recovery) = match (&a.origin, a.size) {
         (Some(spec), _) => {
             if left.is_some() {
                 bail!("the keeper holds a pool, and a cache (--origin) keeps none: start it with the options the device was made with");
@@ -215,7 +215,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             let (pool, comp) = a.pool.build_clean_cache(a.cache_max_compressed.into())?;
             // A cache of clean pages: the next server starts empty.
-            (Export::with_origin(Arc::new(pool), origin), comp, true, None, None)
+            (Export::with_origin(Arc::new(pool), origin), comp, true, None, zmem_server::protocol::Recovery { restarts: kept.restarts, ..Default::default() })
         }
         (None, Some(size)) => {
             if kept.restarts > 0 && left.is_none() {
@@ -229,8 +229,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 let (pool, comp) = a.pool.build(&Defaults::SERVE, &name)?;
                 zmem_server::keeper::Built { pool, comp, reopened: None, backing: None }
             };
-            let followable = built.pool.arena().is_some();
-            (Export::new(Arc::new(built.pool), size), built.comp, followable, built.backing, built.reopened)
+            let (followable, recovery) = (built.pool.arena().is_some(), built.recovery(kept.restarts));
+            (Export::new(Arc::new(built.pool), size), built.comp, followable, built.backing, recovery)
         }
         (None, None) => bail!("give --size (a RAM device) or --origin (a cache of a device)"),
     };
@@ -263,14 +263,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         backing: a.pool.cold_store(&serve_device(&a.export_name)),
         policies: a.pool.policies(&Defaults::SERVE),
         metrics: a.metrics.clone(),
-    };
-    let recovery = zmem_server::protocol::Recovery {
-        restarts: kept.restarts,
-        took_ns: reopened.as_ref().map_or(0, |r| r.took.as_nanos() as u64),
-        pages: reopened.as_ref().map_or(0, |r| r.pages),
-        strays_freed: reopened.as_ref().map_or(0, |r| r.strays_freed),
-        lost_pages: reopened.as_ref().map_or(0, |r| r.lost),
-        state_version: if export.pool().arena().is_some() { zmem_core::STATE_VERSION } else { 0 },
     };
     let keeping = zmem_server::device::Keeping { kept, followable, backing, recovery };
     match zmem_server::device::serve(export, &cfg, Some(keeping), stop, &leave)? {
