@@ -50,7 +50,7 @@ pub const ARENA_BYTES: u64 = 1 << 40;
 /// The header and directory.
 const HEADER_BYTES: usize = 1 << 20;
 /// The format this build writes and reads.
-pub const ARENA_VERSION: u64 = 1;
+pub const ARENA_VERSION: u64 = 2;
 const MAGIC: u64 = u64::from_le_bytes(*b"zmemarn\0");
 
 // Header words.

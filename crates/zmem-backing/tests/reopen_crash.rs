@@ -1,8 +1,9 @@
 //! A pool with a backing file, its process killed at any instant (in a
 //! store, a writeback batch, a compaction of the file and the moves it
-//! leaves, a recompression): the next one opens the pool on the same file
-//! (`Pool::open_with_cold_store`) and every page reads back as the last
-//! acknowledged store left it, byte for byte, none lost. zmem-core's
+//! leaves, a recompression, a dictionary's training and switch, with
+//! objects of old dictionaries written back): the next one opens the pool
+//! on the same file (`Pool::open_with_cold_store`) and every page reads
+//! back as the last acknowledged store left it, byte for byte, none lost. zmem-core's
 //! `reopen_crash` harness (its log and operations are included from there),
 //! with a pool whose cap keeps its shrinker writing back all the time.
 
@@ -32,8 +33,27 @@ fn cfg() -> PoolConfig {
         max_pool: Some(KEYS * 4096 / 32),
         promote_loads: false,
         recomp_algorithms: vec![Compressor::zstd(3).unwrap()],
+        dict: crash_log::dict_config(),
         ..PoolConfig::default()
     }
+}
+
+/// Text of words from a vocabulary of the seed's round (its high half):
+/// what a dictionary learns, drifting from round to round.
+fn text(seed: u64) -> Vec<u8> {
+    let vocab = (seed >> 32) % 3;
+    let mut r = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    let mut p = Vec::with_capacity(4200);
+    while p.len() < 4096 {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        let h = (r % 500 + vocab * 1_000_003).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        p.extend((0..9).map(|b| b'a' + ((h >> (b * 5)) % 26) as u8));
+        p.push(b' ');
+    }
+    p.truncate(4096);
+    p
 }
 
 fn page(seed: u64) -> Vec<u8> {
@@ -41,8 +61,9 @@ fn page(seed: u64) -> Vec<u8> {
     p.truncate(4096);
     // (About 2:1 for most: a byte in eight is noise.)
     p.iter_mut().enumerate().step_by(8).for_each(|(i, b)| *b = (seed.wrapping_add(i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as u8);
-    match seed % 4 {
+    match seed % 5 {
         0 => p,
+        4 => text(seed),
         1 => (0..4096u64).map(|i| (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(i * 0x2545_f491) >> 29) as u8).collect(),
         2 => vec![(seed % 3) as u8; 4096],
         _ => {
@@ -91,6 +112,7 @@ fn worker(round: u64) {
         pool.recompress(&zmem_core::Recompress::default()).unwrap();
         pool.compact();
         pool.writeback(zmem_core::WritebackMode::Idle(0), Some(300)).unwrap();
+        crash_log::train(pool);
     });
 }
 
@@ -103,5 +125,12 @@ fn parent() {
     let pool = take_over(&Log::open(&log_path), &log_path, Some(path));
     let st = pool.stats();
     assert!(st.bd_count > 0, "nothing was written back: {} pages, {} written back", pool.len(), st.bd_count);
-    eprintln!("reopen_crash (backing file): {ROUNDS} workers killed; {} pages at the end, {} of them written back", pool.len(), st.bd_count);
+    eprintln!(
+        "reopen_crash (backing file): {ROUNDS} workers killed ({} in a recompression, compaction, writeback or training); {} pages at the end, {} of them written back, {} with a dictionary",
+        Log::open(&log_path).killed_in_periodic(),
+        pool.len(),
+        st.bd_count,
+        st.dict_pages
+    );
+    assert!(st.dict_pages > 0, "no page was written with a dictionary: the rounds did not exercise them");
 }

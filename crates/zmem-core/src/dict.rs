@@ -47,6 +47,10 @@
 //!   CDict per zstd level the pool uses (its compressor's and its
 //!   recompression algorithms'), and an lz4 stream; threads keep their
 //!   own contexts, so a page never pays for loading it.
+//! * **Kept.** A pool with a ledger records each dictionary in it as it
+//!   is installed, before any object is written with it, and clears it
+//!   as it is retired (`ledger.rs`); a pool opened again takes them back
+//!   into their slots ([`Dicts::restore`]), the newest current.
 //! * **Memory.** The dictionaries (with their prepared forms, which for a
 //!   strong zstd level are several times the dictionary) and the sample
 //!   ring count in `mem_used_total` (`dict_bytes`).
@@ -68,6 +72,7 @@ use zmem_alloc::Budget;
 use zmem_compress::{Algorithm, CompressError, Compressor, Dictionary};
 
 use crate::entry::{DICT_SLOTS, PAGE_SIZE};
+use crate::ledger::Ledger;
 
 /// Where a pool's dictionary comes from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -156,6 +161,8 @@ pub(crate) struct Dicts {
     pub installs: AtomicU64,
     pub retired: AtomicU64,
     pub stop: AtomicBool,
+    /// Where each dictionary is recorded, if the pool keeps a ledger.
+    ledger: Option<Arc<Ledger>>,
 }
 
 #[derive(Default)]
@@ -172,7 +179,7 @@ struct Ring {
 pub(crate) type DictRef = (usize, Arc<Dictionary>);
 
 impl Dicts {
-    pub fn new(cfg: DictConfig, levels: Vec<i32>) -> Dicts {
+    pub fn new(cfg: DictConfig, levels: Vec<i32>, ledger: Option<Arc<Ledger>>) -> Dicts {
         let auto = cfg.source == DictSource::Auto;
         Dicts {
             cfg,
@@ -191,6 +198,7 @@ impl Dicts {
             installs: AtomicU64::new(0),
             retired: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            ledger,
         }
     }
 
@@ -299,12 +307,68 @@ impl Dicts {
             return Err(format!("all {DICT_SLOTS} dictionary slots hold dictionaries still in use"));
         };
         budget.try_charge(bytes).map_err(|e| format!("no room for a {bytes}-byte dictionary: {e}"))?;
+        if let Some(l) = &self.ledger {
+            if let Err(e) = l.record_dict(slot, id, d.bytes()) {
+                budget.uncharge(bytes);
+                return Err(e);
+            }
+        }
         self.charged.lock()[slot] = bytes;
         self.draining.lock()[slot] = false;
         slots[slot] = Some(Arc::new(d));
         self.current.store(slot as u8 + 1, Relaxed);
         self.installs.fetch_add(1, Relaxed);
         Ok(id)
+    }
+
+    /// Take back the dictionaries a pool opened again finds in its ledger,
+    /// each into the slot it had: the newest (highest id) is current, and
+    /// new ones are numbered after it. A dictionary that cannot be trusted
+    /// or prepared is left out, with the reason (its objects' pages are
+    /// then lost: `Engine::rebuild`). Returns how many were taken back.
+    pub fn restore(&self, budget: &Budget) -> usize {
+        let Some(l) = &self.ledger else { return 0 };
+        let mut slots = self.slots.write();
+        let mut newest = None;
+        for (slot, id, kept) in l.dicts() {
+            // (Ids stay unique, a damaged dictionary's too.)
+            self.next_id.fetch_max(id.saturating_add(1), Relaxed);
+            let d = kept.and_then(|bytes| Dictionary::from_bytes(id, bytes, &self.levels).map_err(|e| e.to_string()));
+            match d {
+                Ok(d) => {
+                    budget.force_charge(d.heap_bytes());
+                    self.charged.lock()[slot] = d.heap_bytes();
+                    if newest.is_none_or(|(_, id)| d.id() > id) {
+                        newest = Some((slot, d.id()));
+                    }
+                    slots[slot] = Some(Arc::new(d));
+                }
+                Err(why) => {
+                    // (Its pages are marked lost whether the area is here or not.)
+                    tracing::warn!("opening the pool: dictionary slot {slot}: {why}: the pages written with it are lost");
+                    l.clear_dict(slot);
+                }
+            }
+        }
+        if let Some((slot, _)) = newest {
+            self.current.store(slot as u8 + 1, Relaxed);
+        }
+        slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Make `bytes` (a dictionary given at start) current: the slot that
+    /// holds it already (a pool opened again), else a new one. (In a pool
+    /// opened again, only once every key is back: a slot whose dictionary
+    /// was not restored must not be reused before the pages written with
+    /// it are marked lost.)
+    pub fn install_given(&self, bytes: &[u8], budget: &Budget) -> Result<(), String> {
+        let same = |d: &Dictionary| d.bytes().len() == bytes.len() && d.bytes().get(8..) == bytes.get(8..);
+        if let Some(slot) = self.slots.read().iter().position(|s| s.as_deref().is_some_and(same)) {
+            self.current.store(slot as u8 + 1, Relaxed);
+            return Ok(());
+        }
+        let d = self.prepare(bytes.to_vec()).map_err(|e| e.to_string())?;
+        self.install(d, budget).map(drop)
     }
 
     /// Make a dictionary from `bytes` (numbered here) and prepare it.
@@ -338,7 +402,11 @@ impl Dicts {
             if self.current.load(Relaxed) as usize == slot + 1 {
                 continue;
             }
-            if self.slots.write()[slot].take().is_some() {
+            let mut slots = self.slots.write();
+            if slots[slot].take().is_some() {
+                if let Some(l) = &self.ledger {
+                    l.clear_dict(slot);
+                }
                 budget.uncharge(std::mem::take(&mut self.charged.lock()[slot]));
                 self.retired.fetch_add(1, Relaxed);
             }

@@ -11,24 +11,6 @@ use common::*;
 use zmem_backing::{BackingStore, FaultyFile, MemFile};
 use zmem_core::{Compressor, DictConfig, DictSource, Pool, PoolConfig, Recompress, WritebackMode, ZmemError};
 
-/// Pages of words from a vocabulary of 600 (one per `family`) that pages
-/// share but rarely repeat within one: what a dictionary holds and a page
-/// alone does not.
-fn record_page(family: u64, seed: u64) -> Vec<u8> {
-    let word = |i: u64| {
-        let h = (i + family * 1_000_003).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (0..11).map(|b| b'a' + ((h >> (b * 5)) % 26) as u8).collect::<Vec<u8>>()
-    };
-    let mut r = xorshift(seed ^ (family << 40));
-    let mut p = Vec::with_capacity(PAGE);
-    while p.len() < PAGE {
-        p.extend_from_slice(&word(r() % 600));
-        p.push(b' ');
-    }
-    p.truncate(PAGE);
-    p
-}
-
 fn cfg(source: DictSource) -> PoolConfig {
     PoolConfig {
         shards: 8,
@@ -231,4 +213,130 @@ fn the_trainer_thread_trains_by_itself() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert_eq!(p.stats().dict_trainings, 1);
+}
+
+/// A pool that keeps a ledger keeps its dictionaries there: opened again,
+/// every page reads back, each dictionary is in its slot (the newest
+/// current, new ids after it), and retiring one clears it from the ledger.
+#[test]
+fn dictionaries_are_kept_with_a_pool_opened_again() {
+    const KEYS: u64 = 4096;
+    let c = || PoolConfig { ledger_keys: Some(KEYS), ..cfg(DictSource::Auto) };
+    let reopen = |p: Pool| {
+        let fd = p.arena().unwrap().try_clone_to_owned().unwrap();
+        drop(p);
+        Pool::open(fd, c()).unwrap()
+    };
+    let p = Pool::new(c()).unwrap();
+    for (k, page) in family(0, 0..600) {
+        p.store(k, &page).unwrap();
+    }
+    let first = p.train_dictionary().unwrap().installed.expect("first dictionary");
+    for (k, page) in family(0, 600..2300) {
+        p.store(k, &page).unwrap();
+    }
+    p.train_dictionary().unwrap();
+    // Drift to the other family, then a second dictionary for it.
+    for _ in 0..2 {
+        for (k, page) in family(1, 2300..4000) {
+            p.store(k, &page).unwrap();
+        }
+        p.train_dictionary().unwrap();
+    }
+    // (Rewritten, the other family moves to the second.)
+    for (k, page) in family(1, 2300..4000) {
+        p.store(k, &page).unwrap();
+    }
+    let before = p.stats();
+    let second = before.dict_id;
+    assert!(second > first && before.dict_count == 2, "{before:?}");
+    let every = || family(0, 0..2300).chain(family(1, 2300..4000));
+
+    let (p, report) = reopen(p);
+    assert_eq!((report.pages, report.lost), (4000, 0), "{report:?}");
+    check(&p, every());
+    let st = p.stats();
+    assert_eq!((st.dict_id, st.dict_count, st.dict_pages, st.dict_bytes), (second, 2, before.dict_pages, before.dict_bytes));
+    assert_eq!(p.mem_charged(), st.mem_used_total);
+    // New stores use the current one; the next trained is numbered after.
+    for (k, page) in family(1, 4000..4096) {
+        p.store(k, &page).unwrap();
+    }
+    assert_eq!(p.stats().dict_pages, before.dict_pages + 96);
+    // The first dictionary's pages go: it is retired, and gone from the ledger.
+    assert_eq!(p.invalidate_range(600..2300), 1700);
+    p.train_dictionary().unwrap();
+    p.train_dictionary().unwrap();
+    assert_eq!(p.stats().dict_count, 1);
+    let (p, report) = reopen(p);
+    assert_eq!((report.pages, report.lost), (2396, 0));
+    let st = p.stats();
+    assert_eq!((st.dict_id, st.dict_count), (second, 1));
+    assert_eq!(p.mem_charged(), st.mem_used_total);
+    check(&p, family(0, 0..600).chain(family(1, 2300..4096)));
+    for (k, page) in family(2, 0..600) {
+        p.store(k, &page).unwrap();
+    }
+    for (k, page) in family(2, 0..600) {
+        p.store(k, &page).unwrap();
+    }
+    if let Some(id) = p.train_dictionary().unwrap().installed {
+        assert!(id > second, "a new dictionary's id {id} repeats one in use");
+    }
+}
+
+/// A dictionary whose bytes changed in the arena is not used: the pages
+/// written with it are lost (reads fail, never other bytes), the others
+/// are served; a given dictionary (`DictSource::Bytes`) is found again,
+/// not installed twice.
+#[test]
+fn a_damaged_kept_dictionary_loses_its_pages_and_no_others() {
+    use std::os::unix::fs::FileExt;
+    const KEYS: u64 = 1024;
+    let trainer = pool(DictSource::Auto, false);
+    for (k, page) in family(0, 0..600) {
+        trainer.store(k, &page).unwrap();
+    }
+    trainer.train_dictionary().unwrap().installed.unwrap();
+    let given = DictSource::Bytes(trainer.dictionary().unwrap());
+    let c = || PoolConfig { ledger_keys: Some(KEYS), ..cfg(given.clone()) };
+    let p = Pool::new(c()).unwrap();
+    // Pages 0..200 with the dictionary; 200..300 same-filled, without.
+    for (k, page) in family(0, 0..200) {
+        p.store(k, &page).unwrap();
+    }
+    for k in 200..300u64 {
+        p.store(k, &same_filled(k)).unwrap();
+    }
+    let fd = p.arena().unwrap().try_clone_to_owned().unwrap();
+    drop(p);
+    let (p, report) = Pool::open(fd.try_clone().unwrap(), c()).unwrap();
+    assert_eq!((report.pages, report.lost), (300, 0));
+    let st = p.stats();
+    assert_eq!((st.dict_id, st.dict_count, st.dict_pages), (1, 1, 200), "the given dictionary found again, not installed twice");
+    check(&p, family(0, 0..200));
+    drop(p);
+    // A byte of the dictionary (slot 0, the entry after its header) changed.
+    let at = ledger_entry_at(&fd, KEYS + 1) + 5;
+    let f = file_of(&fd);
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x20], at).unwrap();
+    let (p, report) = Pool::open(fd, c()).unwrap();
+    assert_eq!((report.pages, report.lost), (100, 200), "{report:?}");
+    let mut buf = vec![0u8; PAGE];
+    for k in 0..200 {
+        assert!(matches!(p.load(k, &mut buf), Err(ZmemError::Lost { .. })), "key {k} must not read as anything");
+    }
+    for k in 200..300u64 {
+        p.load(k, &mut buf).unwrap();
+        assert_eq!(buf, same_filled(k));
+    }
+    // The given dictionary is installed again, fresh, for new pages.
+    let st = p.stats();
+    assert_eq!((st.dict_count, st.lost_pages), (1, 200));
+    assert!(st.dict_id > 1, "ids are not reused: {}", st.dict_id);
+    p.store(0, &record_page(0, 0)).unwrap();
+    check(&p, family(0, 0..1));
+    assert_eq!(p.mem_charged(), p.stats().mem_used_total);
 }

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
-use common::{compressible, half, incompressible, same_filled};
+use common::{compressible, file_of, half, incompressible, ledger_entry_at, same_filled};
 use zmem_core::{Compressor, Pool, PoolConfig, ZmemError};
 
 const KEYS: u64 = 8192;
@@ -142,26 +142,6 @@ fn what_cannot_be_opened_is_refused_with_its_reason() {
     let mut buf = vec![0u8; 4096];
     pool.load(1, &mut buf).unwrap();
     assert_eq!(buf, compressible(1));
-}
-
-/// The arena file, read or written at `at`.
-fn file_of(fd: &OwnedFd) -> std::fs::File {
-    std::fs::File::from(fd.try_clone().unwrap())
-}
-
-/// Where the ledger's entry of `key` is in the arena file (its directory:
-/// 16-byte entries from byte 512, their count at byte 48; the table is the
-/// region of kind 3).
-fn ledger_entry_at(fd: &OwnedFd, key: u64) -> u64 {
-    use std::os::unix::fs::FileExt;
-    let f = file_of(fd);
-    let word = |at: u64| {
-        let mut b = [0u8; 8];
-        f.read_exact_at(&mut b, at).unwrap();
-        u64::from_ne_bytes(b)
-    };
-    let table = (0..word(48)).map(|i| (word(512 + 16 * i), word(520 + 16 * i))).find(|(w0, _)| w0 >> 56 == 3).expect("the ledger's table").1;
-    (table >> 32) * 4096 + 16 * key
 }
 
 #[test]

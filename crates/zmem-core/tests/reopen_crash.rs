@@ -6,8 +6,10 @@
 //! parent runs rounds: each starts the binary again as a worker, which
 //! opens the pool the last worker left (through `/proc/PARENT/fd`), checks
 //! every key against a log, and then stores, overwrites, drops (single
-//! keys and ranges), recompresses and compacts at random until the parent
-//! SIGKILLs it at a random instant. The log says, per key, which page a
+//! keys and ranges), recompresses, compacts and trains dictionaries (each
+//! round's text pages are of another vocabulary, so new dictionaries are
+//! installed and old ones retired) at random until the parent SIGKILLs it
+//! at a random instant. The log says, per key, which page a
 //! finished store put there (or none), and which operation was in flight:
 //! that key may hold its old page or its new one, every other key exactly
 //! what the log says. A worker that finds anything else panics, and the
@@ -22,7 +24,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use common::crash_log::{Harness, Log, HEADER};
+use common::crash_log::{self, Harness, Log, HEADER};
 use rand::{Rng, SeedableRng};
 use zmem_core::{Compressor, Pool, PoolConfig};
 
@@ -31,15 +33,19 @@ const KEYS: u64 = 4096;
 const H: Harness = Harness { keys: KEYS, page };
 
 fn cfg() -> PoolConfig {
-    PoolConfig { ledger_keys: Some(KEYS), recomp_algorithms: vec![Compressor::zstd(3).unwrap()], ..PoolConfig::default() }
+    let dict = crash_log::dict_config();
+    PoolConfig { ledger_keys: Some(KEYS), recomp_algorithms: vec![Compressor::zstd(3).unwrap()], dict, ..PoolConfig::default() }
 }
 
+/// A seed is its round (high half) and its operation.
 fn page(seed: u64) -> Vec<u8> {
-    match seed % 4 {
+    match seed % 5 {
         0 => common::compressible(seed),
         1 => common::incompressible(seed),
         2 => common::same_filled(seed % 3),
-        _ => common::half(seed),
+        3 => common::half(seed),
+        // Text of the round's vocabulary: the data drifts from round to round.
+        _ => common::record_page((seed >> 32) % 3, seed),
     }
 }
 
@@ -71,6 +77,7 @@ fn worker(round: u64) {
     H.work(&pool, &log, round, |pool| {
         pool.recompress(&zmem_core::Recompress::default()).unwrap();
         pool.compact();
+        crash_log::train(pool);
     });
 }
 
@@ -81,5 +88,13 @@ fn parent() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xc0ffee);
     let (_arena, path) = zmem_testkit::crash::kill_rounds(&log_path, ROUNDS, || Duration::from_millis(rng.gen_range(30..300)), |_| {});
     let pool = take_over(&Log::open(&log_path), Some(path));
-    eprintln!("reopen_crash: {ROUNDS} workers killed; {} pages at the end", pool.len());
+    let st = pool.stats();
+    eprintln!(
+        "reopen_crash: {ROUNDS} workers killed ({} in a recompression, compaction or training); {} pages at the end, {} with a dictionary ({} dictionaries)",
+        Log::open(&log_path).killed_in_periodic(),
+        pool.len(),
+        st.dict_pages,
+        st.dict_count,
+    );
+    assert!(st.dict_pages > 0, "no page was written with a dictionary: the rounds did not exercise them");
 }

@@ -43,7 +43,7 @@
 //! pages and the files (the waiting processes wait) until a restart is
 //! asked for or the device is stopped. A server that died before it
 //! handed over (it failed to start, or its pool keeps no ledger: a remote
-//! tier, dedup or a dictionary) cannot be followed: the keeper exits with
+//! tier or dedup) cannot be followed: the keeper exits with
 //! its status, and the device fails as it did before the keeper.
 //!
 //! # Costs
@@ -122,7 +122,7 @@ pub enum KeeperError {
     /// on (its own log says why).
     #[error(
         "the server exited ({status}) and had handed nothing over: it failed to start (its messages above say why), \
-         or it served a pool that is not kept (a remote tier, dedup or a dictionary), whose pages are lost"
+         or it served a pool that is not kept (a remote tier or dedup), whose pages are lost"
     )]
     ServerExited { status: ExitStatus },
     #[error("stopped after a crash loop: the device's pages are lost")]

@@ -599,7 +599,7 @@ pub fn restart(run_dir: &Path, name: &str) -> Result<String> {
     match version.unwrap_or(zmem_core::STATE_VERSION) {
         0 => {
             return Err(SwapError::Keeper(format!(
-                "device {name}'s pool cannot be handed to another server (a remote tier, dedup or a dictionary): a restart would lose its pages"
+                "device {name}'s pool cannot be handed to another server (a remote tier or dedup): a restart would lose its pages"
             )))
         }
         v if v != zmem_core::STATE_VERSION => {

@@ -391,7 +391,9 @@ impl PoolArgs {
         };
         match (left, &self.backing) {
             (None, _) if !kept => {
-                eprintln!("zmem: warning: this device's pool cannot be kept across a server crash or restart (a remote tier, dedup or a dictionary): a dead server loses its pages");
+                eprintln!(
+                    "zmem: warning: this device's pool cannot be kept across a server crash or restart (a remote tier or dedup): a dead server loses its pages"
+                );
                 let (pool, comp) = self.build(default, device)?;
                 Ok(Built { pool, comp, reopened: None, backing: None })
             }

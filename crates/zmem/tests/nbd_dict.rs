@@ -1,5 +1,6 @@
 //! `zmem serve --dict auto|PATH`: dictionaries on a block device driven by
-//! a real client (nbdcopy). No root needed.
+//! a real client (nbdcopy), kept across the server's crash and restart.
+//! No root needed.
 
 mod common;
 
@@ -7,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use rustix::process::{kill_process, Pid, Signal};
 use zmem_testkit::XorShift;
 
 const T: Duration = Duration::from_secs(120);
@@ -53,6 +55,21 @@ fn serve_trains_a_dictionary_and_pages_read_back() {
     assert_eq!(sha256(&src), sha256(&back), "data read back differs");
     let text = run_ok(Command::new(ZMEM).arg("stat").arg("--control").arg(&s.control), T);
     assert!(text.contains("dict: id 1 on 20480 pages"), "{text}");
+    // The server killed, then replaced on purpose: the dictionary is
+    // taken over with the pool, and every page reads back.
+    for (i, sig) in [Signal::KILL, Signal::HUP].into_iter().enumerate() {
+        let old = s.serving_pid().expect("a server");
+        let to = if sig == Signal::KILL { old } else { s.keeper_pid() };
+        kill_process(Pid::from_raw(to as i32).unwrap(), sig).unwrap();
+        s.next_server(old);
+        let rec = &s.stats()["recovery"];
+        assert_eq!((rec["pages"].as_u64(), rec["lost_pages"].as_u64()), (Some(20_480), Some(0)), "{rec}");
+        let text = run_ok(Command::new(ZMEM).arg("stat").arg("--control").arg(&s.control), T);
+        assert!(text.contains("dict: id 1 on 20480 pages"), "after replacement {i}: {text}");
+        std::fs::remove_file(&back).unwrap();
+        run_ok(Command::new("nbdcopy").arg(s.uri()).arg(&back), T);
+        assert_eq!(sha256(&src), sha256(&back), "data read back differs after replacement {i}");
+    }
 }
 
 #[test]

@@ -99,8 +99,9 @@ pub struct PoolConfig {
     /// Keep every key's entry in the ledger too, for keys below this (a
     /// device's pages; a multiple of 256), so that another process can
     /// open the pool where this one left it ([`Pool::open`], `ledger.rs`).
-    /// A store of a key past it is refused. For pools without dedup or
-    /// dictionaries, whose cold store (if any) can take its records over
+    /// A store of a key past it is refused. The pool's dictionaries are
+    /// kept there too (at most 1 MiB each). For pools without dedup, whose
+    /// cold store (if any) can take its records over
     /// (`ColdStore::adoptable`: a backing file), so far. `None`: no ledger.
     pub ledger_keys: Option<u64>,
 }
@@ -141,13 +142,17 @@ impl Default for PoolConfig {
 impl PoolConfig {
     /// Keep a ledger for a device of `pages` pages (rounded up to the
     /// ledger's multiple), if a pool of these settings can keep one (no
-    /// dedup, no dictionary; a cold store other than a backing file, one that
-    /// can take its records over, is the caller's to rule out).
+    /// dedup, no dictionary past the ledger's room; a cold store other than
+    /// a backing file, one that can take its records over, is the caller's
+    /// to rule out).
     /// Returns whether it does.
     pub fn keep_ledger(&mut self, pages: u64) -> bool {
         let keys = pages.max(1).next_multiple_of(zmem_alloc::TABLE_PAGE_ENTRIES as u64);
-        let can = !self.dedup && matches!(self.dict.source, crate::dict::DictSource::Off);
-        self.ledger_keys = can.then_some(keys);
+        self.ledger_keys = Some(keys);
+        let can = self.check().is_ok();
+        if !can {
+            self.ledger_keys = None;
+        }
         can
     }
 
@@ -169,8 +174,19 @@ impl PoolConfig {
             if keys == 0 || keys % zmem_alloc::TABLE_PAGE_ENTRIES as u64 != 0 {
                 return Err(ZmemError::Config(format!("ledger_keys {keys} must be a positive multiple of {}", zmem_alloc::TABLE_PAGE_ENTRIES)));
             }
-            if self.dedup || !matches!(self.dict.source, crate::dict::DictSource::Off) {
-                return Err(ZmemError::Config("a pool that can be opened again (a ledger) cannot have dedup or a dictionary yet".into()));
+            if self.dedup {
+                return Err(ZmemError::Config("a pool that can be opened again (a ledger) cannot have dedup yet".into()));
+            }
+            let given = match &self.dict.source {
+                crate::dict::DictSource::Bytes(b) => b.len(),
+                _ => 0,
+            };
+            let largest = given.max(if self.dict.source == crate::dict::DictSource::Auto { self.dict.max_size } else { 0 });
+            if largest > crate::ledger::DICT_KEPT_BYTES {
+                return Err(ZmemError::Config(format!(
+                    "a {largest}-byte dictionary: a pool that can be opened again (a ledger) keeps dictionaries of at most {} bytes",
+                    crate::ledger::DICT_KEPT_BYTES
+                )));
             }
         }
         if self.recomp_algorithms.len() > MAX_RECOMP_ALGORITHMS {

@@ -28,7 +28,7 @@ use zmem_alloc::{Budget, Handle, ZsPool};
 
 use super::{Engine, Pool, PoolConfig};
 use crate::cold::{ColdStore, RecordId};
-use crate::entry::Slot;
+use crate::entry::{ObjInfo, Slot};
 use crate::error::{Result, ZmemError};
 use crate::ledger::Recorded;
 
@@ -90,6 +90,7 @@ impl Pool {
         let (alloc, found) = ZsPool::open(arena, Arc::clone(&budget)).map_err(|e| ZmemError::Reopen(e.to_string()))?;
         let e = Engine::build(cfg, store, Some((alloc, budget)))?;
         let mut report = e.rebuild(found)?;
+        e.install_given_dict()?;
         e.budget().set_limit(e.cfg.mem_limit);
         let pool = Pool::start(e)?;
         report.took = t.elapsed();
@@ -105,12 +106,18 @@ impl Engine {
         let ledger = self.index.ledger().ok_or_else(|| ZmemError::Reopen("the pool keeps no ledger".into()))?;
         let mut unnamed: HashSet<u64> = found.iter().map(|h| h.to_raw()).collect();
         let b = self.budget();
+        // An object written with a dictionary the pool did not get back
+        // (`Dicts::restore`) cannot be read.
+        let dict_gone = |info: ObjInfo| {
+            let (slot, _) = info.dict()?;
+            self.objects.dicts().and_then(|d| d.get(slot)).is_none().then(|| format!("was written with dictionary slot {slot}, which the pool does not hold"))
+        };
         // The records the ledger names, for the cold store to take over.
         let backed: Vec<RecordId> = ledger
             .entries()
             .filter_map(|(_, rec)| match rec {
                 Recorded::Entry(e) => match e.slot() {
-                    Slot::Backed(id, _) => Some(RecordId::from_raw(id)),
+                    Slot::Backed(id, info) if dict_gone(info).is_none() => Some(RecordId::from_raw(id)),
                     _ => None,
                 },
                 _ => None,
@@ -127,6 +134,8 @@ impl Engine {
         for (key, rec) in ledger.entries() {
             let why = match rec {
                 Recorded::Entry(e) => match e.slot() {
+                    // (Its object, if in RAM, is freed with the strays.)
+                    Slot::Obj(_, info) | Slot::Backed(_, info) if dict_gone(info).is_some() => dict_gone(info),
                     Slot::Obj(h, _) if unnamed.remove(&h.to_raw()) => None,
                     Slot::Obj(h, _) => Some(format!("names object {:#x}, which the arena does not hold", h.to_raw())),
                     Slot::Same(_) => None,

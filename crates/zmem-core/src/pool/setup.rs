@@ -26,7 +26,9 @@ use crate::tier::{Loads, Parts, Tier, TierHost};
 
 impl Pool {
     pub(super) fn build(cfg: PoolConfig, store: Option<Box<dyn ColdStore>>) -> Result<Pool> {
-        Self::start(Engine::build(cfg, store, None)?)
+        let e = Engine::build(cfg, store, None)?;
+        e.install_given_dict()?;
+        Self::start(e)
     }
 
     /// A pool around a built engine: its threads started.
@@ -91,14 +93,14 @@ impl Engine {
         });
         let ledger = match cfg.ledger_keys {
             Some(keys) => {
-                let table = alloc.shared_table(keys as usize).map_err(|e| ZmemError::Config(format!("the ledger: {e}")))?;
-                Some(Arc::new(Ledger::new(table, Arc::clone(&budget))))
+                let table = alloc.shared_table(crate::ledger::table_entries(keys)).map_err(|e| ZmemError::Config(format!("the ledger: {e}")))?;
+                Some(Arc::new(Ledger::new(table, keys, Arc::clone(&budget))))
             }
             None => None,
         };
         // What an opened arena holds already (pages, tables): not a fixed cost.
         let held = budget.used().saturating_sub(ZsPool::fixed_bytes());
-        let index = Index::new(cfg.shards, ledger);
+        let index = Index::new(cfg.shards, ledger.clone());
         // (With a tier, the table keeps a record for every shared page.)
         let dedup = cfg.dedup.then(|| DedupTable::new(store.is_none()));
         let loads = Loads { exclusive: cfg.exclusive_loads, promote: cfg.promote_loads };
@@ -113,17 +115,17 @@ impl Engine {
         let counters = Counters::default();
         let dicts = match &cfg.dict.source {
             DictSource::Off => None,
-            src => {
+            _ => {
                 let levels: Vec<i32> = std::iter::once(cfg.compressor)
                     .chain(cfg.recomp_algorithms.iter().copied())
                     .filter(|c| c.algorithm == Algorithm::Zstd)
                     .map(|c| c.level)
                     .collect();
-                let d = Dicts::new(cfg.dict.clone(), levels);
-                if let DictSource::Bytes(bytes) = src {
-                    let dict = d.prepare(bytes.clone()).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
-                    d.install(dict, &budget).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
-                }
+                let d = Dicts::new(cfg.dict.clone(), levels, ledger.clone());
+                // An opened pool's dictionaries, which its objects need; a
+                // given one is installed after its keys are back
+                // (`Engine::install_given_dict`).
+                d.restore(&budget);
                 Some(d)
             }
         };
@@ -137,6 +139,16 @@ impl Engine {
             dedup,
             counters,
         })
+    }
+
+    /// Install the dictionary the configuration gives (`DictSource::Bytes`),
+    /// if any: in a new pool at once, in one opened again once its keys
+    /// are back (see `Dicts::install_given`).
+    pub(super) fn install_given_dict(&self) -> Result<()> {
+        if let (Some(d), DictSource::Bytes(bytes)) = (self.objects.dicts(), &self.cfg.dict.source) {
+            d.install_given(bytes, self.budget()).map_err(|e| ZmemError::Config(format!("the dictionary: {e}")))?;
+        }
+        Ok(())
     }
 
     /// The `zmem-dict` thread: a dictionary round a second until the pool

@@ -9,10 +9,12 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
-use zmem_core::{Pool, ZmemError};
+use zmem_core::{DictConfig, DictSource, Pool, ZmemError};
 
 /// Header: the worker's arena fd + 1, then the operation in flight: its
-/// first key + 1, the seed of its page (NONE for a drop), its end key.
+/// first key + 1, the seed of its page (NONE for a drop), its end key; then
+/// whether the periodic work (`every_500`) is running, and how many
+/// workers were killed while it was.
 pub const HEADER: u64 = 64;
 pub const NONE: u64 = u64::MAX;
 
@@ -50,6 +52,10 @@ impl Log {
     pub fn end(&self) {
         self.put(8, 0);
     }
+    /// Workers killed during the periodic work, so far.
+    pub fn killed_in_periodic(&self) -> u64 {
+        self.word(40)
+    }
 }
 
 /// A harness's keys and pages.
@@ -75,6 +81,10 @@ impl Harness {
     /// landed.
     pub fn check(&self, pool: &Pool, log: &Log) {
         let flight = log.in_flight();
+        if log.word(32) == 1 {
+            log.put(40, log.word(40) + 1);
+            log.put(32, 0);
+        }
         let mut buf = vec![0u8; 4096];
         for key in 0..self.keys {
             let old = log.seed(key);
@@ -129,9 +139,38 @@ impl Harness {
                 }
             }
             if op % 500 == 499 {
+                log.put(32, 1);
                 every_500(pool);
+                log.put(32, 0);
             }
         }
         unreachable!("the worker runs until it is killed")
+    }
+}
+
+/// Dictionaries for lz4 stores too, trained only when asked ([`train`],
+/// in a worker's periodic work), on few samples: many installs and
+/// retirements.
+pub fn dict_config() -> DictConfig {
+    DictConfig {
+        source: DictSource::Auto,
+        lz4: true,
+        samples: 64,
+        sample_every: 1,
+        max_size: 8 << 10,
+        drift_window: 256,
+        background: false,
+        ..DictConfig::default()
+    }
+}
+
+/// A training round (a switch when the samples call for it), which may
+/// find the five slots in use: a new dictionary then waits for an old one
+/// to drain.
+pub fn train(pool: &Pool) {
+    match pool.train_dictionary() {
+        Ok(_) => {}
+        Err(ZmemError::Config(e)) if e.contains("slots") => {}
+        Err(e) => panic!("training: {e}"),
     }
 }
