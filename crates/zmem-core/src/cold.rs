@@ -233,6 +233,10 @@ pub trait ColdStore: Send + Sync {
     fn adopt(&self, _ids: &[RecordId]) -> Result<Vec<bool>, ColdError> {
         Err(ColdError::Store("this cold store cannot take over another's records".into()))
     }
+    /// The process leaves its records to the next one, which takes them
+    /// over ([`adopt`](Self::adopt)): dropping this store must not delete
+    /// them. (A file's store deletes nothing when dropped: nothing to do.)
+    fn leave(&self) {}
 }
 
 /// Drop every cold object: a clean-page cache (zcache), whose pages can be

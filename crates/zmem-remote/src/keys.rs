@@ -90,6 +90,16 @@ pub fn key(ns: &str, id: u64) -> String {
     format!("zm:{ns}:{{{}}}:{generation:x}", tags()[slot as usize])
 }
 
+/// The record id a key of namespace `ns` names (as [`key`] writes it);
+/// None for anything else.
+pub fn parse(ns: &str, k: &str) -> Option<u64> {
+    let rest = k.strip_prefix("zm:")?.strip_prefix(ns)?.strip_prefix(":{")?;
+    let (tag, generation) = rest.split_once("}:")?;
+    let generation = u64::from_str_radix(generation, 16).ok().filter(|g| (1..=MAX_GEN).contains(g))?;
+    let slot = crc16(tag.as_bytes()) % SLOTS;
+    (tags()[slot as usize] == tag).then(|| id(generation, slot))
+}
+
 /// A `SCAN … MATCH` pattern for every record key of `ns` (the namespace's
 /// glob characters escaped).
 pub fn scan_pattern(ns: &str) -> String {
@@ -138,6 +148,8 @@ mod tests {
                 let i = id(generation, slot);
                 assert_eq!(split(i), (slot, generation));
                 assert_eq!(slot_of(key("dev0", i).as_bytes()), slot);
+                assert_eq!(parse("dev0", &key("dev0", i)), Some(i));
+                assert_eq!(parse("dev", &key("dev0", i)), None, "another namespace's key");
             }
         }
     }
@@ -149,6 +161,9 @@ mod tests {
         assert!(!valid_namespace("a{b"));
         assert!(!valid_namespace("a b"));
         assert_eq!(scan_pattern("a*b"), "zm:a\\*b:{*");
+        for other in ["zm:x:owner", "zm:x:{0}:", "zm:x:{0}:0", "zm:x:{0}:zz", "zm:x:{0:1", "zm:x:{notatag}:1", "zm:x:{0}:1:2"] {
+            assert_eq!(parse("x", other), None, "{other}");
+        }
         assert!(!owner_key("x").contains('{'));
     }
 }

@@ -61,6 +61,13 @@
 //!   that died under the same namespace are found (`SCAN` on every
 //!   master) and deleted; at a clean close, the store deletes its own.
 //!   An owner key refuses a second live server on the same namespace.
+//! * **Taken over.** A server that follows one under the same pool (a
+//!   keeper's, after a crash or a restart) opens the store without the
+//!   sweep ([`RemoteStore::open_kept`]); its pool's ledger names the
+//!   records still in use, which the store takes over
+//!   ([`ColdStore::adopt`]): the rest of the namespace (a batch in flight,
+//!   frees not yet sent) is deleted, and new ids start past every
+//!   generation found, so none is reused.
 //!
 //! # What a failure loses
 //!
@@ -70,7 +77,7 @@
 //! | a master dies with no replica in sync | writes to it were never acknowledged (`WAIT` failed), so they stayed in RAM; records it held are lost: reads of them fail with EIO |
 //! | a master and all its replicas die | the records on them are lost: reads of them fail with EIO once the failover deadline has passed; the rest of the device works |
 //! | the whole cluster stops | writeback fails and pages stay in RAM (the pool fills and refuses stores, as with a failing disk); reads of written-back pages wait for it up to the failover deadline, then fail; both resume when it returns, if its data survived (persistence is the cluster's) |
-//! | zmem dies | its records are dead; the next start under the same namespace deletes them |
+//! | zmem dies | under a keeper, the next server takes over the records its pool still names and deletes the rest; otherwise its records are dead, and the next start under the same namespace deletes them |
 //! | a node answers with the wrong record | refused by the checks above: EIO, never wrong bytes |
 
 mod conns;
@@ -337,6 +344,9 @@ pub struct RemoteStore {
     owner: String,
     /// Values fetched ahead for the reads of one request.
     ahead: Mutex<Ahead>,
+    /// The process leaves the records to the next ([`ColdStore::leave`]):
+    /// dropped, the store deletes none.
+    left: std::sync::atomic::AtomicBool,
     /// Connections to single nodes: masters for batches, replicas for
     /// reads their master does not answer.
     nodes: Nodes,
@@ -384,6 +394,17 @@ impl RemoteStore {
     /// Connect, claim the namespace, delete what an earlier server left
     /// under it, and start the freer.
     pub fn open(cfg: RemoteConfig) -> Result<RemoteStore, RemoteError> {
+        Self::open_on(cfg, true)
+    }
+
+    /// [`RemoteStore::open`] for a server that takes over the pool of one
+    /// that died or left: what the namespace holds stays until the pool
+    /// says which records it still names ([`ColdStore::adopt`]).
+    pub fn open_kept(cfg: RemoteConfig) -> Result<RemoteStore, RemoteError> {
+        Self::open_on(cfg, false)
+    }
+
+    fn open_on(cfg: RemoteConfig, sweep_left: bool) -> Result<RemoteStore, RemoteError> {
         if !keys::valid_namespace(&cfg.namespace) {
             return Err(RemoteError::Namespace(cfg.namespace.clone()));
         }
@@ -411,7 +432,7 @@ impl RemoteStore {
         let masters = read_topology(&mut conn, &seeds)?;
         let owner = ownership::token();
         ownership::claim(&mut conn, &cfg.namespace, &owner)?;
-        let cleaned = sweep(&mut conn, &cfg.namespace, &masters)?;
+        let cleaned = if sweep_left { sweep(&mut conn, &cfg.namespace, &masters, |_| true)?.0 } else { 0 };
         conns.give(conn);
         let freer = Freer::start(Arc::clone(&conns), cfg.namespace.clone());
         let mut topo = Topology::default();
@@ -431,6 +452,7 @@ impl RemoteStore {
             owner,
             ahead: Mutex::new(Ahead::default()),
             nodes,
+            left: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -727,6 +749,38 @@ impl ColdStore for RemoteStore {
         AHEAD_BYTES as u64
     }
 
+    fn adoptable(&self) -> bool {
+        true
+    }
+
+    fn leave(&self) {
+        self.left.store(true, Relaxed);
+    }
+
+    /// Take over the records `ids` name (see the crate notes): each is
+    /// taken if the namespace holds its key; every other key of the
+    /// namespace is deleted, and new ids start past every generation seen.
+    fn adopt(&self, ids: &[RecordId]) -> Result<Vec<bool>, ColdError> {
+        let named: std::collections::HashSet<u64> = ids.iter().map(|id| id.to_raw()).collect();
+        let mut newest = 0;
+        let masters = self.topo.lock().masters.clone();
+        let mut conn = self.conns.take(Instant::now() + self.cfg.deadline * 10)?;
+        let (_, kept) = sweep(&mut conn, &self.cfg.namespace, &masters, |id| {
+            if let Some(id) = id {
+                newest = newest.max(keys::split(id).1);
+            }
+            !id.is_some_and(|id| named.contains(&id))
+        })?;
+        self.conns.give(conn);
+        let kept: std::collections::HashSet<u64> = kept.into_iter().collect();
+        for id in ids {
+            newest = newest.max(keys::split(id.to_raw()).1);
+        }
+        self.next_gen.fetch_max(newest + 1, Relaxed);
+        self.c.live.store(kept.len() as u64, Relaxed);
+        Ok(ids.iter().map(|id| kept.contains(&id.to_raw())).collect())
+    }
+
     fn free(&self, id: RecordId) -> Result<(), ColdError> {
         let _ = self.c.live.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
         self.freer.free(id.to_raw());
@@ -760,11 +814,14 @@ impl ColdStore for RemoteStore {
 
 impl Drop for RemoteStore {
     fn drop(&mut self) {
-        // The device goes with the process: its records are dead.
+        // The device goes with the process: its records are dead (unless
+        // the next server takes them over).
         self.freer.stop(self.cfg.deadline * 5);
         if let Ok(mut conn) = self.conns.take(Instant::now() + self.cfg.deadline) {
             let masters = self.topo.lock().masters.clone();
-            if let Err(e) = sweep(&mut conn, &self.cfg.namespace, &masters) {
+            if self.left.load(Relaxed) {
+                // (The frees above were of records no page names any more.)
+            } else if let Err(e) = sweep(&mut conn, &self.cfg.namespace, &masters, |_| true) {
                 eprintln!("zmem: could not delete the remote records of namespace {:?} ({e}); the next start under it will", self.cfg.namespace);
             }
             ownership::release(&mut conn, &self.cfg.namespace, &self.owner);
@@ -780,18 +837,32 @@ fn read_topology(conn: &mut ClusterConnection, seeds: &str) -> Result<Vec<topolo
     topology::parse_slots(&v).map_err(|why| RemoteError::Cluster { seeds: seeds.to_string(), why })
 }
 
-/// Delete every record key of `namespace` on `masters` (SCAN on each);
-/// returns how many.
-fn sweep(conn: &mut ClusterConnection, namespace: &str, masters: &[topology::Master]) -> Result<u64, RemoteError> {
+/// Delete the record keys of `namespace` on `masters` (SCAN on each) that
+/// `delete` says to (given the key's record id, None for a key that names
+/// none); returns how many were deleted, and the ids of those kept.
+fn sweep(
+    conn: &mut ClusterConnection,
+    namespace: &str,
+    masters: &[topology::Master],
+    mut delete: impl FnMut(Option<u64>) -> bool,
+) -> Result<(u64, Vec<u64>), RemoteError> {
     let pattern = keys::scan_pattern(namespace);
-    let mut n = 0;
+    let (mut n, mut kept) = (0, Vec::new());
     for m in masters {
         let route = || RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(m.slot(0), SlotAddr::Master)));
         let mut cursor = String::from("0");
         loop {
             let scan = redis::cmd("SCAN").arg(&cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).clone();
             let v = conn.route_command(&scan, route()).map_err(|source| RemoteError::Redis { op: "SCAN", source })?;
-            let (next, found) = redis::from_redis_value::<(String, Vec<String>)>(v).map_err(|e| RemoteError::Redis { op: "SCAN", source: e.into() })?;
+            let (next, mut found) = redis::from_redis_value::<(String, Vec<String>)>(v).map_err(|e| RemoteError::Redis { op: "SCAN", source: e.into() })?;
+            found.retain(|k| {
+                let id = keys::parse(namespace, k);
+                let d = delete(id);
+                if !d {
+                    kept.extend(id);
+                }
+                d
+            });
             if !found.is_empty() {
                 let mut pipe = redis::cluster::cluster_pipe();
                 for k in &found {
@@ -806,7 +877,7 @@ fn sweep(conn: &mut ClusterConnection, namespace: &str, masters: &[topology::Mas
             cursor = next;
         }
     }
-    Ok(n)
+    Ok((n, kept))
 }
 
 /// Who serves a namespace: `HOST PID TOKEN` under its owner key (the

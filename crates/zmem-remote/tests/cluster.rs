@@ -517,3 +517,45 @@ fn a_shard_gone_whole_fails_only_its_own_reads_and_says_where() {
     eprintln!("a shard gone: {found} records read, {lost} lost");
     assert!(lost > 0 && found > 0, "{lost} lost, {found} read: every shard held some");
 }
+
+/// A store opened on what a dead server left (`open_kept`) sweeps nothing
+/// until told which records its pool still names (`adopt`): those are
+/// taken and read back, every other key of the namespace is deleted, an id
+/// the namespace does not hold is refused, and new records never reuse a
+/// generation the dead server used.
+#[test]
+fn a_store_taken_over_keeps_what_its_pool_names_and_deletes_the_rest() {
+    let Some(c) = cluster(5000) else { return };
+    let s = store(&c, "taken");
+    let mut rng = XorShift::new(9);
+    let objs: Vec<(u64, Vec<u8>)> = (0..200).map(|k| (k, object(&mut rng, k))).collect();
+    let refs: Vec<(u64, &[u8])> = objs.iter().map(|(k, o)| (*k, &o[..])).collect();
+    let ids: Vec<RecordId> = s.put_batch(&refs).unwrap().into_iter().map(Option::unwrap).collect();
+    // It dies (nothing dropped), its owner key naming a process now gone.
+    std::mem::forget(s);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let dead_pid = (4_000_000..).find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).unwrap();
+    let client = redis::cluster::ClusterClient::new(vec![format!("redis://127.0.0.1:{}", c.ports()[0])]).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let _: () = redis::cmd("SET").arg(zmem_remote::keys::owner_key("taken")).arg(format!("{} {dead_pid} 1", host.trim())).query(&mut conn).unwrap();
+
+    let s2 = RemoteStore::open_kept(RemoteConfig::new(&c.url(), "taken").unwrap()).unwrap();
+    assert_eq!((s2.cleaned(), c.keys().unwrap()), (0, 201), "opened kept, nothing is swept yet");
+    // The pool names the even records, and one id the namespace never held.
+    let bogus = RecordId::from_raw(zmem_remote::keys::id(1 << 40, 5));
+    let named: Vec<RecordId> = ids.iter().step_by(2).copied().chain([bogus]).collect();
+    let taken = s2.adopt(&named).unwrap();
+    assert_eq!(taken.iter().filter(|t| **t).count(), 100);
+    assert!(!taken[100], "an id the namespace does not hold was taken");
+    assert_eq!(c.keys().unwrap(), 101, "the records no page names are deleted, with the owner key kept");
+    assert_eq!(s2.stats().records, 100);
+    for (i, (k, o)) in objs.iter().enumerate().step_by(2) {
+        assert_eq!(&read(&s2, ids[i], *k).unwrap(), o, "record {i}");
+    }
+    // New records: generations past every one seen, the bogus id's too.
+    let new = s2.put_batch(&[(7, b"new".as_slice())]).unwrap()[0].unwrap();
+    let generation = |id: RecordId| zmem_remote::keys::split(id.to_raw()).1;
+    assert!(generation(new) > generation(bogus), "a new record reuses an old generation");
+    drop(s2);
+    assert_eq!(c.keys().unwrap(), 0, "a clean close deletes its records and its owner key");
+}

@@ -115,6 +115,7 @@ pub fn serve(export: Arc<Export>, cfg: &DeviceConfig, mut keeping: Option<Keepin
         // clients were told to go (they reconnect to the listener the
         // keeper holds).
         let drained = fuse.is_none_or(|m| m.leave(Duration::from_secs(2)));
+        server.export().pool().leave();
         if let Some(c) = &cfg.control {
             let _ = std::fs::remove_file(c);
         }

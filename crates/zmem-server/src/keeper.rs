@@ -42,9 +42,8 @@
 //! [`QUICK_DEATH`] each, the keeper stops trying, says so, and holds the
 //! pages and the files (the waiting processes wait) until a restart is
 //! asked for or the device is stopped. A server that died before it
-//! handed over (it failed to start, or its pool keeps no ledger: a remote
-//! tier or dedup) cannot be followed: the keeper exits with
-//! its status, and the device fails as it did before the keeper.
+//! handed over (it failed to start, or its pool keeps no ledger: dedup)
+//! cannot be followed: the keeper exits with its status, and the device fails as it did before the keeper.
 //!
 //! # Costs
 //! The keeper is a second process, small and idle: it wakes every
@@ -122,7 +121,7 @@ pub enum KeeperError {
     /// on (its own log says why).
     #[error(
         "the server exited ({status}) and had handed nothing over: it failed to start (its messages above say why), \
-         or it served a pool that is not kept (a remote tier or dedup), whose pages are lost"
+         or it served a pool that is not kept (dedup), whose pages are lost"
     )]
     ServerExited { status: ExitStatus },
     #[error("stopped after a crash loop: the device's pages are lost")]

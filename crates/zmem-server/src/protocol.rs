@@ -157,7 +157,7 @@ pub struct Recovery {
     pub lost_pages: u64,
     /// The version of the state its pool leaves for the next server
     /// (`zmem_core::STATE_VERSION`); 0: its pool is not handed over (a
-    /// remote tier or dedup), and a restart would lose it.
+    /// pool with dedup), and a restart would lose it.
     #[serde(default)]
     pub state_version: u64,
 }

@@ -597,11 +597,7 @@ pub fn restart(run_dir: &Path, name: &str) -> Result<String> {
     // crash loop, and a restart is what starts one again.)
     let version = zmem_server::protocol::stats(&dir.join("control.sock")).ok().map(|s| s.recovery.as_ref().map_or(0, |r| r.state_version));
     match version.unwrap_or(zmem_core::STATE_VERSION) {
-        0 => {
-            return Err(SwapError::Keeper(format!(
-                "device {name}'s pool cannot be handed to another server (a remote tier or dedup): a restart would lose its pages"
-            )))
-        }
+        0 => return Err(SwapError::Keeper(format!("device {name}'s pool cannot be handed to another server (dedup): a restart would lose its pages"))),
         v if v != zmem_core::STATE_VERSION => {
             return Err(SwapError::Keeper(format!(
                 "device {name}'s pool is of state version {v}, which this zmem (version {}) cannot read: its server keeps serving",
@@ -842,6 +838,7 @@ pub fn serve(
         // answering is finished, the rest left to the next server. The
         // budget stays lowered (the next server keeps it so).
         let drained = mounted.leave(Duration::from_secs(2));
+        export.pool().leave();
         eprintln!(
             "zmem: swap server {} leaves the device to the next one ({})",
             std::process::id(),

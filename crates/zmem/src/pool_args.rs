@@ -73,8 +73,9 @@ pub struct PoolArgs {
     #[arg(long, value_name = "URL", conflicts_with = "backing", env = REMOTE_URL_ENV, hide_env_values = true)]
     pub remote: Option<String>,
     /// This device's namespace on the cluster (default HOST/DEVICE).
-    /// Records an earlier server left under it are deleted at start; a
-    /// second live server under it is refused.
+    /// Records an earlier server left under it are deleted at start (a
+    /// server that takes over from a dead or restarted one keeps those its
+    /// pool names); a second live server under it is refused.
     #[arg(long, value_name = "NAME", requires = "remote", help_heading = COLD)]
     pub remote_namespace: Option<String>,
     /// Replicas that must acknowledge a batch (Redis WAIT) before its
@@ -337,6 +338,11 @@ impl PoolArgs {
             );
         }
         let (cfg, comp) = self.config(default)?;
+        self.build_with(cfg, comp, device)
+    }
+
+    /// [`PoolArgs::build`] of the configuration `cfg` made of these options.
+    fn build_with(&self, cfg: zmem_core::PoolConfig, comp: Compressor, device: &str) -> anyhow::Result<(Pool, Compressor)> {
         if let Some(url) = &self.remote {
             let store = zmem_remote::RemoteStore::open(self.remote_config(url, device)?)?;
             if store.cleaned() > 0 {
@@ -372,14 +378,15 @@ impl PoolArgs {
     }
 
     /// A swap device's pool of `pages` pages, under a keeper: with a ledger
-    /// where it can keep one (no remote tier, dedup or dictionary yet), so
-    /// that the next server opens it again; opened from `left` (the arena
-    /// the server before this one left, and its backing file) when given,
-    /// with what opening it found, and the backing file for the keeper to
-    /// hold when this server made it.
+    /// where it can keep one (no dedup yet), so that the next server opens
+    /// it again; opened from `left` (the arena the server before this one
+    /// left, and its backing file) when given, with what opening it found
+    /// (its remote tier's records taken over: `RemoteStore::open_kept`),
+    /// and the backing file for the keeper to hold when this server made
+    /// it.
     pub fn build_kept(&self, default: &Defaults, device: &str, pages: u64, left: Option<(OwnedFd, Option<OwnedFd>)>) -> anyhow::Result<Built> {
         let (mut cfg, comp) = self.config(default)?;
-        let kept = self.remote.is_none() && cfg.keep_ledger(pages);
+        let kept = cfg.keep_ledger(pages);
         let report = |r: &Reopened| {
             eprintln!(
                 "zmem: opened the pool the last server left in {} ms: {} pages, {} objects it had not published freed, {} pages lost",
@@ -391,11 +398,24 @@ impl PoolArgs {
         };
         match (left, &self.backing) {
             (None, _) if !kept => {
-                eprintln!(
-                    "zmem: warning: this device's pool cannot be kept across a server crash or restart (a remote tier or dedup): a dead server loses its pages"
-                );
+                eprintln!("zmem: warning: this device's pool cannot be kept across a server crash or restart (dedup): a dead server loses its pages");
                 let (pool, comp) = self.build(default, device)?;
                 Ok(Built { pool, comp, reopened: None, backing: None })
+            }
+            (None, _) if self.remote.is_some() => {
+                // (A ledger, and the store's sweep of what an earlier server left.)
+                let (pool, comp) = self.build_with(cfg, comp, device)?;
+                Ok(Built { pool, comp, reopened: None, backing: None })
+            }
+            (Some((_, Some(_))), _) if self.remote.is_some() => {
+                anyhow::bail!("the pool another server left has a backing file: start it with the --backing it was made with")
+            }
+            (Some((arena, None)), _) if self.remote.is_some() => {
+                let url = self.remote.as_deref().unwrap_or_default();
+                let store = zmem_remote::RemoteStore::open_kept(self.remote_config(url, device)?)?;
+                let (pool, r) = Pool::open_with_cold_store(arena, cfg, Box::new(store)).context("opening the pool the last server left")?;
+                report(&r);
+                Ok(Built { pool, comp, reopened: Some(r), backing: None })
             }
             (None, None) => Ok(Built { pool: Pool::new(cfg)?, comp, reopened: None, backing: None }),
             (None, Some(path)) => {

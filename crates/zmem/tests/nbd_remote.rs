@@ -96,6 +96,44 @@ fn written_back_pages_come_back_from_the_cluster() {
     assert_eq!(c.keys().unwrap(), 0, "records left on the cluster after a clean stop");
 }
 
+/// The server killed, then replaced on purpose: the next one takes over
+/// the records the pool names (nothing swept, nothing lost), deletes what
+/// no page names, and writes new records under new names.
+#[test]
+fn a_device_on_the_cluster_outlives_its_server() {
+    require_tools!("nbdcopy", "sha256sum");
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let url = c.url();
+    let mut s = ZmemServer::start("32M", &["--max-pool", "2M", "--remote", &url, "--remote-namespace", "kept"]);
+    let src = fill_device(&s, dir.path(), 32 << 20, 21);
+    assert!(s.stat_u64("written_back_pages") > 1000, "a 2 MiB pool must write back most of 32 MiB (3.6 MiB compressed): {}", s.stats());
+    for (i, kill) in [true, false].into_iter().enumerate() {
+        s.replace_server(kill);
+        let rec = &s.stats()["recovery"];
+        assert_eq!((rec["pages"].as_u64(), rec["lost_pages"].as_u64()), (Some(8192), Some(0)), "replacement {i}: {rec}");
+        assert!(s.stat_u64("bd_count") > 1000, "the written-back pages were taken over, not read back into RAM");
+        assert_reads_back(&s, &src, dir.path());
+    }
+    assert!(!s.log_text().contains("deleted"), "a server that took over swept the records: {}", s.log_text());
+    // Written over whole after the takeovers: new records, none reusing a
+    // name, and the cluster ends up holding only what pages name.
+    let src2 = fill_device(&s, dir.path(), 32 << 20, 22);
+    assert_reads_back(&s, &src2, dir.path());
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (keys, st) = (c.keys().unwrap(), s.stats());
+        let pages = st["stats"]["bd_count"].as_u64().unwrap();
+        if keys == pages + 1 && st["stats"]["backing_frees_pending"] == 0 && s.stats()["stats"]["bd_count"] == pages {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "{keys} keys on the cluster for {pages} pages written back: {st}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(s.stop().is_some_and(|st| st.success()), "{}", s.log_text());
+    assert_eq!(c.keys().unwrap(), 0, "records left on the cluster after a clean stop");
+}
+
 #[test]
 fn remote_flags_that_cannot_work_are_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();

@@ -24,18 +24,6 @@ fn signal(pid: u32, sig: Signal) {
     kill_process(Pid::from_raw(pid as i32).expect("a pid"), sig).expect("signalling");
 }
 
-/// Kill the server serving `s` (SIGKILL) or ask its keeper for a restart
-/// (SIGHUP), and wait for the next one; its pid.
-fn replace(s: &ZmemServer, kill: bool) -> u32 {
-    let old = s.serving_pid().expect("a server");
-    if kill {
-        signal(old, Signal::KILL);
-    } else {
-        signal(s.keeper_pid(), Signal::HUP);
-    }
-    s.next_server(old)
-}
-
 #[test]
 fn a_ram_device_outlives_its_server_over_nbd() {
     require_tools!("nbdcopy");
@@ -45,7 +33,7 @@ fn a_ram_device_outlives_its_server_over_nbd() {
     let src = fill_device(&s, s.dir.path(), 16 << 20, 1);
     // Killed at once, asked to leave, killed again: every byte still there.
     for (i, kill) in [true, false, true].into_iter().enumerate() {
-        let new = replace(&s, kill);
+        let new = s.replace_server(kill);
         assert_ne!(new, first);
         assert_reads_back(&s, &src, s.dir.path());
         let rec = &s.stats()["recovery"];
@@ -55,7 +43,7 @@ fn a_ram_device_outlives_its_server_over_nbd() {
     }
     // Written after a takeover, then killed: the new bytes survive too.
     let src2 = fill_device(&s, s.dir.path(), 16 << 20, 2);
-    replace(&s, true);
+    s.replace_server(true);
     assert_reads_back(&s, &src2, s.dir.path());
     // SIGTERM to the keeper: the device stops, its socket goes.
     assert!(s.stop().is_some_and(|st| st.success()), "{}", s.log_text());
@@ -79,7 +67,7 @@ fn a_cache_starts_again_from_its_origin() {
     };
     read("warm.img");
     for (i, kill) in [true, false].into_iter().enumerate() {
-        replace(&s, kill);
+        s.replace_server(kill);
         read(&format!("after{i}.img"));
         let rec = &s.stats()["recovery"];
         assert_eq!((rec["restarts"].as_u64(), rec["pages"].as_u64()), (Some(i as u64 + 1), Some(0)), "a cache starts empty: {rec}");
@@ -109,7 +97,7 @@ fn a_tcp_listener_is_kept() {
     std::fs::write(&src, test_data(8 << 20, 4)).unwrap();
     run_ok(Command::new("nbdcopy").arg(&src).arg(&uri), T);
     for (i, kill) in [true, false].into_iter().enumerate() {
-        replace(&s, kill);
+        s.replace_server(kill);
         let back = s.dir.path().join(format!("back{i}.img"));
         run_ok(Command::new("nbdcopy").arg(&uri).arg(&back), T);
         assert_eq!(sha256(&src), sha256(&back), "read back after replacement {i}");
@@ -198,7 +186,7 @@ fn the_fuse_file_outlives_its_server_under_constant_io() {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             for kill in [true, false, true, true, false] {
                 std::thread::sleep(Duration::from_millis(700));
-                replace(&s, kill);
+                s.replace_server(kill);
             }
             std::thread::sleep(Duration::from_millis(700));
         }));

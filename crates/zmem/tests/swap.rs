@@ -902,7 +902,9 @@ fn writeback_under_swap() {
 
 /// The same swap storm with the cold pages on a Redis cluster (3 masters,
 /// 3 replicas on loopback): every page the workload reads back that left
-/// RAM came from the cluster, checked by the workload byte for byte.
+/// RAM came from the cluster, checked by the workload byte for byte. Then
+/// the device outlives its server: a churn through a SIGKILL and a
+/// restart, the records on the cluster taken over by each next server.
 #[test]
 fn writeback_under_swap_to_a_cluster() {
     if !usable_with_cgroups() {
@@ -918,6 +920,15 @@ fn writeback_under_swap_to_a_cluster() {
     let url = cluster.url();
     run.ok(&["swap", "on", "--name", "r0", "--size", "1G", "--max-pool", "12M", "--priority", "32767", "--remote", &url]);
     writeback_under_swap_on(&run, "r0", "the cluster");
+    assert_eq!(cluster.keys().unwrap(), 0, "swap off left records on the cluster");
+
+    run.ok(&["swap", "on", "--name", "r1", "--size", "512M", "--max-pool", "16M", "--priority", "32767", "--remote", &url]);
+    let (keeper, lo) = (run.server_pid("r1"), run.loop_dev("r1"));
+    let (server, stats, _) = churn_through_replacements(&run, "r1", "20", 2);
+    assert!(stats["stats"]["bd_count"].as_u64().unwrap() > 0, "nothing was written back: {}", stats["stats"]);
+    run.ok(&["swap", "off", "--name", "r1"]);
+    assert_gone(&run, "r1", &lo, keeper);
+    assert!(!alive(server), "server {server} still runs");
     assert_eq!(cluster.keys().unwrap(), 0, "swap off left records on the cluster");
 }
 

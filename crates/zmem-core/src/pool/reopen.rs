@@ -56,6 +56,13 @@ impl Pool {
         self.e.cfg.ledger_keys.and(self.e.objects.arena_fd())
     }
 
+    /// This process leaves the pool to the next one (a planned restart):
+    /// its cold store keeps its records when dropped
+    /// ([`ColdStore::leave`]), for the next process to take over.
+    pub fn leave(&self) {
+        self.e.tier.leave();
+    }
+
     /// Open the pool another process left in `arena` (the file of
     /// [`Pool::arena`]), with the configuration it was made with (its
     /// `ledger_keys` at least; the rest may change). Every page it held is
@@ -123,7 +130,8 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        let taken: HashSet<u64> = if backed.is_empty() || !self.tier.writes_back() {
+        // (Asked with no records too: a store also learns what is free.)
+        let taken: HashSet<u64> = if !self.tier.writes_back() {
             HashSet::new()
         } else {
             let kept = self.tier.adopt(&backed, b).map_err(|e| ZmemError::Reopen(format!("the cold store could not take its records over: {e}")))?;

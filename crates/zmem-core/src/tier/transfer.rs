@@ -71,6 +71,11 @@ impl Tier {
         Ok(taken)
     }
 
+    /// The pool is left to the next process: see [`ColdStore::leave`].
+    pub(crate) fn leave(&self) {
+        self.store.leave();
+    }
+
     /// Bring the budget's charge for the backing store's tables to what
     /// they hold now. The writer passes the `reserved` bound it charged
     /// ahead (its growth has happened); anyone else passes 0: frees shrink

@@ -207,6 +207,16 @@ impl ZmemServer {
         }
     }
 
+    /// Kill the server (SIGKILL, `kill`) or ask its keeper for a restart
+    /// (SIGHUP), and wait for the next one; its pid.
+    pub fn replace_server(&self, kill: bool) -> u32 {
+        use rustix::process::{kill_process, Pid, Signal};
+        let old = self.serving_pid().expect("a server");
+        let (to, sig) = if kill { (old, Signal::KILL) } else { (self.keeper_pid(), Signal::HUP) };
+        kill_process(Pid::from_raw(to as i32).expect("a pid"), sig).expect("signalling");
+        self.next_server(old)
+    }
+
     pub fn uri(&self) -> String {
         format!("nbd+unix:///?socket={}", self.socket.display())
     }
