@@ -541,12 +541,7 @@ fn the_device_outlives_its_server() {
 
     // With a backing file: the pages written back are handed over too.
     on_with_backing(&run, "r1", "512M", "16M", &[]);
-    let (keeper, lo) = (run.server_pid("r1"), run.loop_dev("r1"));
-    let (server, stats, _) = churn_through_replacements(&run, "r1", "20", 2);
-    assert!(stats["stats"]["bd_count"].as_u64().unwrap() > 0, "nothing was written back: {}", stats["stats"]);
-    run.ok(&["swap", "off", "--name", "r1"]);
-    assert_gone(&run, "r1", &lo, keeper);
-    assert!(!alive(server), "server {server} still runs");
+    cold_pages_through_replacements(&run, "r1");
 
     // A pool with dedup cannot be handed over yet: a restart is refused,
     // and the server goes on.
@@ -615,6 +610,18 @@ fn churn_through_replacements(run: &RunDir, name: &str, secs: &str, events: u32)
     let status = run.ok(&["swap", "status"]);
     assert!(status.lines().any(|l| l.starts_with(name) && l.ends_with("swap")), "{status}");
     (server, stats, held)
+}
+
+/// Device `name` (up with a cold store) through a churn with a SIGKILL
+/// and a restart: pages were written back, and every one read back right
+/// ([`churn_through_replacements`]); then off, and everything gone.
+fn cold_pages_through_replacements(run: &RunDir, name: &str) {
+    let (keeper, lo) = (run.server_pid(name), run.loop_dev(name));
+    let (server, stats, _) = churn_through_replacements(run, name, "20", 2);
+    assert!(stats["stats"]["bd_count"].as_u64().unwrap() > 0, "nothing was written back: {}", stats["stats"]);
+    run.ok(&["swap", "off", "--name", name]);
+    assert_gone(run, name, &lo, keeper);
+    assert!(!alive(server), "server {server} still runs");
 }
 
 /// The shipped example config brings a device up (`on --config`), and a
@@ -923,12 +930,7 @@ fn writeback_under_swap_to_a_cluster() {
     assert_eq!(cluster.keys().unwrap(), 0, "swap off left records on the cluster");
 
     run.ok(&["swap", "on", "--name", "r1", "--size", "512M", "--max-pool", "16M", "--priority", "32767", "--remote", &url]);
-    let (keeper, lo) = (run.server_pid("r1"), run.loop_dev("r1"));
-    let (server, stats, _) = churn_through_replacements(&run, "r1", "20", 2);
-    assert!(stats["stats"]["bd_count"].as_u64().unwrap() > 0, "nothing was written back: {}", stats["stats"]);
-    run.ok(&["swap", "off", "--name", "r1"]);
-    assert_gone(&run, "r1", &lo, keeper);
-    assert!(!alive(server), "server {server} still runs");
+    cold_pages_through_replacements(&run, "r1");
     assert_eq!(cluster.keys().unwrap(), 0, "swap off left records on the cluster");
 }
 
