@@ -1,8 +1,9 @@
 //! `zmem bench restart`: a swap device's server killed and replaced under
 //! a workload, which must see neither an error nor a wrong page.
 //!
-//! A zmem swap device (its pages in RAM, or with `backed_pool` most of
-//! them in its backing file) takes
+//! A zmem swap device (its pages in RAM, or with [`Cold`] most of them in
+//! its backing file or on a Redis cluster the bench starts on loopback,
+//! and any other `swap on` options, [`Config::extra`]) takes
 //! the pages of the `kv` workload (`kv.rs`: a heap of records read and
 //! updated at random, every read checked) run in a memory cgroup far
 //! smaller than its heap, so that most of it lives on the device. Once
@@ -48,9 +49,22 @@ pub struct Config {
     pub passes: u32,
     /// Where the device lives while the bench runs.
     pub scratch: PathBuf,
-    /// The device's pool cap, with a backing file (in `scratch`) for what
-    /// does not fit; `None`: every page in RAM, no backing file.
-    pub backed_pool: Option<u64>,
+    /// Where the pages past the pool's cap go.
+    pub cold: Cold,
+    /// More options for `zmem swap on` (a dictionary, a compressor).
+    pub extra: Vec<String>,
+}
+
+/// Where a device's cold pages go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cold {
+    /// Nowhere: every page in RAM (the pool's cap is the heap).
+    Ram,
+    /// A pool of this cap and a backing file (in `scratch`) for the rest.
+    Backing(u64),
+    /// A pool of this cap and a Redis cluster (3 masters, 3 replicas on
+    /// loopback, started by the bench) for the rest.
+    Remote(u64),
 }
 
 /// One phase's figures.
@@ -166,7 +180,17 @@ pub fn run(cfg: &Config) -> anyhow::Result<Vec<Phase>> {
     if cfg.resident >= cfg.heap {
         bail!("--resident must be below --heap, or nothing is swapped");
     }
-    ["crashes", "restarts"].iter().map(|k| phase(cfg, k)).collect()
+    let cluster = match cfg.cold {
+        Cold::Remote(_) => {
+            if !zmem_rig::redis_cluster::available() {
+                bail!("a remote pool needs redis-server and redis-cli (scripts/setup.sh installs them)");
+            }
+            Some(zmem_rig::redis_cluster::LocalCluster::start(3, 1, 5000).map_err(|e| anyhow::anyhow!("starting a Redis cluster: {e}"))?)
+        }
+        _ => None,
+    };
+    let url = cluster.as_ref().map(|c| c.url());
+    ["crashes", "restarts"].iter().map(|k| phase(cfg, k, url.as_deref())).collect()
 }
 
 /// A small deterministic generator for the intervals.
@@ -175,7 +199,8 @@ fn next(x: &mut u64) -> u64 {
     crate::mix64(*x)
 }
 
-fn phase(cfg: &Config, kind: &str) -> anyhow::Result<Phase> {
+/// One phase; `url` is the cluster's, for [`Cold::Remote`].
+fn phase(cfg: &Config, kind: &str, url: Option<&str>) -> anyhow::Result<Phase> {
     let run_dir = cfg.scratch.join("run");
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let size = (cfg.heap * 2).next_multiple_of(1 << 20).to_string();
@@ -183,10 +208,15 @@ fn phase(cfg: &Config, kind: &str) -> anyhow::Result<Phase> {
     let backing = cfg.scratch.join("backing.img");
     let _ = std::fs::remove_file(&backing);
     let mut on = vec!["swap".to_string(), "on".into(), "--name".into(), NAME.into(), "--size".into(), size, "--priority".into(), "32767".into()];
-    match cfg.backed_pool {
-        Some(cap) => on.extend(["--max-pool".into(), cap.to_string(), "--backing".into(), backing.display().to_string()]),
-        None => on.extend(["--max-pool".into(), cfg.heap.to_string()]),
+    match (cfg.cold, url) {
+        (Cold::Backing(cap), _) => on.extend(["--max-pool".into(), cap.to_string(), "--backing".into(), backing.display().to_string()]),
+        (Cold::Remote(cap), Some(url)) => {
+            on.extend(["--max-pool".into(), cap.to_string(), "--remote".into(), url.into(), "--remote-replicas".into(), "1".into()])
+        }
+        (Cold::Remote(_), None) => bail!("a remote pool needs the cluster's URL"),
+        (Cold::Ram, _) => on.extend(["--max-pool".into(), cfg.heap.to_string()]),
     }
+    on.extend(cfg.extra.iter().cloned());
     dev.zmem(&on.iter().map(String::as_str).collect::<Vec<_>>()).context("zmem swap on")?;
     let cg = MemCgroup::create(CGROUP, Some(cfg.resident), 60)?;
     let kv = Command::new("sh")

@@ -61,13 +61,19 @@
 //!   that died under the same namespace are found (`SCAN` on every
 //!   master) and deleted; at a clean close, the store deletes its own.
 //!   An owner key refuses a second live server on the same namespace.
+//! * **Generations are reserved.** A store takes generations in blocks of
+//!   [`GEN_BLOCK`], each written to the namespace's owner key before any
+//!   of it is used; so the owner key always says past which generation
+//!   no record of the namespace can be.
 //! * **Taken over.** A server that follows one under the same pool (a
 //!   keeper's, after a crash or a restart) opens the store without the
-//!   sweep ([`RemoteStore::open_kept`]); its pool's ledger names the
-//!   records still in use, which the store takes over
-//!   ([`ColdStore::adopt`]): the rest of the namespace (a batch in flight,
-//!   frees not yet sent) is deleted, and new ids start past every
-//!   generation found, so none is reused.
+//!   sweep ([`RemoteStore::open_kept`]) and starts its generations past
+//!   the dead one's reservation: none is reused. Its pool's ledger names
+//!   the records still in use, which the store takes over at once
+//!   ([`ColdStore::adopt`]); the rest of the namespace (a batch in flight,
+//!   frees not yet sent) is deleted by a thread of its own
+//!   (`zmem-remote-sweep`) while the device serves. A named record the
+//!   cluster lost reads as missing, as one lost in a failover does.
 //!
 //! # What a failure loses
 //!
@@ -332,14 +338,21 @@ pub struct RemoteStore {
     ns_tag: u32,
     conns: Arc<Conns>,
     topo: Mutex<Topology>,
-    next_gen: AtomicU64,
+    /// The next generation and the last one reserved.
+    gens: Mutex<(u64, u64)>,
+    /// The first generation of this store: records below it are an
+    /// earlier server's.
+    first_gen: u64,
     batches: AtomicU64,
     flight: Flight,
     c: Counters,
     reads: Histogram,
     freer: Freer,
-    /// Records of an earlier server found and deleted at open.
-    cleaned: u64,
+    /// Records of an earlier server found and deleted (at open, or by the
+    /// sweep after a takeover).
+    cleaned: Arc<AtomicU64>,
+    /// The sweep of what an earlier server left, after a takeover.
+    sweeper: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// This store's value under the namespace's owner key.
     owner: String,
     /// Values fetched ahead for the reads of one request.
@@ -363,6 +376,9 @@ struct Ahead {
     values: std::collections::HashMap<u64, Vec<u8>>,
     bytes: usize,
 }
+
+/// Generations a store reserves at a time (one write of the owner key).
+pub const GEN_BLOCK: u64 = 1 << 20;
 
 /// Records fetched ahead for one request at most (a few requests' worth
 /// of single pages).
@@ -431,8 +447,10 @@ impl RemoteStore {
         // holds its pages meanwhile (`pick`).
         let masters = read_topology(&mut conn, &seeds)?;
         let owner = ownership::token();
-        ownership::claim(&mut conn, &cfg.namespace, &owner)?;
+        // Past whatever the last owner reserved (a fresh start sweeps it all).
+        let floor = ownership::claim(&mut conn, &cfg.namespace, &owner)?;
         let cleaned = if sweep_left { sweep(&mut conn, &cfg.namespace, &masters, |_| true)?.0 } else { 0 };
+        ownership::reserve(&mut conn, &cfg.namespace, &owner, floor + GEN_BLOCK)?;
         conns.give(conn);
         let freer = Freer::start(Arc::clone(&conns), cfg.namespace.clone());
         let mut topo = Topology::default();
@@ -443,12 +461,14 @@ impl RemoteStore {
             cfg,
             conns,
             topo: Mutex::new(topo),
-            next_gen: AtomicU64::new(1),
+            gens: Mutex::new((floor + 1, floor + GEN_BLOCK)),
+            first_gen: floor + 1,
             batches: AtomicU64::new(0),
             c: Counters::default(),
             reads: Histogram::default(),
             freer,
-            cleaned,
+            cleaned: Arc::new(AtomicU64::new(cleaned)),
+            sweeper: Mutex::new(None),
             owner,
             ahead: Mutex::new(Ahead::default()),
             nodes,
@@ -458,7 +478,30 @@ impl RemoteStore {
 
     /// Records an earlier server left under this namespace, deleted at open.
     pub fn cleaned(&self) -> u64 {
-        self.cleaned
+        self.cleaned.load(Relaxed)
+    }
+
+    /// Wait until the sweep after a takeover has finished (tests, tools).
+    pub fn wait_swept(&self) {
+        if let Some(h) = self.sweeper.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// `n` generations for a batch: the first. A block past the reserved
+    /// ones is written to the owner key before any of it is used.
+    fn take_gens(&self, n: u64) -> Result<u64, RemoteError> {
+        let mut g = self.gens.lock();
+        if g.0 + n > g.1 + 1 {
+            let end = g.1 + GEN_BLOCK.max(n);
+            let mut conn = self.conns.take(Instant::now() + self.cfg.deadline)?;
+            ownership::reserve(&mut conn, &self.cfg.namespace, &self.owner, end)?;
+            self.conns.give(conn);
+            g.1 = end;
+        }
+        let first = g.0;
+        g.0 += n;
+        Ok(first)
     }
 
     /// The cluster key of record `id` (for tests and tools).
@@ -502,7 +545,7 @@ impl RemoteStore {
     /// One pipeline to the master of `slot`: a `SET` per object, then
     /// `WAIT` for the replicas; the bytes sent.
     fn write(&self, conn: &mut redis::Connection, slot: u16, objects: &[(u64, &[u8])], ids: &mut Vec<u64>) -> Result<u64, RemoteError> {
-        let first = self.next_gen.fetch_add(objects.len() as u64, Relaxed);
+        let first = self.take_gens(objects.len() as u64)?;
         let mut pipe = redis::pipe();
         let mut buf = Vec::new();
         let mut bytes = 0;
@@ -757,28 +800,39 @@ impl ColdStore for RemoteStore {
         self.left.store(true, Relaxed);
     }
 
-    /// Take over the records `ids` name (see the crate notes): each is
-    /// taken if the namespace holds its key; every other key of the
-    /// namespace is deleted, and new ids start past every generation seen.
+    /// Take over the records `ids` name (see the crate notes): each one
+    /// an earlier server could have written (a generation below this
+    /// store's) is taken at once; the keys of the namespace no id names
+    /// are deleted by a thread while the device serves.
     fn adopt(&self, ids: &[RecordId]) -> Result<Vec<bool>, ColdError> {
-        let named: std::collections::HashSet<u64> = ids.iter().map(|id| id.to_raw()).collect();
-        let mut newest = 0;
-        let masters = self.topo.lock().masters.clone();
-        let mut conn = self.conns.take(Instant::now() + self.cfg.deadline * 10)?;
-        let (_, kept) = sweep(&mut conn, &self.cfg.namespace, &masters, |id| {
-            if let Some(id) = id {
-                newest = newest.max(keys::split(id).1);
-            }
-            !id.is_some_and(|id| named.contains(&id))
-        })?;
-        self.conns.give(conn);
-        let kept: std::collections::HashSet<u64> = kept.into_iter().collect();
-        for id in ids {
-            newest = newest.max(keys::split(id.to_raw()).1);
-        }
-        self.next_gen.fetch_max(newest + 1, Relaxed);
-        self.c.live.store(kept.len() as u64, Relaxed);
-        Ok(ids.iter().map(|id| kept.contains(&id.to_raw())).collect())
+        let first = self.first_gen;
+        let taken: Vec<bool> = ids.iter().map(|id| (1..first).contains(&keys::split(id.to_raw()).1)).collect();
+        let named: std::collections::HashSet<u64> = ids.iter().zip(&taken).filter(|(_, t)| **t).map(|(id, _)| id.to_raw()).collect();
+        self.c.live.store(named.len() as u64, Relaxed);
+        let (conns, ns, cleaned) = (Arc::clone(&self.conns), self.cfg.namespace.clone(), Arc::clone(&self.cleaned));
+        let (masters, deadline) = (self.topo.lock().masters.clone(), self.cfg.deadline);
+        let h = std::thread::Builder::new()
+            .name("zmem-remote-sweep".into())
+            .spawn(move || {
+                // (This store's own records, from `first` on, are never touched.)
+                let dead = |id: Option<u64>| id.is_none_or(|id| !named.contains(&id) && keys::split(id).1 < first);
+                let r = conns.take(Instant::now() + deadline * 10).and_then(|mut conn| {
+                    let r = sweep(&mut conn, &ns, &masters, dead);
+                    conns.give(conn);
+                    r
+                });
+                match r {
+                    Ok((n, _)) => {
+                        cleaned.fetch_add(n, Relaxed);
+                    }
+                    Err(e) => eprintln!(
+                        "zmem: could not delete the records a dead server left on the cluster under namespace {ns:?} ({e}); the next start under it will"
+                    ),
+                }
+            })
+            .map_err(|e| ColdError::Store(format!("cannot start the sweep thread: {e}").into()))?;
+        *self.sweeper.lock() = Some(h);
+        Ok(taken)
     }
 
     fn free(&self, id: RecordId) -> Result<(), ColdError> {
@@ -816,12 +870,18 @@ impl Drop for RemoteStore {
     fn drop(&mut self) {
         // The device goes with the process: its records are dead (unless
         // the next server takes them over).
+        self.wait_swept();
         self.freer.stop(self.cfg.deadline * 5);
+        // Left to the next server: the records stay, and so does the owner
+        // key, which says where the next one's generations start (this
+        // process is gone when it claims it). (The frees above were of
+        // records no page names any more.)
+        if self.left.load(Relaxed) {
+            return;
+        }
         if let Ok(mut conn) = self.conns.take(Instant::now() + self.cfg.deadline) {
             let masters = self.topo.lock().masters.clone();
-            if self.left.load(Relaxed) {
-                // (The frees above were of records no page names any more.)
-            } else if let Err(e) = sweep(&mut conn, &self.cfg.namespace, &masters, |_| true) {
+            if let Err(e) = sweep(&mut conn, &self.cfg.namespace, &masters, |_| true) {
                 eprintln!("zmem: could not delete the remote records of namespace {:?} ({e}); the next start under it will", self.cfg.namespace);
             }
             ownership::release(&mut conn, &self.cfg.namespace, &self.owner);
@@ -880,8 +940,9 @@ fn sweep(
     Ok((n, kept))
 }
 
-/// Who serves a namespace: `HOST PID TOKEN` under its owner key (the
-/// token tells two stores of one process apart).
+/// Who serves a namespace: `HOST PID TOKEN LAST-GENERATION` under its
+/// owner key (the token tells two stores of one process apart; the last
+/// generation it reserved, in hex, is where the next owner starts).
 mod ownership {
     use super::*;
 
@@ -901,29 +962,44 @@ mod ownership {
     fn alive(owner: &str) -> bool {
         let f: Vec<&str> = owner.split(' ').collect();
         match f.as_slice() {
-            [h, pid, _] if *h == host() => pid.parse::<u32>().is_ok_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists()),
+            [h, pid, _, ..] if *h == host() => pid.parse::<u32>().is_ok_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists()),
             _ => true,
         }
     }
 
-    pub fn claim(conn: &mut ClusterConnection, namespace: &str, me: &str) -> Result<(), RemoteError> {
+    /// The owner `me` (its token) of an owner key's value `HOST PID TOKEN
+    /// [LAST-GENERATION]`.
+    fn who(value: &str) -> &str {
+        value.rsplit_once(' ').filter(|(who, _)| who.split(' ').count() == 3).map_or(value, |(who, _)| who)
+    }
+
+    /// Claim the namespace for `me`, keeping the last generation its
+    /// earlier owner reserved (until `me` reserves past it: a claim that
+    /// dies here loses nothing); that generation (0 if none).
+    pub fn claim(conn: &mut ClusterConnection, namespace: &str, me: &str) -> Result<u64, RemoteError> {
         let key = keys::owner_key(namespace);
-        let prev: Option<String> =
-            redis::cmd("SET").arg(&key).arg(me).arg("GET").query(conn).map_err(|source| RemoteError::Redis { op: "SET (namespace owner)", source })?;
-        match prev {
-            Some(p) if p != me && alive(&p) => {
-                // Give it back: it is theirs.
-                let _: Result<(), _> = redis::cmd("SET").arg(&key).arg(&p).query(conn);
-                Err(RemoteError::InUse { namespace: namespace.to_string(), owner: p })
-            }
-            _ => Ok(()),
+        let prev: Option<String> = redis::cmd("GET").arg(&key).query(conn).map_err(|source| RemoteError::Redis { op: "GET (namespace owner)", source })?;
+        if let Some(p) = prev.as_deref().filter(|p| who(p) != me && alive(p)) {
+            return Err(RemoteError::InUse { namespace: namespace.to_string(), owner: who(p).to_string() });
         }
+        let last = prev.and_then(|p| u64::from_str_radix(p.split(' ').nth(3)?, 16).ok()).unwrap_or(0);
+        reserve(conn, namespace, me, last)?;
+        Ok(last)
+    }
+
+    /// `me` may use generations up to `last`: written before any is.
+    pub fn reserve(conn: &mut ClusterConnection, namespace: &str, me: &str, last: u64) -> Result<(), RemoteError> {
+        redis::cmd("SET")
+            .arg(keys::owner_key(namespace))
+            .arg(format!("{me} {last:x}"))
+            .query::<()>(conn)
+            .map_err(|source| RemoteError::Redis { op: "SET (namespace owner: generations reserved)", source })
     }
 
     pub fn release(conn: &mut ClusterConnection, namespace: &str, me: &str) {
         let key = keys::owner_key(namespace);
         let cur: Option<String> = redis::cmd("GET").arg(&key).query(conn).ok().flatten();
-        if cur.as_deref() == Some(me) {
+        if cur.as_deref().map(who) == Some(me) {
             let _: Result<(), _> = redis::cmd("DEL").arg(&key).query(conn);
         }
     }

@@ -520,9 +520,10 @@ fn a_shard_gone_whole_fails_only_its_own_reads_and_says_where() {
 
 /// A store opened on what a dead server left (`open_kept`) sweeps nothing
 /// until told which records its pool still names (`adopt`): those are
-/// taken and read back, every other key of the namespace is deleted, an id
-/// the namespace does not hold is refused, and new records never reuse a
-/// generation the dead server used.
+/// taken at once and read back, every other key of the namespace is
+/// deleted (by the sweep thread), an id the dead server could not have
+/// written is refused, and new records start past the generations it had
+/// reserved.
 #[test]
 fn a_store_taken_over_keeps_what_its_pool_names_and_deletes_the_rest() {
     let Some(c) = cluster(5000) else { return };
@@ -537,25 +538,33 @@ fn a_store_taken_over_keeps_what_its_pool_names_and_deletes_the_rest() {
     let dead_pid = (4_000_000..).find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).unwrap();
     let client = redis::cluster::ClusterClient::new(vec![format!("redis://127.0.0.1:{}", c.ports()[0])]).unwrap();
     let mut conn = client.get_connection().unwrap();
-    let _: () = redis::cmd("SET").arg(zmem_remote::keys::owner_key("taken")).arg(format!("{} {dead_pid} 1", host.trim())).query(&mut conn).unwrap();
+    let key = zmem_remote::keys::owner_key("taken");
+    let owner: String = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+    let fields: Vec<&str> = owner.split(' ').collect();
+    assert_eq!((fields.len(), fields[0]), (4, host.trim()), "HOST PID TOKEN LAST-GENERATION: {owner}");
+    let _: () = redis::cmd("SET").arg(&key).arg(format!("{} {dead_pid} {} {}", fields[0], fields[2], fields[3])).query(&mut conn).unwrap();
 
     let s2 = RemoteStore::open_kept(RemoteConfig::new(&c.url(), "taken").unwrap()).unwrap();
     assert_eq!((s2.cleaned(), c.keys().unwrap()), (0, 201), "opened kept, nothing is swept yet");
-    // The pool names the even records, and one id the namespace never held.
+    // The pool names the even records, and one id past what the dead
+    // server had reserved.
+    let generation = |id: RecordId| zmem_remote::keys::split(id.to_raw()).1;
     let bogus = RecordId::from_raw(zmem_remote::keys::id(1 << 40, 5));
     let named: Vec<RecordId> = ids.iter().step_by(2).copied().chain([bogus]).collect();
     let taken = s2.adopt(&named).unwrap();
     assert_eq!(taken.iter().filter(|t| **t).count(), 100);
-    assert!(!taken[100], "an id the namespace does not hold was taken");
-    assert_eq!(c.keys().unwrap(), 101, "the records no page names are deleted, with the owner key kept");
+    assert!(!taken[100], "an id the dead server could not have written was taken");
     assert_eq!(s2.stats().records, 100);
+    s2.wait_swept();
+    assert_eq!((s2.cleaned(), c.keys().unwrap()), (100, 101), "the records no page names are deleted, with the owner key kept");
     for (i, (k, o)) in objs.iter().enumerate().step_by(2) {
         assert_eq!(&read(&s2, ids[i], *k).unwrap(), o, "record {i}");
     }
-    // New records: generations past every one seen, the bogus id's too.
+    // New records: generations past all the dead server reserved.
     let new = s2.put_batch(&[(7, b"new".as_slice())]).unwrap()[0].unwrap();
-    let generation = |id: RecordId| zmem_remote::keys::split(id.to_raw()).1;
-    assert!(generation(new) > generation(bogus), "a new record reuses an old generation");
+    let reserved = u64::from_str_radix(fields[3], 16).unwrap();
+    assert!(reserved >= ids.iter().map(|&id| generation(id)).max().unwrap());
+    assert!(generation(new) > reserved, "a new record reuses a generation the dead server reserved");
     drop(s2);
     assert_eq!(c.keys().unwrap(), 0, "a clean close deletes its records and its owner key");
 }

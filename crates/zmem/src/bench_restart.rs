@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use zmem_bench::restart::{self, Config};
+use zmem_bench::restart::{self, Cold, Config};
 
 use crate::util::parse_size;
 
@@ -33,6 +33,15 @@ pub struct Args {
     /// [default: every page in RAM, no backing file]
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub backed_pool: Option<u64>,
+    /// Give the device this pool cap and a Redis cluster for the rest (3
+    /// masters and 3 replicas on loopback, started by the bench): the
+    /// records on the cluster are taken over too
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", conflicts_with = "backed_pool")]
+    pub remote_pool: Option<u64>,
+    /// More options for the device's `zmem swap on`, in one string
+    /// (e.g. "--compressor zstd:3 --dict auto")
+    #[arg(long, value_name = "OPTIONS", allow_hyphen_values = true)]
+    pub swap_on: Option<String>,
     /// Print one JSON array (a phase each) instead of lines.
     #[arg(long)]
     pub json: bool,
@@ -48,14 +57,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         min_swapped: a.min_swapped,
         passes: a.passes,
         scratch: a.scratch,
-        backed_pool: a.backed_pool,
+        cold: match (a.backed_pool, a.remote_pool) {
+            (Some(cap), _) => Cold::Backing(cap),
+            (None, Some(cap)) => Cold::Remote(cap),
+            (None, None) => Cold::Ram,
+        },
+        extra: a.swap_on.as_deref().unwrap_or_default().split_whitespace().map(String::from).collect(),
     };
     let phases = restart::run(&cfg)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&phases)?);
         return Ok(());
     }
-    let pool = a.backed_pool.map_or("every page in RAM".to_string(), |c| format!("a pool of {} MiB and a backing file", c >> 20));
+    let pool = match cfg.cold {
+        Cold::Ram => "every page in RAM".to_string(),
+        Cold::Backing(c) => format!("a pool of {} MiB and a backing file", c >> 20),
+        Cold::Remote(c) => format!("a pool of {} MiB and a Redis cluster", c >> 20),
+    };
+    let pool = if cfg.extra.is_empty() { pool } else { format!("{pool}; {}", cfg.extra.join(" ")) };
     println!("zmem bench restart: a {} MiB heap in {} MiB ({pool}), its server replaced {} times a phase", a.heap >> 20, a.resident >> 20, a.events);
     println!("{:<9} {:>6} {:>10} {:>12} {:>11} {:>13}  workload", "phase", "events", "swapped", "takeover p50", "takeover max", "longest pause");
     for p in &phases {
