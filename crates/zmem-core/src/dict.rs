@@ -325,9 +325,9 @@ impl Dicts {
     /// each into the slot it had: the newest (highest id) is current, and
     /// new ones are numbered after it. A dictionary that cannot be trusted
     /// or prepared is left out, with the reason (its objects' pages are
-    /// then lost: `Engine::rebuild`). Returns how many were taken back.
-    pub fn restore(&self, budget: &Budget) -> usize {
-        let Some(l) = &self.ledger else { return 0 };
+    /// then lost: `Engine::rebuild`).
+    pub fn restore(&self, budget: &Budget) {
+        let Some(l) = &self.ledger else { return };
         let mut slots = self.slots.write();
         let mut newest = None;
         for (slot, id, kept) in l.dicts() {
@@ -353,7 +353,6 @@ impl Dicts {
         if let Some((slot, _)) = newest {
             self.current.store(slot as u8 + 1, Relaxed);
         }
-        slots.iter().filter(|s| s.is_some()).count()
     }
 
     /// Make `bytes` (a dictionary given at start) current: the slot that
