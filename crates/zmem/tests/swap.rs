@@ -540,7 +540,7 @@ fn the_device_outlives_its_server() {
     assert!(!alive(server), "server {server} still runs");
 
     // With a backing file: the pages written back are handed over too.
-    on_with_backing(&run, "r1", "512M", "16M", &[]);
+    on_with_backing(&run, "r1", "512M", "4M", &[]);
     cold_pages_through_replacements(&run, "r1");
 
     // A pool with dedup cannot be handed over yet: a restart is refused,
@@ -558,10 +558,11 @@ fn the_device_outlives_its_server() {
 /// 1.5 s apart once the device holds 32 MiB: SIGKILL, then `zmem swap
 /// restart`, in turn. Checks that the workload saw every page right, the
 /// keeper stayed, and the last server took over with nothing lost;
-/// returns that server, its stats, and (if the workload still ran 1.5 s
+/// returns that server, the most pages written back when a server was
+/// replaced (sampled just before each replacement), and (if the workload still ran 1.5 s
 /// after the last replacement) the bytes of the pool the keeper then
 /// held in RAM against the bytes the pool's allocator held.
-fn churn_through_replacements(run: &RunDir, name: &str, secs: &str, events: u32) -> (u32, serde_json::Value, Option<(u64, u64)>) {
+fn churn_through_replacements(run: &RunDir, name: &str, secs: &str, events: u32) -> (u32, u64, Option<(u64, u64)>) {
     let (keeper, lo) = (run.server_pid(name), run.loop_dev(name));
     let mut server = run.serving_pid(name).expect("a server serves the device");
     let script = run.path().join("churn.py");
@@ -582,8 +583,11 @@ fn churn_through_replacements(run: &RunDir, name: &str, secs: &str, events: u32)
             assert!(t.elapsed() < Duration::from_secs(120), "the workload put less than 32 MiB on the device");
             std::thread::sleep(Duration::from_millis(50));
         }
+        // The most pages written back when a server was replaced.
+        let mut cold = 0;
         for round in 0..events {
             assert!(used() >= 16 << 10 || w.is_finished(), "event {round}: the device holds only {} KiB", used());
+            cold = cold.max(run.server_stats(name)["stats"]["bd_count"].as_u64().unwrap_or(0));
             if round % 2 == 0 {
                 run_ok(Command::new("kill").args(["-KILL", &server.to_string()]), T);
             } else {
@@ -595,9 +599,9 @@ fn churn_through_replacements(run: &RunDir, name: &str, secs: &str, events: u32)
         }
         let pool = run.server_stats(name)["stats"]["pool_pages"].as_u64().unwrap() * 4096;
         let held = (!w.is_finished()).then(|| (status_kib(keeper, "RssShmem:") << 10, pool));
-        (w.join().unwrap(), held)
+        (w.join().unwrap(), held, cold)
     });
-    let (out, held) = out;
+    let (out, held, cold) = out;
     assert!(out.trim().starts_with("OK"), "the workload saw wrong pages: {out}");
     assert!(alive(keeper), "the keeper stays");
     let stats = run.server_stats(name);
@@ -609,7 +613,7 @@ fn churn_through_replacements(run: &RunDir, name: &str, secs: &str, events: u32)
     assert_eq!(stats["fuse"]["errors"].as_u64(), Some(0), "{}", stats["fuse"]);
     let status = run.ok(&["swap", "status"]);
     assert!(status.lines().any(|l| l.starts_with(name) && l.ends_with("swap")), "{status}");
-    (server, stats, held)
+    (server, cold, held)
 }
 
 /// Device `name` (up with a cold store) through a churn with a SIGKILL
@@ -617,8 +621,9 @@ fn churn_through_replacements(run: &RunDir, name: &str, secs: &str, events: u32)
 /// ([`churn_through_replacements`]); then off, and everything gone.
 fn cold_pages_through_replacements(run: &RunDir, name: &str) {
     let (keeper, lo) = (run.server_pid(name), run.loop_dev(name));
-    let (server, stats, _) = churn_through_replacements(run, name, "20", 2);
-    assert!(stats["stats"]["bd_count"].as_u64().unwrap() > 0, "nothing was written back: {}", stats["stats"]);
+    let (server, cold, _) = churn_through_replacements(run, name, "20", 2);
+    eprintln!("{name}: at most {cold} pages written back when a server was replaced");
+    assert!(cold > 0, "no page was written back when the servers were replaced");
     run.ok(&["swap", "off", "--name", name]);
     assert_gone(run, name, &lo, keeper);
     assert!(!alive(server), "server {server} still runs");
@@ -929,7 +934,9 @@ fn writeback_under_swap_to_a_cluster() {
     writeback_under_swap_on(&run, "r0", "the cluster");
     assert_eq!(cluster.keys().unwrap(), 0, "swap off left records on the cluster");
 
-    run.ok(&["swap", "on", "--name", "r1", "--size", "512M", "--max-pool", "16M", "--priority", "32767", "--remote", &url]);
+    // (A small pool: the churn's pages compress well, and a takeover must
+    // find some of them on the cluster.)
+    run.ok(&["swap", "on", "--name", "r1", "--size", "512M", "--max-pool", "4M", "--priority", "32767", "--remote", &url]);
     cold_pages_through_replacements(&run, "r1");
     assert_eq!(cluster.keys().unwrap(), 0, "swap off left records on the cluster");
 }
