@@ -449,7 +449,7 @@ impl RemoteStore {
         let owner = ownership::token();
         // Past whatever the last owner reserved (a fresh start sweeps it all).
         let floor = ownership::claim(&mut conn, &cfg.namespace, &owner)?;
-        let cleaned = if sweep_left { sweep(&mut conn, &cfg.namespace, &masters, |_| true)?.0 } else { 0 };
+        let cleaned = if sweep_left { sweep(&mut conn, &cfg.namespace, &masters, |_| true)? } else { 0 };
         ownership::reserve(&mut conn, &cfg.namespace, &owner, floor + GEN_BLOCK)?;
         conns.give(conn);
         let freer = Freer::start(Arc::clone(&conns), cfg.namespace.clone());
@@ -822,7 +822,7 @@ impl ColdStore for RemoteStore {
                     r
                 });
                 match r {
-                    Ok((n, _)) => {
+                    Ok(n) => {
                         cleaned.fetch_add(n, Relaxed);
                     }
                     Err(e) => eprintln!(
@@ -899,15 +899,10 @@ fn read_topology(conn: &mut ClusterConnection, seeds: &str) -> Result<Vec<topolo
 
 /// Delete the record keys of `namespace` on `masters` (SCAN on each) that
 /// `delete` says to (given the key's record id, None for a key that names
-/// none); returns how many were deleted, and the ids of those kept.
-fn sweep(
-    conn: &mut ClusterConnection,
-    namespace: &str,
-    masters: &[topology::Master],
-    mut delete: impl FnMut(Option<u64>) -> bool,
-) -> Result<(u64, Vec<u64>), RemoteError> {
+/// none); returns how many were deleted.
+fn sweep(conn: &mut ClusterConnection, namespace: &str, masters: &[topology::Master], mut delete: impl FnMut(Option<u64>) -> bool) -> Result<u64, RemoteError> {
     let pattern = keys::scan_pattern(namespace);
-    let (mut n, mut kept) = (0, Vec::new());
+    let mut n = 0;
     for m in masters {
         let route = || RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(m.slot(0), SlotAddr::Master)));
         let mut cursor = String::from("0");
@@ -915,14 +910,7 @@ fn sweep(
             let scan = redis::cmd("SCAN").arg(&cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).clone();
             let v = conn.route_command(&scan, route()).map_err(|source| RemoteError::Redis { op: "SCAN", source })?;
             let (next, mut found) = redis::from_redis_value::<(String, Vec<String>)>(v).map_err(|e| RemoteError::Redis { op: "SCAN", source: e.into() })?;
-            found.retain(|k| {
-                let id = keys::parse(namespace, k);
-                let d = delete(id);
-                if !d {
-                    kept.extend(id);
-                }
-                d
-            });
+            found.retain(|k| delete(keys::parse(namespace, k)));
             if !found.is_empty() {
                 let mut pipe = redis::cluster::cluster_pipe();
                 for k in &found {
@@ -937,7 +925,7 @@ fn sweep(
             cursor = next;
         }
     }
-    Ok((n, kept))
+    Ok(n)
 }
 
 /// Who serves a namespace: `HOST PID TOKEN LAST-GENERATION` under its

@@ -54,6 +54,22 @@ fn a_device_reads_and_writes_through_a_masters_death_without_an_error() {
     assert!(s.stop().is_some_and(|st| st.success()), "{}", s.log_text());
 }
 
+/// Wait (at most a minute) until the cluster holds exactly one key per
+/// page `s` has written back, and the namespace's owner key: the shrinker
+/// done, the frees of replaced records sent. The pages written back.
+fn settled_keys(c: &LocalCluster, s: &ZmemServer) -> u64 {
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (keys, st) = (c.keys().unwrap(), s.stats());
+        let pages = st["stats"]["bd_count"].as_u64().unwrap();
+        if keys == pages + 1 && st["stats"]["backing_frees_pending"] == 0 && s.stats()["stats"]["bd_count"] == pages {
+            return pages;
+        }
+        assert!(std::time::Instant::now() < end, "{keys} keys on the cluster for {pages} pages written back: {st}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn written_back_pages_come_back_from_the_cluster() {
     require_tools!("nbdcopy", "sha256sum");
@@ -70,17 +86,7 @@ fn written_back_pages_come_back_from_the_cluster() {
     // Once the shrinker is done and the frees of records it replaced have
     // reached the cluster, it holds one key per page written back (and
     // the namespace's owner key).
-    let end = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let (keys, st) = (c.keys().unwrap(), s.stats());
-        let pages = st["stats"]["bd_count"].as_u64().unwrap();
-        if keys == pages + 1 && st["stats"]["backing_frees_pending"] == 0 && s.stats()["stats"]["bd_count"] == pages {
-            assert!(pages > 1000, "{st}");
-            break;
-        }
-        assert!(std::time::Instant::now() < end, "{keys} keys on the cluster for {pages} pages written back: {st}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert!(settled_keys(&c, &s) > 1000);
 
     // The whole device reads back exactly, most of it from the cluster.
     assert_reads_back(&s, &src, dir.path());
@@ -120,16 +126,7 @@ fn a_device_on_the_cluster_outlives_its_server() {
     // name, and the cluster ends up holding only what pages name.
     let src2 = fill_device(&s, dir.path(), 32 << 20, 22);
     assert_reads_back(&s, &src2, dir.path());
-    let end = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let (keys, st) = (c.keys().unwrap(), s.stats());
-        let pages = st["stats"]["bd_count"].as_u64().unwrap();
-        if keys == pages + 1 && st["stats"]["backing_frees_pending"] == 0 && s.stats()["stats"]["bd_count"] == pages {
-            break;
-        }
-        assert!(std::time::Instant::now() < end, "{keys} keys on the cluster for {pages} pages written back: {st}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    settled_keys(&c, &s);
     assert!(s.stop().is_some_and(|st| st.success()), "{}", s.log_text());
     assert_eq!(c.keys().unwrap(), 0, "records left on the cluster after a clean stop");
 }
